@@ -1,0 +1,57 @@
+//! Host calls that cannot fail loudly: each returns an Option or a Result instead of panicking,
+//! unlike the SDK's `Context` helpers, which unwrap.
+
+use proxy_wasm::hostcalls;
+use proxy_wasm::types::{MapType, Status};
+
+use crate::worker::{SharedStore, StoreError};
+
+/// Host time in ns since the epoch; 0 if the host cannot tell (samples then look instant).
+pub fn now_ns() -> u64 {
+    hostcalls::get_current_time()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+fn property(path: &[&str]) -> Option<Vec<u8>> {
+    hostcalls::get_property(path.to_vec()).ok().flatten()
+}
+
+/// A string property, e.g. `xds.cluster_name` or `upstream.address`.
+pub fn property_string(path: &[&str]) -> Option<String> {
+    property(path).and_then(|b| String::from_utf8(b).ok()).filter(|s| !s.is_empty())
+}
+
+/// A numeric property (8-byte little-endian), e.g. `response.code` or `response.flags`.
+pub fn property_i64(path: &[&str]) -> Option<i64> {
+    let bytes: [u8; 8] = property(path)?.try_into().ok()?;
+    Some(i64::from_le_bytes(bytes))
+}
+
+
+/// Sets (or, with `None`, removes) a request header; false if the host refused.
+pub fn set_request_header(name: &str, value: Option<&str>) -> bool {
+    hostcalls::set_map_value(MapType::HttpRequestHeaders, name, value).is_ok()
+}
+
+/// proxy-wasm shared data of this VM id.
+pub struct SharedData;
+
+impl SharedStore for SharedData {
+    fn get(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError> {
+        match hostcalls::get_shared_data(key) {
+            Ok(found) => Ok(found),
+            Err(Status::NotFound) => Ok((None, None)),
+            Err(status) => Err(StoreError::Other(format!("{status:?}"))),
+        }
+    }
+
+    fn set(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError> {
+        match hostcalls::set_shared_data(key, Some(value), cas) {
+            Ok(()) => Ok(()),
+            Err(Status::CasMismatch) => Err(StoreError::CasMismatch),
+            Err(status) => Err(StoreError::Other(format!("{status:?}"))),
+        }
+    }
+}

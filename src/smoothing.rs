@@ -1,0 +1,204 @@
+//! Smoothers: turn a host's noisy latency samples into one steady estimate.
+//!
+//! Balancing on raw, instantaneous latency sends traffic back and forth between hosts (seed 000's
+//! "倒来倒去"). Smoothing is the first of the three gates against that; the weight table's timed
+//! refresh (`weights`) and the weighted random pick (`pick`) are the other two.
+//!
+//! Samples reach a smoother in batches: each worker VM collects the samples of one tick and merges
+//! them into shared state at once. A batch is summarised by its count, mean and maximum, and every
+//! smoother here is defined on that summary so that merging is cheap and never needs the raw
+//! samples. Where a formula is exact only for equal samples it says so.
+//!
+//! Time is a parameter (`now_ns`), so the same code runs in the VM, natively and in the bench.
+
+use std::collections::VecDeque;
+
+use serde::{Deserialize, Serialize};
+
+/// Upper bound on `sma.window`: the window lives in shared state, once per host.
+pub const MAX_SMA_WINDOW: usize = 64;
+
+/// The samples one worker saw for one host since its last merge.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Batch {
+    pub count: u32,
+    pub sum_ms: f64,
+    pub max_ms: f64,
+}
+
+impl Batch {
+    pub fn one(sample_ms: f64) -> Self {
+        Batch { count: 1, sum_ms: sample_ms, max_ms: sample_ms }
+    }
+
+    pub fn add(&mut self, sample_ms: f64) {
+        self.count = self.count.saturating_add(1);
+        self.sum_ms += sample_ms;
+        self.max_ms = self.max_ms.max(sample_ms);
+    }
+
+    pub fn absorb(&mut self, other: &Batch) {
+        self.count = self.count.saturating_add(other.count);
+        self.sum_ms += other.sum_ms;
+        self.max_ms = self.max_ms.max(other.max_ms);
+    }
+
+    pub fn mean_ms(&self) -> Option<f64> {
+        (self.count > 0).then(|| self.sum_ms / f64::from(self.count))
+    }
+}
+
+/// Which smoother, with its parameters. Chosen in the plugin configuration as `smoothing`.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "algorithm", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Smoother {
+    /// Per-sample EWMA `v = α·x + (1−α)·v` (seed 000; TCP's SRTT is α = 1/8).
+    Ewma { alpha: f64 },
+    /// Continuous-time EWMA: a sample's weight grows with the time since the last update, so the
+    /// estimate forgets at the same speed whatever the request rate.
+    DecayEwma { tau_ms: u64 },
+    /// Peak EWMA (Finagle, tower, Linkerd): a sample above the estimate replaces it at once, lower
+    /// samples pull it down with time decay. Quick to flee a slow host, slow to trust it again.
+    PeakEwma { tau_ms: u64 },
+    /// Sliding-window average over the last `window` samples, kept with a running sum.
+    Sma { window: usize },
+    /// The β form `v = β·v + (1−β)·x`, read as `v / (1 − β^t)` so early values are not biased to 0.
+    BiasCorrectedEwma { beta: f64 },
+    /// Two decay EWMAs, short and long; the score is their maximum, so a host must look good on
+    /// both horizons before it is trusted.
+    DualEwma { short_tau_ms: u64, long_tau_ms: u64 },
+}
+
+/// A host's smoothed latency and what its smoother needs to carry on.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Estimate {
+    /// The smoothed latency in ms; `None` until the first sample.
+    value_ms: Option<f64>,
+    samples: u64,
+    updated_ns: u64,
+    registers: Registers,
+}
+
+/// State beyond the value itself, for the smoothers that need it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+enum Registers {
+    #[default]
+    None,
+    Window { samples_ms: VecDeque<f64>, sum_ms: f64 },
+    Biased { value_ms: f64 },
+    Dual { short_ms: f64, long_ms: f64 },
+}
+
+impl Estimate {
+    pub fn value_ms(&self) -> Option<f64> {
+        self.value_ms
+    }
+
+    pub fn samples(&self) -> u64 {
+        self.samples
+    }
+
+    pub fn updated_ns(&self) -> u64 {
+        self.updated_ns
+    }
+}
+
+/// `exp(-Δt/τ)`: the weight the old value keeps after `dt_ns`.
+fn decay(dt_ns: u64, tau_ms: u64) -> f64 {
+    if tau_ms == 0 {
+        return 0.0;
+    }
+    (-(dt_ns as f64) / (tau_ms as f64 * 1e6)).exp()
+}
+
+/// `keep·old + (1−keep)·new`.
+fn blend(old: f64, new: f64, keep: f64) -> f64 {
+    keep * old + (1.0 - keep) * new
+}
+
+impl Smoother {
+    /// Folds one batch, observed up to `now_ns`, into `est`.
+    pub fn observe(&self, est: &mut Estimate, batch: &Batch, now_ns: u64) {
+        let Some(mean) = batch.mean_ms() else { return };
+        let dt_ns = now_ns.saturating_sub(est.updated_ns);
+        let n = i32::try_from(batch.count).unwrap_or(i32::MAX);
+        let value = match (*self, est.value_ms) {
+            // Seed 000 starts from the first sample.
+            (Smoother::Ewma { .. } | Smoother::DecayEwma { .. }, None) => mean,
+            // n steps of α; exact when the batch's samples are equal.
+            (Smoother::Ewma { alpha }, Some(v)) => blend(v, mean, (1.0 - alpha).powi(n)),
+            (Smoother::DecayEwma { tau_ms }, Some(v)) => blend(v, mean, decay(dt_ns, tau_ms)),
+            (Smoother::PeakEwma { tau_ms }, Some(v)) if batch.max_ms <= v => {
+                blend(v, mean, decay(dt_ns, tau_ms))
+            }
+            (Smoother::PeakEwma { .. }, _) => batch.max_ms,
+            (Smoother::Sma { window }, _) => est.registers.push_window(mean, batch.count, window),
+            (Smoother::BiasCorrectedEwma { beta }, _) => {
+                let total = est.samples.saturating_add(u64::from(batch.count));
+                est.registers.push_biased(mean, beta, n, total)
+            }
+            (Smoother::DualEwma { short_tau_ms, long_tau_ms }, _) => est.registers.push_dual(
+                mean,
+                decay(dt_ns, short_tau_ms),
+                decay(dt_ns, long_tau_ms),
+            ),
+        };
+        est.value_ms = Some(value);
+        est.samples = est.samples.saturating_add(u64::from(batch.count));
+        est.updated_ns = now_ns;
+    }
+}
+
+impl Registers {
+    /// Pushes `count` copies of `mean` (at most a window's worth) and returns the window average.
+    fn push_window(&mut self, mean: f64, count: u32, window: usize) -> f64 {
+        let window = window.clamp(1, MAX_SMA_WINDOW);
+        if !matches!(self, Registers::Window { .. }) {
+            *self = Registers::Window { samples_ms: VecDeque::with_capacity(window), sum_ms: 0.0 };
+        }
+        let Registers::Window { samples_ms, sum_ms } = self else { return mean };
+        for _ in 0..(count as usize).min(window) {
+            samples_ms.push_back(mean);
+            *sum_ms += mean;
+            while samples_ms.len() > window {
+                *sum_ms -= samples_ms.pop_front().unwrap_or(0.0);
+            }
+        }
+        *sum_ms / samples_ms.len().max(1) as f64
+    }
+
+    /// Advances the biased β register by `n` samples and returns it bias-corrected.
+    fn push_biased(&mut self, mean: f64, beta: f64, n: i32, total_samples: u64) -> f64 {
+        let old = match self {
+            Registers::Biased { value_ms } => *value_ms,
+            _ => 0.0,
+        };
+        let biased = blend(old, mean, beta.powi(n));
+        *self = Registers::Biased { value_ms: biased };
+        let t = i32::try_from(total_samples).unwrap_or(i32::MAX);
+        let correction = 1.0 - beta.powi(t);
+        if correction > f64::EPSILON { biased / correction } else { mean }
+    }
+
+    /// Advances both EWMAs of the dual smoother and returns their maximum.
+    fn push_dual(&mut self, mean: f64, keep_short: f64, keep_long: f64) -> f64 {
+        let (short_ms, long_ms) = match self {
+            Registers::Dual { short_ms, long_ms } => {
+                (blend(*short_ms, mean, keep_short), blend(*long_ms, mean, keep_long))
+            }
+            _ => (mean, mean),
+        };
+        *self = Registers::Dual { short_ms, long_ms };
+        short_ms.max(long_ms)
+    }
+}
+
+impl Default for Smoother {
+    fn default() -> Self {
+        Smoother::PeakEwma { tau_ms: DEFAULT_TAU_MS }
+    }
+}
+
+/// Default time constant. Linkerd, Finagle and ingress-nginx use 10 s; ours is shorter so a host
+/// that recovers earns its share back within seconds (see README, "Defaults").
+pub const DEFAULT_TAU_MS: u64 = 3_000;

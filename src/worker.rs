@@ -1,0 +1,245 @@
+//! Worker: what one Envoy worker VM holds, per request and per tick.
+//!
+//! Per request it only reads its local pick table and bumps local counters; it never touches
+//! shared data. On a tick it merges its samples into each cluster's shared record under
+//! compare-and-swap, refreshes the weights when due, and adopts a new table when the shared
+//! version moved. The shared store is a parameter, so the protocol runs natively in tests with
+//! several workers over one store, and in the VM over proxy-wasm shared data.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::config::Config;
+use crate::outcome::Outcome;
+use crate::pick::PickTable;
+use crate::state::{Accumulator, ClusterState, Policy};
+
+/// Clusters one worker keeps state for; more are left to the fallback policy.
+pub const MAX_CLUSTERS: usize = 256;
+/// Compare-and-swap attempts per cluster per tick; samples of a tick that lost every attempt are
+/// kept and merged on the next one.
+pub const MAX_CAS_ATTEMPTS: usize = 8;
+
+/// Shared data as proxy-wasm offers it: values with a version token for compare-and-swap.
+pub trait SharedStore {
+    fn get(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError>;
+    /// Writes `value` if the stored version still equals `cas` (`None`: unconditionally).
+    fn set(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError>;
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StoreError {
+    CasMismatch,
+    Other(String),
+}
+
+/// What the filter does with a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Set the override header to this value (`IP:port`, then an alternative for a retry).
+    Override { host: String, header_value: String },
+    /// Leave the request to the cluster's fallback policy.
+    Fallback(FallbackReason),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FallbackReason {
+    /// The exploration share: lets the fallback find endpoints the table does not know.
+    Exploring,
+    /// No weight table for this cluster yet (first requests, or nothing learned).
+    TableNotReady,
+}
+
+/// The shared-data key of a cluster's record. One key per cluster keeps the key count bounded:
+/// proxy-wasm shared data has no reliable delete.
+pub fn shared_key(cluster: &str) -> String {
+    format!("ewma_lb.v1.cluster.{cluster}")
+}
+
+#[derive(Debug, Default)]
+struct LocalCluster {
+    table: PickTable,
+    table_version: u64,
+    /// Requests this worker sent to each host and has not seen finish; keyed by address so
+    /// counts survive a table rebuild.
+    in_flight: HashMap<String, u32>,
+    pending: BTreeMap<String, Accumulator>,
+    /// The last record read from shared data, for status and metrics.
+    snapshot: ClusterState,
+}
+
+/// One VM's balancer.
+pub struct Worker {
+    config: Config,
+    policy: Policy,
+    rng: fastrand::Rng,
+    clusters: BTreeMap<String, LocalCluster>,
+}
+
+impl Worker {
+    pub fn new(config: Config, seed: u64) -> Self {
+        let mut worker = Worker {
+            policy: config.policy(),
+            config,
+            rng: fastrand::Rng::with_seed(seed),
+            clusters: BTreeMap::new(),
+        };
+        // The main-thread VM never sees a request; configured clusters still get refreshed.
+        let names: Vec<String> = worker.config.clusters.keys().cloned().collect();
+        for name in names {
+            worker.clusters.entry(name).or_default();
+        }
+        worker
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Chooses where a request to `cluster` goes. Per request: local data only.
+    pub fn pick(&mut self, cluster: &str) -> Decision {
+        let Worker { config, rng, clusters, .. } = self;
+        let Some(local) = local_entry(clusters, cluster).filter(|c| !c.table.is_empty()) else {
+            return Decision::Fallback(FallbackReason::TableNotReady);
+        };
+        if config.exploration_share > 0.0 && rng.f64() < config.exploration_share {
+            return Decision::Fallback(FallbackReason::Exploring);
+        }
+        let in_flight = |i: usize| local.table.host(i).and_then(|h| local.in_flight.get(h)).copied().unwrap_or(0);
+        let Some(host) = local.table.pick(config.pick, rng, in_flight).and_then(|i| local.table.host(i)) else {
+            return Decision::Fallback(FallbackReason::TableNotReady);
+        };
+        // A second, different host for the retry of a failed connection: Envoy tries the
+        // addresses of the header in order.
+        let alternative = (0..3)
+            .filter_map(|_| local.table.weighted(rng).and_then(|i| local.table.host(i)))
+            .find(|alt| *alt != host);
+        let header_value = match alternative {
+            Some(alt) => format!("{host},{alt}"),
+            None => host.to_owned(),
+        };
+        let host = host.to_owned();
+        *local.in_flight.entry(host.clone()).or_insert(0) += 1;
+        Decision::Override { host, header_value }
+    }
+
+    /// Records a finished request: `picked` is the host this worker chose (if it chose one),
+    /// `served_by` the host Envoy reports in `upstream.address`. Called exactly once per request.
+    pub fn finish(&mut self, cluster: &str, picked: Option<&str>, served_by: Option<&str>, latency_ms: f64, outcome: Option<Outcome>) {
+        let penalty_ms = self.config.failure_penalty_ms as f64;
+        let Some(local) = local_entry(&mut self.clusters, cluster) else { return };
+        if let Some(count) = picked.and_then(|p| local.in_flight.get_mut(p)) {
+            *count = count.saturating_sub(1);
+        }
+        let (Some(host), Some(outcome)) = (served_by, outcome) else { return };
+        if local.pending.len() >= MAX_PENDING_HOSTS && !local.pending.contains_key(host) {
+            return;
+        }
+        local
+            .pending
+            .entry(host.to_owned())
+            .or_default()
+            .record(latency_ms.max(0.0), outcome.is_failure(), penalty_ms);
+    }
+
+    /// Merges this worker's samples into shared state, refreshes weights when due, and adopts the
+    /// newest table. Call on every tick.
+    pub fn tick(&mut self, now_ns: u64, store: &mut dyn SharedStore) -> TickReport {
+        let mut report = TickReport::default();
+        for (name, local) in &mut self.clusters {
+            let statics = self.config.static_endpoints(name);
+            match sync_cluster(name, local, statics, &self.policy, now_ns, store) {
+                Ok(sync) => {
+                    report.refreshed += usize::from(sync.refreshed);
+                    if sync.state.table_version != local.table_version {
+                        local.table = PickTable::new(sync.state.hosts.iter().map(|h| (h.address.as_str(), h.share)));
+                        local.table_version = sync.state.table_version;
+                        local.in_flight.retain(|host, n| *n > 0 || sync.state.host(host).is_some());
+                        report.adopted.push((name.clone(), local.table_version));
+                    }
+                    local.snapshot = sync.state;
+                }
+                Err(e) => report.errors.push((name.clone(), e)),
+            }
+        }
+        report
+    }
+
+    /// The last shared record seen of each cluster.
+    pub fn snapshots(&self) -> impl Iterator<Item = (&str, &ClusterState)> {
+        self.clusters.iter().map(|(name, c)| (name.as_str(), &c.snapshot))
+    }
+
+    /// This worker's in-flight count for a host.
+    pub fn in_flight(&self, cluster: &str, host: &str) -> u32 {
+        self.clusters.get(cluster).and_then(|c| c.in_flight.get(host)).copied().unwrap_or(0)
+    }
+}
+
+/// The local entry of `cluster`, created on first sight while there is room.
+fn local_entry<'a>(clusters: &'a mut BTreeMap<String, LocalCluster>, cluster: &str) -> Option<&'a mut LocalCluster> {
+    if !clusters.contains_key(cluster) && clusters.len() < MAX_CLUSTERS {
+        clusters.insert(cluster.to_owned(), LocalCluster::default());
+    }
+    clusters.get_mut(cluster)
+}
+
+/// Hosts one worker accumulates samples for between ticks.
+const MAX_PENDING_HOSTS: usize = 1024;
+
+/// What a tick did, for logs and metrics.
+#[derive(Debug, Default)]
+pub struct TickReport {
+    /// Clusters whose weights this worker recomputed.
+    pub refreshed: usize,
+    /// Clusters whose pick table changed, with the new version.
+    pub adopted: Vec<(String, u64)>,
+    /// Clusters whose samples could not be merged this tick (they are kept).
+    pub errors: Vec<(String, SyncError)>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SyncError {
+    /// Every compare-and-swap attempt lost to another worker.
+    Contended,
+    Store(String),
+}
+
+struct Synced {
+    state: ClusterState,
+    refreshed: bool,
+}
+
+fn sync_cluster(
+    name: &str,
+    local: &mut LocalCluster,
+    statics: &[String],
+    policy: &Policy,
+    now_ns: u64,
+    store: &mut dyn SharedStore,
+) -> Result<Synced, SyncError> {
+    let key = shared_key(name);
+    for _ in 0..MAX_CAS_ATTEMPTS {
+        let (bytes, cas) = store.get(&key).map_err(|e| SyncError::Store(format!("{e:?}")))?;
+        // A record of another version, truncated or foreign is rebuilt from scratch.
+        let mut state = bytes
+            .and_then(|b| ClusterState::decode(&b, policy.max_hosts).ok())
+            .unwrap_or_default();
+        let ejected = state.merge(&local.pending, now_ns, policy);
+        let refresh = state.refresh_due(now_ns, policy);
+        if refresh {
+            state.refresh(now_ns, policy, statics);
+        }
+        if local.pending.is_empty() && !refresh && !ejected {
+            return Ok(Synced { state, refreshed: false });
+        }
+        match store.set(&key, &state.encode(), cas) {
+            Ok(()) => {
+                local.pending.clear();
+                return Ok(Synced { state, refreshed: refresh });
+            }
+            Err(StoreError::CasMismatch) => continue,
+            Err(StoreError::Other(e)) => return Err(SyncError::Store(e)),
+        }
+    }
+    Err(SyncError::Contended)
+}
