@@ -101,6 +101,9 @@ impl Config {
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Ok(Config::default());
         }
+        if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+            return Err(err("config", "must be a JSON object"));
+        }
         let mut de = serde_json::Deserializer::from_slice(bytes);
         let config: Config = serde_path_to_error::deserialize(&mut de).map_err(|e| {
             let path = e.path().to_string();
@@ -164,7 +167,7 @@ impl Config {
     /// The part of the configuration that merging and refreshing shared state need.
     pub fn policy(&self) -> Policy {
         Policy {
-            smoother: self.smoothing.clone(),
+            smoother: self.smoothing,
             weights: self.weights.clone(),
             outlier: self.outlier_detection.clone(),
             refresh_interval_ns: self.refresh_interval_ms.saturating_mul(1_000_000),
@@ -182,7 +185,10 @@ impl Config {
 fn validate_smoother(smoother: &Smoother) -> Result<(), ConfigError> {
     const TAU_MAX_MS: u64 = 600_000;
     match *smoother {
-        Smoother::Ewma { alpha } => in_range("smoothing.alpha", alpha, f64::MIN_POSITIVE, 1.0),
+        Smoother::Ewma { alpha } if !(alpha > 0.0 && alpha <= 1.0) => {
+            Err(err("smoothing.alpha", format!("must be in (0, 1], got {alpha}")))
+        }
+        Smoother::Ewma { .. } => Ok(()),
         Smoother::DecayEwma { tau_ms } | Smoother::PeakEwma { tau_ms } => {
             in_range("smoothing.tau_ms", tau_ms, 1, TAU_MAX_MS)
         }

@@ -69,6 +69,24 @@ impl PickTable {
         Some(i.min(self.hosts.len() - 1))
     }
 
+    /// Weighted random draw among all hosts but `excluded`; `None` when no other host exists.
+    pub fn weighted_except(&self, rng: &mut fastrand::Rng, excluded: usize) -> Option<usize> {
+        let total = *self.cumulative.last()?;
+        let w_excluded = *self.weights.get(excluded)?;
+        let before_excluded = self.cumulative.get(excluded)? - w_excluded;
+        let rest = total - w_excluded;
+        if rest <= 0.0 {
+            return None;
+        }
+        // Draw over the others' mass and step over the excluded host's interval.
+        let mut r = rng.f64() * rest;
+        if r >= before_excluded {
+            r += w_excluded;
+        }
+        let i = self.cumulative.partition_point(|c| *c <= r).min(self.hosts.len() - 1);
+        (i != excluded).then_some(i)
+    }
+
     /// Power of two weighted choices: of two draws, the host with the lower
     /// `(in_flight + 1) / weight` wins. `in_flight(i)` is this worker's count for host `i`.
     pub fn weighted_p2c(&self, rng: &mut fastrand::Rng, in_flight: impl Fn(usize) -> u32) -> Option<usize> {
@@ -83,7 +101,13 @@ impl PickTable {
 
     /// The host with the highest weight (ties: the first).
     pub fn heaviest(&self) -> Option<usize> {
-        (0..self.weights.len()).reduce(|best, i| if self.weights[i] > self.weights[best] { i } else { best })
+        let mut heaviest: Option<(usize, f64)> = None;
+        for (i, w) in self.weights.iter().enumerate() {
+            if heaviest.is_none_or(|(_, best)| *w > best) {
+                heaviest = Some((i, *w));
+            }
+        }
+        heaviest.map(|(i, _)| i)
     }
 
     /// Picks with `algorithm`; `None` only for an empty table.

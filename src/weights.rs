@@ -7,6 +7,7 @@
 //! - damping: a share moves at most by a factor `max_step_ratio` per refresh (the anti-flap bound);
 //! - floor: every live host keeps at least `min_share`, so a slow host keeps being probed and can
 //!   earn its traffic back.
+//!
 //! Ejected hosts get nothing; they are excluded before any of the rules apply.
 
 use serde::{Deserialize, Serialize};
@@ -55,7 +56,7 @@ pub struct HostInput {
 /// (then all are 0) or `hosts` is empty.
 pub fn shares(hosts: &[HostInput], params: &WeightParams) -> Vec<f64> {
     let median = median(hosts.iter().filter(|h| !h.ejected).filter_map(|h| h.score_ms));
-    let mut out: Vec<f64> = hosts
+    let targets: Vec<f64> = hosts
         .iter()
         .map(|h| {
             if h.ejected {
@@ -65,17 +66,69 @@ pub fn shares(hosts: &[HostInput], params: &WeightParams) -> Vec<f64> {
             score.powf(-params.exponent) * ramp(h.active_for_ns, params)
         })
         .collect();
-    normalize(&mut out);
-    for (share, host) in out.iter_mut().zip(hosts) {
-        if let Some(prev) = host.previous_share.filter(|p| *p > 0.0 && !host.ejected) {
-            let ratio = params.max_step_ratio.max(1.0);
-            *share = share.clamp(prev / ratio, prev * ratio);
+    let live = hosts.iter().filter(|h| !h.ejected).count();
+    if live == 0 {
+        return targets;
+    }
+    // Each live host's share must stay within [lo, hi]: at least the floor, and within a factor
+    // `max_step_ratio` of its previous share.
+    let floor = params.min_share.min(1.0 / live as f64);
+    let ratio = params.max_step_ratio.max(1.0);
+    let bounds = |damped: bool| -> Vec<(f64, f64)> {
+        hosts
+            .iter()
+            .map(|h| match (h.ejected, h.previous_share.filter(|p| *p > 0.0 && damped)) {
+                (true, _) => (0.0, 0.0),
+                (false, Some(prev)) => ((prev / ratio).max(floor), (prev * ratio).clamp(floor, 1.0)),
+                (false, None) => (floor, 1.0),
+            })
+            .collect()
+    };
+    let mut limits = bounds(true);
+    let (lo_sum, hi_sum) = limits.iter().fold((0.0, 0.0), |(l, h), (lo, hi)| (l + lo, h + hi));
+    if lo_sum > 1.0 || hi_sum < 1.0 {
+        // Hosts came or went (ejections): the damping bounds cannot all hold; the floor can.
+        limits = bounds(false);
+    }
+    fit(&targets, &limits)
+}
+
+/// Scales `targets` by the one factor λ that makes `Σ clamp(λ·t, lo, hi) = 1`, found by
+/// bisection (the sum only grows with λ). This is the table closest in proportions to the
+/// targets that keeps every bound.
+fn fit(targets: &[f64], limits: &[(f64, f64)]) -> Vec<f64> {
+    let total: f64 = targets.iter().sum();
+    let targets: Vec<f64> = targets.iter().map(|t| if total > 0.0 { t / total } else { 0.0 }).collect();
+    let at = |lambda: f64| -> f64 {
+        targets.iter().zip(limits).map(|(t, (lo, hi))| (lambda * t).clamp(*lo, *hi)).sum()
+    };
+    let (mut below, mut above) = (0.0, 1.0);
+    for _ in 0..64 {
+        if at(above) >= 1.0 {
+            break;
+        }
+        below = above;
+        above *= 2.0;
+    }
+    for _ in 0..BISECTION_STEPS {
+        let mid = 0.5 * (below + above);
+        if at(mid) < 1.0 {
+            below = mid;
+        } else {
+            above = mid;
         }
     }
-    normalize(&mut out);
-    apply_floor(&mut out, params.min_share);
+    let mut out: Vec<f64> = targets.iter().zip(limits).map(|(t, (lo, hi))| (above * t).clamp(*lo, *hi)).collect();
+    // What bisection leaves (≤ 1e-12) is rounding; renormalise it away.
+    let sum: f64 = out.iter().sum();
+    if sum > 0.0 {
+        out.iter_mut().for_each(|s| *s /= sum);
+    }
     out
 }
+
+/// Enough halvings to pin λ to about 1e-13 of its bracket.
+const BISECTION_STEPS: usize = 44;
 
 /// Scores below this are treated as equal: no host is infinitely better than another.
 const MIN_SCORE_MS: f64 = 0.1;
@@ -100,54 +153,4 @@ fn median(scores: impl Iterator<Item = f64>) -> Option<f64> {
         return Some(upper);
     }
     v.get(mid - 1).map(|lower| (lower + upper) / 2.0)
-}
-
-fn normalize(shares: &mut [f64]) {
-    let total: f64 = shares.iter().filter(|s| s.is_finite()).sum();
-    for s in shares.iter_mut() {
-        *s = if total > 0.0 && s.is_finite() { *s / total } else { 0.0 };
-    }
-}
-
-/// Raises every positive share below `min` to `min`, taking the mass proportionally from the
-/// others (water filling). Exact: afterwards the shares sum to 1 and none is below `min`, or all
-/// are equal when `min` is too large for that.
-fn apply_floor(shares: &mut [f64], min: f64) {
-    let live = shares.iter().filter(|s| **s > 0.0).count();
-    if live == 0 || min <= 0.0 {
-        return;
-    }
-    if min * live as f64 >= 1.0 {
-        for s in shares.iter_mut().filter(|s| **s > 0.0) {
-            *s = 1.0 / live as f64;
-        }
-        return;
-    }
-    let mut pinned = vec![false; shares.len()];
-    // Each pass pins at least one more host, so `live` passes always suffice.
-    for _ in 0..live {
-        let pinned_count = pinned.iter().filter(|p| **p).count();
-        let free_mass: f64 = shares.iter().zip(&pinned).filter(|(_, p)| !**p).map(|(s, _)| *s).sum();
-        let target_mass = 1.0 - min * pinned_count as f64;
-        let scale = if free_mass > 0.0 { target_mass / free_mass } else { 0.0 };
-        let mut newly_pinned = false;
-        for (s, p) in shares.iter_mut().zip(pinned.iter_mut()) {
-            if *p || *s <= 0.0 {
-                continue;
-            }
-            if *s * scale < min {
-                *s = min;
-                *p = true;
-                newly_pinned = true;
-            }
-        }
-        if !newly_pinned {
-            for (s, p) in shares.iter_mut().zip(&pinned) {
-                if !*p {
-                    *s *= scale;
-                }
-            }
-            return;
-        }
-    }
 }

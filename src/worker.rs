@@ -105,14 +105,13 @@ impl Worker {
             return Decision::Fallback(FallbackReason::Exploring);
         }
         let in_flight = |i: usize| local.table.host(i).and_then(|h| local.in_flight.get(h)).copied().unwrap_or(0);
-        let Some(host) = local.table.pick(config.pick, rng, in_flight).and_then(|i| local.table.host(i)) else {
+        let Some(first) = local.table.pick(config.pick, rng, in_flight) else {
             return Decision::Fallback(FallbackReason::TableNotReady);
         };
+        let host = local.table.host(first).unwrap_or_default();
         // A second, different host for the retry of a failed connection: Envoy tries the
         // addresses of the header in order.
-        let alternative = (0..3)
-            .filter_map(|_| local.table.weighted(rng).and_then(|i| local.table.host(i)))
-            .find(|alt| *alt != host);
+        let alternative = local.table.weighted_except(rng, first).and_then(|i| local.table.host(i));
         let header_value = match alternative {
             Some(alt) => format!("{host},{alt}"),
             None => host.to_owned(),

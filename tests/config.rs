@@ -1,0 +1,75 @@
+//! Configuration: defaults, and the exact message for each kind of mistake.
+
+#![allow(clippy::panic, clippy::indexing_slicing, clippy::unwrap_used)] // tests fail by panicking
+
+use ewma_lb::config::Config;
+use ewma_lb::pick::PickAlgorithm;
+use ewma_lb::smoothing::Smoother;
+
+#[test]
+fn empty_and_braces_mean_all_defaults() {
+    assert_eq!(Config::from_json(b""), Ok(Config::default()));
+    assert_eq!(Config::from_json(b" {} "), Ok(Config::default()));
+}
+
+#[test]
+fn a_full_configuration_parses() {
+    let json = br#"{
+        "override_header": "x-lb-host",
+        "tick_period_ms": 100,
+        "refresh_interval_ms": 2000,
+        "smoothing": {"algorithm": "ewma", "alpha": 0.3},
+        "weights": {"exponent": 1.5, "min_share": 0.02, "max_step_ratio": 1.5, "slow_start_ms": 0, "slow_start_min_factor": 0.2},
+        "failure_penalty_ms": 2000,
+        "pick": "weighted_p2c",
+        "exploration_share": 0.01,
+        "host_ttl_ms": 30000,
+        "max_hosts_per_cluster": 64,
+        "outlier_detection": {"consecutive_failures": 5, "base_ejection_ms": 10000, "max_ejection_ms": 60000, "max_ejection_share": 0.3},
+        "clusters": {"backend": {"endpoints": ["127.0.0.1:8081", "[::1]:8082"]}}
+    }"#;
+    let c = Config::from_json(json).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.smoothing, Smoother::Ewma { alpha: 0.3 });
+    assert_eq!(c.pick, PickAlgorithm::WeightedP2c);
+    assert_eq!(c.static_endpoints("backend").len(), 2);
+    assert_eq!(c.policy().refresh_interval_ns, 2_000_000_000);
+}
+
+#[test]
+fn invalid_configurations_name_the_field_and_the_value() {
+    let cases: &[(&str, &str)] = &[
+        (r#"{"weights": {"min_share": 0.9}}"#, "weights.min_share: must be in [0, 0.5], got 0.9"),
+        (r#"{"weights": {"min_shares": 0.1}}"#, "weights.min_shares: unknown field `min_shares`, expected one of `exponent`, `min_share`, `max_step_ratio`, `slow_start_ms`, `slow_start_min_factor`"),
+        (r#"{"refresh_interval": 5}"#, "refresh_interval: unknown field `refresh_interval`, expected one of `override_header`, `tick_period_ms`, `refresh_interval_ms`, `smoothing`, `weights`, `failure_penalty_ms`, `pick`, `exploration_share`, `host_ttl_ms`, `max_hosts_per_cluster`, `outlier_detection`, `clusters`"),
+        (r#"{"weights": {"exponent": "two"}}"#, "weights.exponent: invalid type: string \"two\", expected f64"),
+        (r#"{"smoothing": {"algorithm": "ewma", "alpha": 1.5}}"#, "smoothing.alpha: must be in (0, 1], got 1.5"),
+        (r#"{"smoothing": {"algorithm": "peak_ewma", "tau_ms": 0}}"#, "smoothing.tau_ms: must be in [1, 600000], got 0"),
+        (r#"{"smoothing": {"algorithm": "sma", "window": 1000}}"#, "smoothing.window: must be in [1, 64], got 1000"),
+        (r#"{"smoothing": {"algorithm": "dual_ewma", "short_tau_ms": 5000, "long_tau_ms": 1000}}"#, "smoothing.long_tau_ms: must be in [5000, 600000], got 1000"),
+        (r#"{"smoothing": {"algorithm": "median"}}"#, "smoothing.algorithm: unknown variant `median`, expected one of `ewma`, `decay_ewma`, `peak_ewma`, `sma`, `bias_corrected_ewma`, `dual_ewma`"),
+        (r#"{"smoothing": {"algorithm": "ewma", "alpha": 0.2, "beta": 1}}"#, "smoothing: unknown field `beta`, expected `alpha`"),
+        (r#"{"pick": "fastest"}"#, "pick: unknown variant `fastest`, expected one of `weighted_random`, `weighted_p2c`, `lowest_latency`"),
+        (r#"{"override_header": "X-Host"}"#, "override_header: must be a lowercase HTTP header name, got \"X-Host\""),
+        (r#"{"override_header": ""}"#, "override_header: must be a lowercase HTTP header name, got \"\""),
+        (r#"{"tick_period_ms": 5}"#, "tick_period_ms: must be in [10, 60000], got 5"),
+        (r#"{"tick_period_ms": 500, "refresh_interval_ms": 100}"#, "refresh_interval_ms: must be in [500, 600000], got 100"),
+        (r#"{"exploration_share": 0.6}"#, "exploration_share: must be in [0, 0.5], got 0.6"),
+        (r#"{"host_ttl_ms": 10}"#, "host_ttl_ms: must be in [1000, 86400000], got 10"),
+        (r#"{"max_hosts_per_cluster": 0}"#, "max_hosts_per_cluster: must be in [1, 1024], got 0"),
+        (r#"{"outlier_detection": {"max_ejection_share": 2}}"#, "outlier_detection.max_ejection_share: must be in [0, 1], got 2"),
+        (r#"{"outlier_detection": {"base_ejection_ms": 0}}"#, "outlier_detection.base_ejection_ms: must be in [1, 3600000], got 0"),
+        (r#"{"clusters": {"backend": {"endpoints": ["localhost:80"]}}}"#, "clusters.backend.endpoints[0]: must be IP:port, got \"localhost:80\""),
+        (r#"{"clusters": {"backend": {"hosts": []}}}"#, "clusters.backend.hosts: unknown field `hosts`, expected `endpoints`"),
+        (r#"[1, 2]"#, "config: must be a JSON object"),
+        (r#"{"weights": "#, "weights: EOF while parsing a value"),
+    ];
+    let wrong: Vec<String> = cases
+        .iter()
+        .filter_map(|(json, want)| match Config::from_json(json.as_bytes()) {
+            Ok(_) => Some(format!("accepted {json}")),
+            Err(e) if e.to_string() != *want => Some(format!("{json}\n  got  {e}\n  want {want}")),
+            Err(_) => None,
+        })
+        .collect();
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}

@@ -1,0 +1,91 @@
+//! Picking from a table: frequencies follow the weights, P2C follows load, edges are safe.
+
+#![allow(clippy::panic, clippy::indexing_slicing, clippy::unwrap_used)] // tests fail by panicking
+
+use ewma_lb::pick::{PickAlgorithm, PickTable};
+use proptest::prelude::*;
+
+fn counts(table: &PickTable, algorithm: PickAlgorithm, n: usize, in_flight: impl Fn(usize) -> u32 + Copy) -> Vec<usize> {
+    let mut rng = fastrand::Rng::with_seed(7);
+    let mut counts = vec![0; table.len()];
+    for _ in 0..n {
+        let i = table.pick(algorithm, &mut rng, in_flight).unwrap_or(usize::MAX);
+        counts[i] += 1;
+    }
+    counts
+}
+
+#[test]
+fn weighted_random_follows_the_shares() {
+    let table = PickTable::new([("a:1", 0.7), ("b:1", 0.2), ("c:1", 0.1)]);
+    let n = 100_000;
+    let c = counts(&table, PickAlgorithm::WeightedRandom, n, |_| 0);
+    for (got, want) in c.iter().zip([0.7, 0.2, 0.1]) {
+        let share = *got as f64 / n as f64;
+        // 5 standard deviations of a binomial at n = 100k is under 0.0075.
+        assert!((share - want).abs() < 0.0075, "share {share}, want {want} ({c:?})");
+    }
+}
+
+#[test]
+fn zero_and_invalid_shares_are_never_picked() {
+    let table = PickTable::new([("a:1", 0.0), ("b:1", 1.0), ("c:1", f64::NAN), ("d:1", -1.0)]);
+    assert_eq!(table.hosts().collect::<Vec<_>>(), vec!["b:1"]);
+    assert!(PickTable::new([]).weighted(&mut fastrand::Rng::with_seed(1)).is_none());
+}
+
+#[test]
+fn the_retry_alternative_is_another_host_by_weight() {
+    let table = PickTable::new([("a:1", 0.5), ("b:1", 0.3), ("c:1", 0.2)]);
+    let mut rng = fastrand::Rng::with_seed(3);
+    let mut c = [0usize; 3];
+    for _ in 0..30_000 {
+        let i = table.weighted_except(&mut rng, 0).unwrap_or(0);
+        assert_ne!(i, 0);
+        c[i] += 1;
+    }
+    assert!((c[1] as f64 / 30_000.0 - 0.6).abs() < 0.02, "{c:?}");
+    let single = PickTable::new([("a:1", 1.0)]);
+    assert_eq!(single.weighted_except(&mut rng, 0), None);
+}
+
+#[test]
+fn p2c_avoids_the_host_with_requests_piling_up() {
+    let table = PickTable::new([("a:1", 0.5), ("b:1", 0.5)]);
+    let c = counts(&table, PickAlgorithm::WeightedP2c, 10_000, |i| if i == 0 { 20 } else { 0 });
+    // a only wins when both draws are a: one time in four.
+    assert!((c[0] as f64 / 10_000.0 - 0.25).abs() < 0.02, "{c:?}");
+    let idle = counts(&table, PickAlgorithm::WeightedP2c, 10_000, |_| 0);
+    assert!((idle[0] as f64 / 10_000.0 - 0.5).abs() < 0.03, "equal load follows the weights: {idle:?}");
+}
+
+#[test]
+fn lowest_latency_always_takes_the_heaviest() {
+    let table = PickTable::new([("a:1", 0.3), ("b:1", 0.4), ("c:1", 0.3)]);
+    assert_eq!(counts(&table, PickAlgorithm::LowestLatency, 1000, |_| 0), vec![0, 1000, 0]);
+}
+
+proptest! {
+    #[test]
+    fn picks_stay_in_range_and_skip_zero_shares(
+        shares in prop::collection::vec(prop_oneof![Just(0.0), 0.0f64..1.0], 1..50),
+        seed in any::<u64>(),
+    ) {
+        let names: Vec<String> = (0..shares.len()).map(|i| format!("10.0.0.{i}:80")).collect();
+        let table = PickTable::new(names.iter().map(String::as_str).zip(shares.iter().copied()));
+        let mut rng = fastrand::Rng::with_seed(seed);
+        for algorithm in [PickAlgorithm::WeightedRandom, PickAlgorithm::WeightedP2c, PickAlgorithm::LowestLatency] {
+            for _ in 0..50 {
+                match table.pick(algorithm, &mut rng, |i| i as u32) {
+                    Some(i) => {
+                        let host = table.host(i);
+                        prop_assert!(host.is_some());
+                        let original = names.iter().position(|n| Some(n.as_str()) == host).unwrap_or(usize::MAX);
+                        prop_assert!(shares[original] > 0.0);
+                    }
+                    None => prop_assert!(table.is_empty()),
+                }
+            }
+        }
+    }
+}

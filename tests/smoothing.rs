@@ -1,0 +1,150 @@
+//! Smoothers against the seeds' own numbers, and the laws they must keep.
+
+#![allow(clippy::panic, clippy::indexing_slicing, clippy::unwrap_used)] // tests fail by panicking
+
+use ewma_lb::smoothing::{Batch, Estimate, Smoother};
+
+const SEC: u64 = 1_000_000_000;
+
+/// Feeds one sample per second and returns the estimate after each.
+fn run(smoother: Smoother, samples: &[f64]) -> Vec<f64> {
+    let mut est = Estimate::default();
+    samples
+        .iter()
+        .enumerate()
+        .map(|(i, x)| {
+            smoother.observe(&mut est, &Batch::one(*x), (i as u64 + 1) * SEC);
+            est.value_ms().unwrap_or(f64::NAN)
+        })
+        .collect()
+}
+
+fn assert_close(got: &[f64], want: &[f64], tolerance: f64) {
+    assert_eq!(got.len(), want.len(), "got {got:?}, want {want:?}");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!((g - w).abs() <= tolerance, "step {i}: got {g}, want {w} (all: {got:?})");
+    }
+}
+
+#[test]
+fn ewma_matches_seed_000() {
+    // Seed 000: host A at 50, 50, 250 (a GC pause), 50, 50 with α = 0.3.
+    let got = run(Smoother::Ewma { alpha: 0.3 }, &[50.0, 50.0, 250.0, 50.0, 50.0]);
+    assert_close(&got, &[50.0, 50.0, 110.0, 92.0, 79.4], 1e-9);
+}
+
+#[test]
+fn sma_matches_seed_000() {
+    // Seed 000: samples 10, 12, 100 (a spike), 11, 13, 12 with a window of 3.
+    let got = run(Smoother::Sma { window: 3 }, &[10.0, 12.0, 100.0, 11.0, 13.0, 12.0]);
+    assert_close(&got[2..], &[40.7, 41.0, 41.3, 12.0], 0.05);
+}
+
+#[test]
+fn tcp_srtt_is_an_ewma_with_one_eighth() {
+    // RFC 6298: SRTT = 7/8·SRTT + 1/8·R.
+    let got = run(Smoother::Ewma { alpha: 0.125 }, &[100.0, 200.0]);
+    assert_close(&got, &[100.0, 112.5], 1e-9);
+}
+
+#[test]
+fn bias_correction_removes_the_start_from_zero() {
+    // Without correction β = 0.9 would report 0.1·x after the first sample.
+    let got = run(Smoother::BiasCorrectedEwma { beta: 0.9 }, &[80.0, 80.0, 80.0]);
+    assert_close(&got, &[80.0, 80.0, 80.0], 1e-9);
+    // Two samples 100 then 200: v = 0.9·10 + 20 = 29; corrected 29 / 0.19.
+    let got = run(Smoother::BiasCorrectedEwma { beta: 0.9 }, &[100.0, 200.0]);
+    assert_close(&got, &[100.0, 29.0 / 0.19], 1e-9);
+}
+
+#[test]
+fn peak_ewma_jumps_to_a_peak_and_decays_with_time() {
+    let tau_ms = 1_000;
+    let s = Smoother::PeakEwma { tau_ms };
+    let mut est = Estimate::default();
+    s.observe(&mut est, &Batch::one(50.0), SEC);
+    s.observe(&mut est, &Batch::one(500.0), 2 * SEC);
+    assert_eq!(est.value_ms(), Some(500.0), "a peak replaces the estimate at once");
+    // One τ later a 50 ms sample keeps e^-1 of the old value.
+    s.observe(&mut est, &Batch::one(50.0), 3 * SEC);
+    let want = 500.0 * (-1f64).exp() + 50.0 * (1.0 - (-1f64).exp());
+    assert_close(&[est.value_ms().unwrap_or(0.0)], &[want], 1e-9);
+}
+
+#[test]
+fn peak_ewma_takes_the_peak_of_a_batch() {
+    let s = Smoother::PeakEwma { tau_ms: 1_000 };
+    let mut est = Estimate::default();
+    s.observe(&mut est, &Batch::one(50.0), SEC);
+    let mut batch = Batch::default();
+    for x in [40.0, 45.0, 300.0, 50.0] {
+        batch.add(x);
+    }
+    s.observe(&mut est, &batch, 2 * SEC);
+    assert_eq!(est.value_ms(), Some(300.0));
+}
+
+#[test]
+fn decay_ewma_forgets_by_time_not_by_sample_count() {
+    // Constant input split into batches of different sizes and spacing ends at the same value:
+    // e^-a · e^-b = e^-(a+b), whatever the request rate.
+    let s = Smoother::DecayEwma { tau_ms: 2_000 };
+    let mut sparse = Estimate::default();
+    let mut dense = Estimate::default();
+    s.observe(&mut sparse, &Batch::one(1000.0), 0);
+    s.observe(&mut dense, &Batch::one(1000.0), 0);
+    s.observe(&mut sparse, &Batch::one(100.0), 4 * SEC);
+    for i in 1..=40 {
+        let mut batch = Batch::default();
+        for _ in 0..(i % 7 + 1) {
+            batch.add(100.0);
+        }
+        s.observe(&mut dense, &batch, i * SEC / 10);
+    }
+    let (a, b) = (sparse.value_ms().unwrap_or(0.0), dense.value_ms().unwrap_or(0.0));
+    assert!((a - b).abs() < 1e-6, "sparse {a} vs dense {b}");
+    let want = 100.0 + 900.0 * (-2f64).exp();
+    assert!((a - want).abs() < 1e-6, "{a} vs {want}");
+}
+
+#[test]
+fn dual_ewma_scores_the_worse_of_short_and_long() {
+    let s = Smoother::DualEwma { short_tau_ms: 500, long_tau_ms: 10_000 };
+    let got = run(s, &[100.0, 100.0, 1000.0, 100.0, 100.0, 100.0]);
+    // One second is two short time constants: the spike lifts the short EWMA nearly all the way.
+    let short_after_spike = 100.0 * (-2f64).exp() + 1000.0 * (1.0 - (-2f64).exp());
+    assert!((got[2] - short_after_spike).abs() < 1e-9, "{got:?}");
+    // Afterwards the long EWMA still remembers it while the short one has forgotten.
+    assert!(got[5] > 150.0 && got[5] < got[2], "{got:?}");
+    // Slowly improving hosts are held back by the long horizon.
+    let improving = run(s, &[1000.0, 100.0]);
+    assert!(improving[1] > 800.0, "{improving:?}");
+}
+
+#[test]
+fn every_smoother_converges_to_a_constant_input() {
+    let smoothers = [
+        Smoother::Ewma { alpha: 0.25 },
+        Smoother::DecayEwma { tau_ms: 1_000 },
+        Smoother::PeakEwma { tau_ms: 1_000 },
+        Smoother::Sma { window: 8 },
+        Smoother::BiasCorrectedEwma { beta: 0.8 },
+        Smoother::DualEwma { short_tau_ms: 500, long_tau_ms: 2_000 },
+    ];
+    for s in smoothers {
+        let mut samples = vec![900.0];
+        samples.extend(std::iter::repeat_n(60.0, 60));
+        let last = *run(s, &samples).last().unwrap_or(&f64::NAN);
+        assert!((last - 60.0).abs() < 0.5, "{s:?} ended at {last}");
+    }
+}
+
+#[test]
+fn an_empty_batch_changes_nothing() {
+    let s = Smoother::Ewma { alpha: 0.3 };
+    let mut est = Estimate::default();
+    s.observe(&mut est, &Batch::one(70.0), SEC);
+    let before = est.clone();
+    s.observe(&mut est, &Batch::default(), 2 * SEC);
+    assert_eq!(est, before);
+}

@@ -1,0 +1,172 @@
+//! Shared state: the codec survives anything, merges count every sample, refreshes and
+//! ejections shape the table.
+
+#![allow(clippy::panic, clippy::indexing_slicing, clippy::unwrap_used)] // tests fail by panicking
+
+use std::collections::BTreeMap;
+
+use ewma_lb::config::Config;
+use ewma_lb::state::{Accumulator, ClusterState, DecodeError, Policy, FORMAT_VERSION, MAGIC};
+use proptest::prelude::*;
+
+const SEC: u64 = 1_000_000_000;
+
+fn policy() -> Policy {
+    Config::default().policy()
+}
+
+fn samples(entries: &[(&str, &[f64], bool)]) -> BTreeMap<String, Accumulator> {
+    entries
+        .iter()
+        .map(|(host, latencies, failed)| {
+            let mut acc = Accumulator::default();
+            for l in *latencies {
+                acc.record(*l, *failed, 1000.0);
+            }
+            (host.to_string(), acc)
+        })
+        .collect()
+}
+
+fn steady_state() -> ClusterState {
+    let p = policy();
+    let mut state = ClusterState::default();
+    for t in 1..=20 {
+        state.merge(&samples(&[("10.0.0.1:80", &[50.0, 60.0], false), ("10.0.0.2:80", &[900.0], false)]), t * SEC, &p);
+        state.refresh(t * SEC, &p, &[]);
+    }
+    state
+}
+
+#[test]
+fn round_trip() {
+    let state = steady_state();
+    let bytes = state.encode();
+    assert!(bytes.starts_with(MAGIC));
+    assert_eq!(ClusterState::decode(&bytes, 256), Ok(state));
+}
+
+#[test]
+fn foreign_bytes_are_rejected_with_a_reason() {
+    let good = steady_state().encode();
+    let mut other_version = good.clone();
+    other_version[4] = FORMAT_VERSION + 1;
+    type Case = (&'static str, Vec<u8>, fn(&DecodeError) -> bool);
+    let cases: Vec<Case> = vec![
+        ("empty", vec![], |e| *e == DecodeError::NotOurs),
+        ("other magic", b"JSON{}".to_vec(), |e| *e == DecodeError::NotOurs),
+        ("other version", other_version, |e| matches!(e, DecodeError::OtherVersion(_))),
+        ("truncated", good[..good.len() / 2].to_vec(), |e| matches!(e, DecodeError::Corrupt(_))),
+    ];
+    for (name, bytes, expected) in cases {
+        match ClusterState::decode(&bytes, 256) {
+            Err(e) => assert!(expected(&e), "{name}: unexpected error {e}"),
+            Ok(s) => panic!("{name}: decoded {s:?}"),
+        }
+    }
+    assert!(matches!(ClusterState::decode(&good, 1), Err(DecodeError::Corrupt(_))), "host limit");
+}
+
+proptest! {
+    #[test]
+    fn decoding_arbitrary_bytes_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+        let _ = ClusterState::decode(&bytes, 256);
+        let mut framed = MAGIC.to_vec();
+        framed.push(FORMAT_VERSION);
+        framed.extend_from_slice(&bytes);
+        let _ = ClusterState::decode(&framed, 256);
+    }
+
+    #[test]
+    fn flipping_bytes_of_a_real_record_never_panics(index in any::<prop::sample::Index>(), value in any::<u8>()) {
+        let mut bytes = steady_state().encode();
+        let i = index.index(bytes.len());
+        bytes[i] = value;
+        let _ = ClusterState::decode(&bytes, 256);
+    }
+}
+
+#[test]
+fn the_slow_host_ends_with_the_floor() {
+    let state = steady_state();
+    let fast = state.host("10.0.0.1:80").map(|h| h.share).unwrap_or(0.0);
+    let slow = state.host("10.0.0.2:80").map(|h| h.share).unwrap_or(1.0);
+    assert!((slow - policy().weights.min_share).abs() < 1e-9, "slow {slow}");
+    assert!((fast + slow - 1.0).abs() < 1e-9);
+    assert_eq!(state.table_version, 20);
+}
+
+#[test]
+fn merges_count_every_sample() {
+    let p = policy();
+    let mut state = ClusterState::default();
+    state.merge(&samples(&[("a:1", &[10.0; 7], false)]), SEC, &p);
+    state.merge(&samples(&[("a:1", &[10.0; 5], false), ("b:1", &[10.0; 2], false)]), SEC, &p);
+    assert_eq!(state.host("a:1").map(|h| h.latency.samples()), Some(12));
+    assert_eq!(state.host("b:1").map(|h| h.latency.samples()), Some(2));
+}
+
+#[test]
+fn failures_count_as_the_penalty_latency() {
+    let mut acc = Accumulator::default();
+    acc.record(2.0, true, 1000.0);
+    assert_eq!(acc.latency.max_ms, 1000.0, "a fast failure is not fast");
+    acc.record(3000.0, true, 1000.0);
+    assert_eq!(acc.latency.max_ms, 3000.0, "a slow failure keeps its own latency");
+}
+
+#[test]
+fn consecutive_failures_eject_and_the_host_returns_later() {
+    let p = policy();
+    let mut state = steady_state();
+    let now = 21 * SEC;
+    let ejected = state.merge(&samples(&[("10.0.0.1:80", &[5.0, 5.0, 5.0], true)]), now, &p);
+    assert!(ejected);
+    let host = state.host("10.0.0.1:80").cloned().unwrap_or_default();
+    assert!(host.health.is_ejected(now) && host.share == 0.0);
+    assert!((state.host("10.0.0.2:80").map(|h| h.share).unwrap_or(0.0) - 1.0).abs() < 1e-9);
+    // Still ejected one refresh later, back after the base ejection time, ramping up.
+    state.refresh(now + SEC, &p, &[]);
+    assert_eq!(state.host("10.0.0.1:80").map(|h| h.share), Some(0.0));
+    let back = now + p.outlier.base_ejection_ms * 1_000_000 + 1;
+    state.refresh(back, &p, &[]);
+    let host = state.host("10.0.0.1:80").cloned().unwrap_or_default();
+    assert!(!host.health.is_ejected(back) && host.share > 0.0 && host.active_since_ns == back);
+}
+
+#[test]
+fn the_ejection_budget_keeps_half_the_cluster() {
+    let p = policy();
+    let mut state = ClusterState::default();
+    let all_failing: Vec<(&str, &[f64], bool)> =
+        vec![("a:1", &[1.0; 3], true), ("b:1", &[1.0; 3], true), ("c:1", &[1.0; 3], true), ("d:1", &[1.0; 3], true)];
+    state.merge(&samples(&all_failing), SEC, &p);
+    let ejected = state.hosts.iter().filter(|h| h.health.is_ejected(SEC)).count();
+    assert_eq!(ejected, 2, "max_ejection_share 0.5 of 4 hosts");
+}
+
+#[test]
+fn a_success_resets_the_failure_count() {
+    let p = policy();
+    let mut state = ClusterState::default();
+    let mut acc = Accumulator::default();
+    for failed in [true, true, false, true, true] {
+        acc.record(1.0, failed, 1000.0);
+    }
+    state.merge(&BTreeMap::from([("a:1".to_string(), acc)]), SEC, &p);
+    state.merge(&samples(&[("b:1", &[1.0], false)]), SEC, &p);
+    assert_eq!(state.host("a:1").map(|h| h.health.consecutive_failures), Some(2));
+    assert!(!state.host("a:1").is_some_and(|h| h.health.is_ejected(SEC)));
+}
+
+#[test]
+fn silent_learned_hosts_are_forgotten_static_ones_kept() {
+    let p = policy();
+    let mut state = ClusterState::default();
+    state.merge(&samples(&[("learned:1", &[10.0], false)]), SEC, &p);
+    state.refresh(SEC, &p, &["static:1".to_string()]);
+    assert_eq!(state.hosts.len(), 2);
+    state.refresh(SEC + p.host_ttl_ns, &p, &["static:1".to_string()]);
+    let left: Vec<&str> = state.hosts.iter().map(|h| h.address.as_str()).collect();
+    assert_eq!(left, vec!["static:1"]);
+}

@@ -1,0 +1,147 @@
+//! Shares from scores: the rules of weights.rs, case by case, and the laws of every table.
+
+#![allow(clippy::panic, clippy::indexing_slicing, clippy::unwrap_used)] // tests fail by panicking
+
+use ewma_lb::weights::{shares, HostInput, WeightParams};
+use proptest::prelude::*;
+
+const SEC: u64 = 1_000_000_000;
+
+fn host(score_ms: Option<f64>) -> HostInput {
+    HostInput { score_ms, active_for_ns: 3600 * SEC, ejected: false, previous_share: None }
+}
+
+fn params() -> WeightParams {
+    WeightParams { slow_start_ms: 0, ..WeightParams::default() }
+}
+
+#[test]
+fn faster_hosts_get_more_by_the_exponent() {
+    let p = WeightParams { exponent: 1.0, min_share: 0.0, ..params() };
+    let s = shares(&[host(Some(50.0)), host(Some(100.0))], &p);
+    assert!((s[0] - 2.0 / 3.0).abs() < 1e-9 && (s[1] - 1.0 / 3.0).abs() < 1e-9, "{s:?}");
+    let p = WeightParams { exponent: 2.0, min_share: 0.0, ..params() };
+    let s = shares(&[host(Some(50.0)), host(Some(100.0))], &p);
+    assert!((s[0] - 0.8).abs() < 1e-9, "{s:?}");
+}
+
+#[test]
+fn a_slow_host_keeps_the_minimum_share() {
+    let p = WeightParams { min_share: 0.01, ..params() };
+    let s = shares(&[host(Some(75.0)), host(Some(75.0)), host(Some(1500.0))], &p);
+    assert!((s[2] - 0.01).abs() < 1e-12, "{s:?}");
+    assert!((s[0] - 0.495).abs() < 1e-9, "{s:?}");
+}
+
+#[test]
+fn a_host_without_samples_is_scored_at_the_median() {
+    let p = WeightParams { exponent: 1.0, min_share: 0.0, ..params() };
+    let s = shares(&[host(Some(50.0)), host(Some(100.0)), host(Some(200.0)), host(None)], &p);
+    assert!((s[3] - s[1]).abs() < 1e-12, "the newcomer is treated like the median host: {s:?}");
+    let s = shares(&[host(None), host(None)], &p);
+    assert_eq!(s, vec![0.5, 0.5], "no samples anywhere: equal shares");
+}
+
+#[test]
+fn slow_start_ramps_a_new_host_in() {
+    let p = WeightParams { slow_start_ms: 10_000, slow_start_min_factor: 0.1, min_share: 0.0, ..params() };
+    let new = |age_s: u64| HostInput { active_for_ns: age_s * SEC, ..host(Some(50.0)) };
+    let s = shares(&[host(Some(50.0)), new(0)], &p);
+    assert!((s[1] - 0.1 / 1.1).abs() < 1e-9, "starts at the minimum factor: {s:?}");
+    let s = shares(&[host(Some(50.0)), new(5)], &p);
+    assert!((s[1] - 0.5 / 1.5).abs() < 1e-9, "halfway: {s:?}");
+    let s = shares(&[host(Some(50.0)), new(10)], &p);
+    assert!((s[1] - 0.5).abs() < 1e-9, "done: {s:?}");
+}
+
+#[test]
+fn damping_bounds_the_move_of_one_refresh() {
+    let p = WeightParams { max_step_ratio: 2.0, min_share: 0.0, ..params() };
+    // The slow host recovered at once; its share may only double per refresh.
+    let mut hosts = [host(Some(50.0)), host(Some(50.0)), host(Some(50.0))];
+    hosts[0].previous_share = Some(0.45);
+    hosts[1].previous_share = Some(0.45);
+    hosts[2].previous_share = Some(0.1);
+    let s = shares(&hosts, &p);
+    assert!((s[2] - 0.2).abs() < 1e-9, "{s:?}");
+    assert!((s[0] - 0.4).abs() < 1e-9, "{s:?}");
+}
+
+#[test]
+fn ejected_hosts_get_nothing() {
+    let mut hosts = [host(Some(50.0)), host(Some(50.0))];
+    hosts[1].ejected = true;
+    hosts[1].previous_share = Some(0.5);
+    assert_eq!(shares(&hosts, &params()), vec![1.0, 0.0]);
+    hosts[0].ejected = true;
+    assert_eq!(shares(&hosts, &params()), vec![0.0, 0.0]);
+}
+
+fn arb_host() -> impl Strategy<Value = HostInput> {
+    (
+        prop::option::of(0.0f64..100_000.0),
+        0u64..20 * SEC,
+        prop::bool::weighted(0.2),
+        prop::option::of(0.0f64..1.0),
+    )
+        .prop_map(|(score_ms, active_for_ns, ejected, previous_share)| HostInput {
+            score_ms,
+            active_for_ns,
+            ejected,
+            previous_share,
+        })
+}
+
+proptest! {
+    #[test]
+    fn shares_sum_to_one_and_respect_the_floor(
+        hosts in prop::collection::vec(arb_host(), 1..40),
+        min_share in 0.0f64..0.1,
+        exponent in 0.5f64..4.0,
+        max_step_ratio in 1.0f64..4.0,
+    ) {
+        let p = WeightParams { min_share, exponent, max_step_ratio, ..WeightParams::default() };
+        let s = shares(&hosts, &p);
+        prop_assert_eq!(s.len(), hosts.len());
+        let live = hosts.iter().filter(|h| !h.ejected).count();
+        let total: f64 = s.iter().sum();
+        if live == 0 {
+            prop_assert!(total == 0.0);
+        } else {
+            prop_assert!((total - 1.0).abs() < 1e-9, "sum {}", total);
+        }
+        let floor = if live as f64 * min_share >= 1.0 { 1.0 / live as f64 } else { min_share };
+        for (share, h) in s.iter().zip(&hosts) {
+            prop_assert!(share.is_finite() && *share >= 0.0);
+            if h.ejected {
+                prop_assert!(*share == 0.0);
+            } else {
+                prop_assert!(*share >= floor - 1e-9, "share {} below floor {}", share, floor);
+            }
+        }
+    }
+
+    #[test]
+    fn one_refresh_moves_a_share_by_at_most_the_step_ratio(
+        scores in prop::collection::vec(1.0f64..5_000.0, 2..30),
+        previous in prop::collection::vec(0.01f64..1.0, 30),
+        ratio in 1.1f64..4.0,
+        min_share in 0.0f64..0.02,
+    ) {
+        let total: f64 = previous.iter().take(scores.len()).sum();
+        let hosts: Vec<HostInput> = scores
+            .iter()
+            .zip(&previous)
+            .map(|(score, prev)| HostInput { previous_share: Some(prev / total), ..host(Some(*score)) })
+            .collect();
+        let p = WeightParams { max_step_ratio: ratio, min_share, ..params() };
+        let s = shares(&hosts, &p);
+        prop_assert!((s.iter().sum::<f64>() - 1.0).abs() < 1e-9);
+        for (share, h) in s.iter().zip(&hosts) {
+            let prev = h.previous_share.unwrap_or(0.0);
+            let lo = (prev / ratio).max(min_share);
+            let hi = (prev * ratio).max(min_share);
+            prop_assert!(*share >= lo - 1e-9 && *share <= hi + 1e-9, "{} outside [{}, {}]", share, lo, hi);
+        }
+    }
+}

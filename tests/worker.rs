@@ -1,0 +1,188 @@
+//! Several workers over one shared store: the tick protocol loses no sample, refreshes once per
+//! interval, and every worker ends up picking from the same table.
+
+#![allow(clippy::panic, clippy::indexing_slicing, clippy::unwrap_used)] // tests fail by panicking
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use ewma_lb::config::Config;
+use ewma_lb::outcome::Outcome;
+use ewma_lb::state::ClusterState;
+use ewma_lb::worker::{shared_key, Decision, FallbackReason, SharedStore, StoreError, Worker};
+
+const SEC: u64 = 1_000_000_000;
+const CLUSTER: &str = "backend";
+
+/// proxy-wasm shared data semantics in memory: a version per key, bumped on every write.
+#[derive(Default)]
+struct Memory {
+    data: HashMap<String, (Vec<u8>, u32)>,
+    /// Every n-th write loses its compare-and-swap, as if another VM had written first.
+    lose_every: Option<u32>,
+    writes: u32,
+}
+
+#[derive(Clone, Default)]
+struct Shared(Rc<RefCell<Memory>>);
+
+impl SharedStore for Shared {
+    fn get(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError> {
+        Ok(match self.0.borrow().data.get(key) {
+            Some((bytes, version)) => (Some(bytes.clone()), Some(*version)),
+            None => (None, None),
+        })
+    }
+
+    fn set(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError> {
+        let mut m = self.0.borrow_mut();
+        m.writes += 1;
+        let lose = m.lose_every.is_some_and(|n| m.writes % n == 0);
+        let current = m.data.get(key).map(|(_, v)| *v);
+        if lose || (cas.is_some() && cas != current) {
+            if let Some((_, v)) = m.data.get_mut(key) {
+                *v += 1;
+            }
+            return Err(StoreError::CasMismatch);
+        }
+        m.data.insert(key.to_owned(), (value.to_vec(), current.unwrap_or(0) + 1));
+        Ok(())
+    }
+}
+
+impl Shared {
+    fn state(&self) -> ClusterState {
+        let bytes = self.0.borrow().data.get(&shared_key(CLUSTER)).map(|(b, _)| b.clone()).unwrap_or_default();
+        ClusterState::decode(&bytes, 256).unwrap_or_default()
+    }
+}
+
+fn config(json: &str) -> Config {
+    Config::from_json(json.as_bytes()).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn finish_ok(w: &mut Worker, host: &str, ms: f64) {
+    w.finish(CLUSTER, None, Some(host), ms, Some(Outcome::Success));
+}
+
+#[test]
+fn no_sample_is_lost_under_contention() {
+    let store = Shared::default();
+    store.0.borrow_mut().lose_every = Some(3);
+    let mut workers: Vec<Worker> = (0..3).map(|i| Worker::new(Config::default(), i)).collect();
+    let mut recorded = 0u64;
+    for t in 1..=50u64 {
+        for (i, w) in workers.iter_mut().enumerate() {
+            for _ in 0..(i + 1) {
+                finish_ok(w, "10.0.0.1:80", 50.0);
+                recorded += 1;
+            }
+            w.tick(t * SEC / 5, &mut store.clone());
+        }
+    }
+    // A few more ticks without traffic flush what lost its last compare-and-swap.
+    for t in 51..=60u64 {
+        for w in &mut workers {
+            w.tick(t * SEC / 5, &mut store.clone());
+        }
+    }
+    let merged = store.state().host("10.0.0.1:80").map_or(0, |h| h.latency.samples());
+    assert_eq!(merged, recorded);
+}
+
+#[test]
+fn one_refresh_per_interval_whoever_ticks() {
+    let store = Shared::default();
+    let mut workers: Vec<Worker> = (0..3).map(|i| Worker::new(Config::default(), i)).collect();
+    let mut refreshes = 0;
+    for t in 1..=40u64 {
+        for w in &mut workers {
+            finish_ok(w, "10.0.0.1:80", 50.0);
+            refreshes += w.tick(t * SEC / 5, &mut store.clone()).refreshed;
+        }
+    }
+    // 40 ticks of 200 ms are 8 s: the first tick builds the table, then one refresh a second.
+    assert_eq!(refreshes, 8);
+    assert_eq!(store.state().table_version, 8);
+}
+
+#[test]
+fn every_worker_adopts_the_same_table() {
+    let store = Shared::default();
+    let mut workers: Vec<Worker> = (0..2).map(|i| Worker::new(Config::default(), i)).collect();
+    // Both see a first request before any table exists.
+    for w in &mut workers {
+        assert_eq!(w.pick(CLUSTER), Decision::Fallback(FallbackReason::TableNotReady));
+    }
+    for t in 1..=30u64 {
+        finish_ok(&mut workers[0], "10.0.0.1:80", 50.0);
+        finish_ok(&mut workers[0], "10.0.0.2:80", 800.0);
+        for w in &mut workers {
+            w.tick(t * SEC / 5, &mut store.clone());
+        }
+    }
+    // Worker 1 never served a request but steers from the table worker 0's samples built.
+    let mut counts: HashMap<String, u32> = HashMap::new();
+    for _ in 0..2000 {
+        if let Decision::Override { host, .. } = workers[1].pick(CLUSTER) {
+            *counts.entry(host).or_default() += 1;
+        }
+    }
+    let fast = counts.get("10.0.0.1:80").copied().unwrap_or(0);
+    assert!(fast > 1900, "{counts:?}");
+    let snapshot: Vec<_> = workers.iter().map(|w| w.snapshots().map(|(_, s)| s.table_version).collect::<Vec<_>>()).collect();
+    assert_eq!(snapshot[0], snapshot[1]);
+}
+
+#[test]
+fn in_flight_counts_go_up_on_pick_and_down_once_on_finish() {
+    let store = Shared::default();
+    let mut w = Worker::new(config(r#"{"exploration_share": 0, "clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}}"#), 1);
+    w.tick(SEC, &mut store.clone());
+    let Decision::Override { host, header_value } = w.pick(CLUSTER) else { panic!("no table") };
+    assert_eq!((host.as_str(), header_value.as_str()), ("10.0.0.1:80", "10.0.0.1:80"));
+    w.pick(CLUSTER);
+    assert_eq!(w.in_flight(CLUSTER, &host), 2);
+    w.finish(CLUSTER, Some(&host), Some(&host), 10.0, Some(Outcome::Reset));
+    w.finish(CLUSTER, Some(&host), None, 10.0, None);
+    assert_eq!(w.in_flight(CLUSTER, &host), 0);
+    w.finish(CLUSTER, Some(&host), None, 10.0, None);
+    assert_eq!(w.in_flight(CLUSTER, &host), 0, "never below zero");
+}
+
+#[test]
+fn the_header_names_a_different_host_for_the_retry() {
+    let store = Shared::default();
+    let cfg = r#"{"exploration_share": 0, "clusters": {"backend": {"endpoints": ["10.0.0.1:80", "10.0.0.2:80"]}}}"#;
+    let mut w = Worker::new(config(cfg), 1);
+    w.tick(SEC, &mut store.clone());
+    for _ in 0..100 {
+        let Decision::Override { host, header_value } = w.pick(CLUSTER) else { panic!("no table") };
+        let parts: Vec<&str> = header_value.split(',').collect();
+        assert_eq!(parts.len(), 2, "{header_value}");
+        assert_eq!(parts[0], host);
+        assert_ne!(parts[0], parts[1]);
+    }
+}
+
+#[test]
+fn the_exploration_share_is_left_to_the_fallback() {
+    let store = Shared::default();
+    let cfg = r#"{"exploration_share": 0.2, "clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}}"#;
+    let mut w = Worker::new(config(cfg), 9);
+    w.tick(SEC, &mut store.clone());
+    let explored = (0..10_000).filter(|_| w.pick(CLUSTER) == Decision::Fallback(FallbackReason::Exploring)).count();
+    assert!((1800..2200).contains(&explored), "{explored}");
+}
+
+#[test]
+fn a_foreign_record_is_rebuilt() {
+    let store = Shared::default();
+    store.0.borrow_mut().data.insert(shared_key(CLUSTER), (b"garbage from another plugin".to_vec(), 7));
+    let mut w = Worker::new(Config::default(), 1);
+    finish_ok(&mut w, "10.0.0.1:80", 5.0);
+    let report = w.tick(SEC, &mut store.clone());
+    assert!(report.errors.is_empty());
+    assert_eq!(store.state().hosts.len(), 1);
+}
