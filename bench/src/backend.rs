@@ -1,0 +1,513 @@
+//! In-process HTTP/1.1 test backends on 127.0.0.1 with latency profiles, a bounded worker pool,
+//! injected 503s, and stop/restart that look like a killed and restarted process to Envoy.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{mpsc as std_mpsc, Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::header::HeaderValue;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use rand::Rng;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{oneshot, Semaphore};
+use tokio::task::JoinSet;
+
+use crate::latency::Latency;
+
+/// Response header naming the backend that answered.
+pub const BACKEND_HEADER: &str = "x-backend";
+/// Request header the filter sets to steer Envoy's host choice.
+pub const OVERRIDE_HEADER: &str = "x-ewma-lb-host";
+/// Response header echoing the override header the backend received (absent if none).
+pub const SEEN_OVERRIDE_HEADER: &str = "x-seen-override";
+
+/// Distinct paths counted one by one; beyond this they are lumped together so a scan cannot grow
+/// the map without bound.
+const MAX_TRACKED_PATHS: usize = 10_000;
+const OTHER_PATHS: &str = "<other>";
+/// Request bodies are drained (so keep-alive works) but never buffered beyond this.
+const MAX_BODY: usize = 1 << 20;
+const STOP_WAIT: Duration = Duration::from_secs(5);
+
+/// Overrides the latency profile during `[from_s, to_s)` seconds after the backend started.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Phase {
+    pub from_s: f64,
+    pub to_s: f64,
+    pub latency: Latency,
+}
+
+/// What a backend is and how it behaves.
+#[derive(Clone, Debug)]
+pub struct BackendSpec {
+    /// Sent back in `x-backend` and in the body.
+    pub name: String,
+    /// Delay of business requests (outside schedule phases).
+    pub latency: Latency,
+    /// `Some(k)`: only k requests are served at once and the rest queue, so latency grows with load.
+    pub capacity: Option<usize>,
+    /// Share of business requests answered 503 (after their delay, like a real overloaded service).
+    pub fail_rate: f64,
+    /// Time windows with a different latency; the first matching phase wins.
+    pub schedule: Vec<Phase>,
+    /// Delay of health-path requests; they bypass the worker queue.
+    pub health_latency: Latency,
+}
+
+impl BackendSpec {
+    /// A backend with this latency, unbounded capacity, no failures, no schedule.
+    pub fn new(name: impl Into<String>, latency: Latency) -> Self {
+        BackendSpec {
+            name: name.into(),
+            latency,
+            capacity: None,
+            fail_rate: 0.0,
+            schedule: Vec::new(),
+            health_latency: Latency::Fixed(0),
+        }
+    }
+
+    /// Sets the number of concurrent workers.
+    pub fn capacity(mut self, k: usize) -> Self {
+        self.capacity = Some(k);
+        self
+    }
+
+    /// Sets the share of 503 answers.
+    pub fn fail_rate(mut self, rate: f64) -> Self {
+        self.fail_rate = rate;
+        self
+    }
+
+    /// Adds a latency phase.
+    pub fn phase(mut self, from_s: f64, to_s: f64, latency: Latency) -> Self {
+        self.schedule.push(Phase { from_s, to_s, latency });
+        self
+    }
+
+    /// Sets the health-path delay.
+    pub fn health_latency(mut self, latency: Latency) -> Self {
+        self.health_latency = latency;
+        self
+    }
+
+    /// Checks the fields that would otherwise fail later, at request time.
+    pub fn validate(&self) -> Result<()> {
+        if self.name.is_empty() || HeaderValue::from_str(&self.name).is_err() {
+            bail!("backend name {:?} must be non-empty and valid in a header", self.name);
+        }
+        if !(0.0..=1.0).contains(&self.fail_rate) {
+            bail!("backend {}: fail rate {} must be within 0..=1", self.name, self.fail_rate);
+        }
+        if self.capacity == Some(0) {
+            bail!("backend {}: capacity must be >= 1", self.name);
+        }
+        for p in &self.schedule {
+            if !(p.from_s >= 0.0 && p.from_s < p.to_s) {
+                bail!("backend {}: phase {}-{} must have 0 <= from < to", self.name, p.from_s, p.to_s);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Health probes: light, counted apart, never queued behind business requests.
+pub fn is_health_path(path: &str) -> bool {
+    path == "/health" || path.starts_with("/actuator/health")
+}
+
+#[derive(Default)]
+struct Counts {
+    served: AtomicU64,
+    failed: AtomicU64,
+    health: AtomicU64,
+}
+
+struct Shared {
+    name: String,
+    name_value: HeaderValue,
+    base: Mutex<Latency>,
+    schedule: Vec<Phase>,
+    health_latency: Latency,
+    fail_rate: f64,
+    workers: Option<Arc<Semaphore>>,
+    started: Instant,
+    counts: Counts,
+    paths: Mutex<HashMap<String, u64>>,
+    open_conns: AtomicUsize,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panicking test thread must not turn every later count into a panic.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Shared {
+    fn current_latency(&self) -> Latency {
+        let t = self.started.elapsed().as_secs_f64();
+        self.schedule
+            .iter()
+            .find(|p| t >= p.from_s && t < p.to_s)
+            .map(|p| p.latency.clone())
+            .unwrap_or_else(|| lock(&self.base).clone())
+    }
+
+    fn count_path(&self, path: &str) {
+        let mut paths = lock(&self.paths);
+        if let Some(n) = paths.get_mut(path) {
+            *n += 1;
+        } else if paths.len() < MAX_TRACKED_PATHS {
+            paths.insert(path.to_string(), 1);
+        } else {
+            *paths.entry(OTHER_PATHS.to_string()).or_insert(0) += 1;
+        }
+    }
+}
+
+struct Serving {
+    stop: oneshot::Sender<()>,
+    done: std_mpsc::Receiver<()>,
+}
+
+/// A running (or stopped) backend. Dropping it stops it.
+pub struct Backend {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    serving: Mutex<Option<Serving>>,
+    rt: Option<tokio::runtime::Runtime>,
+}
+
+impl Backend {
+    /// Starts a backend on `addr` ("127.0.0.1:0" for any free port); loopback addresses only.
+    pub fn start(spec: BackendSpec, addr: &str) -> Result<Backend> {
+        spec.validate()?;
+        let want: SocketAddr = addr.parse().with_context(|| format!("backend address {addr:?}"))?;
+        if !want.ip().is_loopback() {
+            bail!("backend {}: address {want} is not loopback; tests stay on this machine", spec.name);
+        }
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name(format!("backend-{}", spec.name))
+            .enable_all()
+            .build()
+            .context("building the backend runtime")?;
+        let listener = bind(&rt, want).with_context(|| format!("backend {}: binding {want}", spec.name))?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            name_value: HeaderValue::from_str(&spec.name)?,
+            name: spec.name,
+            base: Mutex::new(spec.latency),
+            schedule: spec.schedule,
+            health_latency: spec.health_latency,
+            fail_rate: spec.fail_rate,
+            workers: spec.capacity.map(|k| Arc::new(Semaphore::new(k))),
+            started: Instant::now(),
+            counts: Counts::default(),
+            paths: Mutex::new(HashMap::new()),
+            open_conns: AtomicUsize::new(0),
+        });
+        let serving = spawn_accept(&rt, listener, shared.clone());
+        Ok(Backend { shared, addr, serving: Mutex::new(Some(serving)), rt: Some(rt) })
+    }
+
+    /// Starts a backend on a free loopback port.
+    pub fn start_local(spec: BackendSpec) -> Result<Backend> {
+        Backend::start(spec, "127.0.0.1:0")
+    }
+
+    /// The bound address (stable across stop/restart).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://IP:port`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The backend's name.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// Business requests answered (200 or 503), health probes excluded.
+    pub fn served(&self) -> u64 {
+        self.shared.counts.served.load(Ordering::Relaxed)
+    }
+
+    /// Business requests answered 503.
+    pub fn failed(&self) -> u64 {
+        self.shared.counts.failed.load(Ordering::Relaxed)
+    }
+
+    /// Health-path requests answered.
+    pub fn health_served(&self) -> u64 {
+        self.shared.counts.health.load(Ordering::Relaxed)
+    }
+
+    /// Requests answered (health included) whose path starts with `prefix`.
+    pub fn served_path(&self, prefix: &str) -> u64 {
+        lock(&self.shared.paths)
+            .iter()
+            .filter(|(p, _)| p.starts_with(prefix))
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// Requests answered per path (query strings stripped), health included.
+    pub fn path_counts(&self) -> HashMap<String, u64> {
+        lock(&self.shared.paths).clone()
+    }
+
+    /// Replaces the base latency profile; schedule phases still win inside their windows.
+    pub fn set_latency(&self, latency: Latency) {
+        *lock(&self.shared.base) = latency;
+    }
+
+    /// The latency profile in force right now.
+    pub fn latency(&self) -> Latency {
+        self.shared.current_latency()
+    }
+
+    /// Zeroes all counters.
+    pub fn reset_counts(&self) {
+        let c = &self.shared.counts;
+        c.served.store(0, Ordering::Relaxed);
+        c.failed.store(0, Ordering::Relaxed);
+        c.health.store(0, Ordering::Relaxed);
+        lock(&self.shared.paths).clear();
+    }
+
+    /// Client connections open right now.
+    pub fn open_connections(&self) -> usize {
+        self.shared.open_conns.load(Ordering::Relaxed)
+    }
+
+    /// Whether the listener is open.
+    pub fn is_running(&self) -> bool {
+        lock(&self.serving).is_some()
+    }
+
+    /// Closes the listener and every open connection, in-flight requests included, and waits
+    /// (a few seconds at most) until they are gone, so new connects are refused like a dead process.
+    pub fn stop(&self) {
+        let Some(serving) = lock(&self.serving).take() else { return };
+        let _ = serving.stop.send(());
+        let _ = serving.done.recv_timeout(STOP_WAIT);
+    }
+
+    /// Listens again on the same address after [`Backend::stop`]; a no-op if running.
+    pub fn restart(&self) -> Result<()> {
+        let mut serving = lock(&self.serving);
+        if serving.is_some() {
+            return Ok(());
+        }
+        let rt = self.rt.as_ref().context("backend runtime is gone")?;
+        let listener = bind(rt, self.addr)
+            .with_context(|| format!("backend {}: re-binding {}", self.shared.name, self.addr))?;
+        *serving = Some(spawn_accept(rt, listener, self.shared.clone()));
+        Ok(())
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        self.stop();
+        // shutdown_background: Drop may run inside another runtime (an async test), where a
+        // blocking shutdown would panic.
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+fn bind(rt: &tokio::runtime::Runtime, addr: SocketAddr) -> Result<TcpListener> {
+    // std's bind sets SO_REUSEADDR, which restart() needs while old connections sit in TIME_WAIT.
+    let std_listener = std::net::TcpListener::bind(addr)?;
+    std_listener.set_nonblocking(true)?;
+    let _enter = rt.enter();
+    Ok(TcpListener::from_std(std_listener)?)
+}
+
+fn spawn_accept(rt: &tokio::runtime::Runtime, listener: TcpListener, shared: Arc<Shared>) -> Serving {
+    let (stop_tx, stop_rx) = oneshot::channel();
+    let (done_tx, done_rx) = std_mpsc::channel();
+    rt.spawn(accept_loop(listener, shared, stop_rx, done_tx));
+    Serving { stop: stop_tx, done: done_rx }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    shared: Arc<Shared>,
+    mut stop: oneshot::Receiver<()>,
+    done: std_mpsc::Sender<()>,
+) {
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = &mut stop => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    conns.spawn(serve_conn(stream, shared.clone()));
+                }
+                // Out of descriptors and the like: back off instead of spinning.
+                Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+            },
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+    drop(listener);
+    // Aborting drops each connection's socket: the peer sees its in-flight request cut.
+    conns.shutdown().await;
+    let _ = done.send(());
+}
+
+struct ConnGuard(Arc<Shared>);
+
+impl Drop for ConnGuard {
+    fn drop(&mut self) {
+        self.0.open_conns.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+async fn serve_conn(stream: TcpStream, shared: Arc<Shared>) {
+    shared.open_conns.fetch_add(1, Ordering::Relaxed);
+    let _guard = ConnGuard(shared.clone());
+    let _ = stream.set_nodelay(true);
+    let svc = service_fn(move |req| handle(req, shared.clone()));
+    let _ = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .keep_alive(true)
+        .serve_connection(TokioIo::new(stream), svc)
+        .await;
+}
+
+async fn handle(req: Request<Incoming>, sh: Arc<Shared>) -> Result<Response<Full<Bytes>>, Infallible> {
+    let path = req.uri().path().to_string();
+    let seen = req.headers().get(OVERRIDE_HEADER).cloned();
+    let _ = Limited::new(req.into_body(), MAX_BODY).collect().await;
+
+    let status = if is_health_path(&path) {
+        let delay = sh.health_latency.sample(&mut rand::rng());
+        tokio::time::sleep(delay).await;
+        sh.counts.health.fetch_add(1, Ordering::Relaxed);
+        StatusCode::OK
+    } else {
+        // The permit is held through the delay: that is what makes requests queue.
+        let _permit = match &sh.workers {
+            Some(w) => w.clone().acquire_owned().await.ok(),
+            None => None,
+        };
+        let delay = sh.current_latency().sample(&mut rand::rng());
+        tokio::time::sleep(delay).await;
+        let fail = sh.fail_rate > 0.0 && rand::rng().random_bool(sh.fail_rate.clamp(0.0, 1.0));
+        sh.counts.served.fetch_add(1, Ordering::Relaxed);
+        if fail {
+            sh.counts.failed.fetch_add(1, Ordering::Relaxed);
+            StatusCode::SERVICE_UNAVAILABLE
+        } else {
+            StatusCode::OK
+        }
+    };
+    sh.count_path(&path);
+
+    let mut resp = Response::new(Full::new(Bytes::from(format!("{}\n", sh.name))));
+    *resp.status_mut() = status;
+    let h = resp.headers_mut();
+    h.insert(BACKEND_HEADER, sh.name_value.clone());
+    h.insert(hyper::header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    if let Some(v) = seen {
+        h.insert(SEEN_OVERRIDE_HEADER, v);
+    }
+    Ok(resp)
+}
+
+/// Parses a CLI backend: `name=N,addr=IP:PORT,latency=L[,capacity=K][,fail=R][,health=L][,phase=FROM-TO@L]...`.
+/// A comma inside a value (as in `lognormal:80,0.5`) is kept when the next piece has no `=`.
+pub fn parse_backend_arg(s: &str) -> Result<(BackendSpec, String)> {
+    let mut pairs: Vec<(String, String)> = Vec::new();
+    for piece in s.split(',') {
+        match piece.split_once('=') {
+            Some((k, v)) => pairs.push((k.trim().to_string(), v.trim().to_string())),
+            None => match pairs.last_mut() {
+                Some((_, v)) => {
+                    v.push(',');
+                    v.push_str(piece.trim());
+                }
+                None => bail!("backend {s:?}: expected key=value pairs"),
+            },
+        }
+    }
+    let mut spec = BackendSpec::new("", Latency::Fixed(0));
+    let mut addr = "127.0.0.1:0".to_string();
+    for (k, v) in pairs {
+        match k.as_str() {
+            "name" => spec.name = v,
+            "addr" => addr = v,
+            "latency" => spec.latency = v.parse()?,
+            "capacity" => spec.capacity = Some(v.parse().with_context(|| format!("capacity {v:?}"))?),
+            "fail" => spec.fail_rate = v.parse().with_context(|| format!("fail {v:?}"))?,
+            "health" | "health_latency" => spec.health_latency = v.parse()?,
+            "phase" => {
+                let (window, lat) = v
+                    .split_once('@')
+                    .with_context(|| format!("phase {v:?}: expected FROM-TO@LATENCY, e.g. 10-20@fixed:500"))?;
+                let (from, to) = window
+                    .split_once('-')
+                    .with_context(|| format!("phase {v:?}: expected FROM-TO seconds"))?;
+                spec.schedule.push(Phase {
+                    from_s: from.trim().parse().with_context(|| format!("phase {v:?}: from"))?,
+                    to_s: to.trim().parse().with_context(|| format!("phase {v:?}: to"))?,
+                    latency: lat.parse()?,
+                });
+            }
+            other => bail!("backend {s:?}: unknown key {other:?}"),
+        }
+    }
+    spec.validate()?;
+    Ok((spec, addr))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_cli_backend_with_comma_inside_latency() {
+        let (spec, addr) =
+            parse_backend_arg("name=slow,addr=127.0.0.1:8083,latency=lognormal:80,0.5,capacity=8,fail=0.01,phase=10-20@fixed:500")
+                .unwrap();
+        assert_eq!(spec.name, "slow");
+        assert_eq!(addr, "127.0.0.1:8083");
+        assert_eq!(spec.latency, Latency::LogNormal { median_ms: 80.0, sigma: 0.5 });
+        assert_eq!(spec.capacity, Some(8));
+        assert_eq!(spec.fail_rate, 0.01);
+        assert_eq!(spec.schedule, vec![Phase { from_s: 10.0, to_s: 20.0, latency: Latency::Fixed(500) }]);
+    }
+
+    #[test]
+    fn rejects_bad_cli_backends() {
+        for bad in ["latency=fixed:1", "name=a,fail=2", "name=a,capacity=0", "name=a,color=red", "name=a,phase=5-1@fixed:1"] {
+            assert!(parse_backend_arg(bad).is_err(), "{bad:?} should be rejected");
+        }
+    }
+
+    #[test]
+    fn classifies_health_paths() {
+        assert!(is_health_path("/health"));
+        assert!(is_health_path("/actuator/health"));
+        assert!(is_health_path("/actuator/health/liveness"));
+        assert!(!is_health_path("/healthy"));
+        assert!(!is_health_path("/actuator/metrics"));
+    }
+}

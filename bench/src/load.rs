@@ -1,0 +1,270 @@
+//! Load generator: open loop at a fixed arrival rate (default) or closed loop with N workers.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper::Uri;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde::Serialize;
+use tokio::sync::mpsc::UnboundedSender;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+use crate::backend::BACKEND_HEADER;
+use crate::http::loopback_authority;
+
+/// Hard cap on requests per run, so a typo in rate or duration cannot run for hours.
+pub const MAX_REQUESTS: u64 = 5_000_000;
+/// Longest run accepted.
+pub const MAX_DURATION: Duration = Duration::from_secs(3600);
+/// Pause of a closed-loop worker after a transport error, so a dead target is not hammered in a spin.
+const ERROR_BACKOFF: Duration = Duration::from_millis(10);
+
+/// What to send, how fast, for how long.
+#[derive(Clone, Debug)]
+pub struct LoadSpec {
+    pub url: String,
+    /// Arrivals per second in open loop; ignored in closed loop.
+    pub rate_per_s: f64,
+    pub duration: Duration,
+    /// Open loop: arrivals beyond this many outstanding requests are recorded as dropped.
+    pub max_in_flight: usize,
+    /// `Some(n)`: closed loop, n workers each sending back to back.
+    pub closed_loop_workers: Option<usize>,
+    pub headers: Vec<(String, String)>,
+    /// Per request, headers and body; a timeout is recorded as status 0.
+    pub timeout: Duration,
+}
+
+impl LoadSpec {
+    /// Open loop at `rate_per_s` for `duration`, 1000 in flight at most, 10 s timeout.
+    pub fn new(url: impl Into<String>, rate_per_s: f64, duration: Duration) -> Self {
+        LoadSpec {
+            url: url.into(),
+            rate_per_s,
+            duration,
+            max_in_flight: 1000,
+            closed_loop_workers: None,
+            headers: Vec::new(),
+            timeout: Duration::from_secs(10),
+        }
+    }
+
+    /// Adds a request header.
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.headers.push((name.into(), value.into()));
+        self
+    }
+
+    fn validate(&self) -> Result<Uri> {
+        let uri = Uri::from_str(&self.url).with_context(|| format!("url {:?}", self.url))?;
+        loopback_authority(&uri)?;
+        if self.duration > MAX_DURATION {
+            bail!("duration {:?} exceeds {:?}", self.duration, MAX_DURATION);
+        }
+        for (k, v) in &self.headers {
+            hyper::header::HeaderName::from_bytes(k.as_bytes()).with_context(|| format!("header name {k:?}"))?;
+            hyper::header::HeaderValue::from_str(v).with_context(|| format!("header {k}: value {v:?}"))?;
+        }
+        if self.timeout.is_zero() {
+            bail!("timeout must be > 0");
+        }
+        match self.closed_loop_workers {
+            Some(0) => bail!("closed loop needs at least one worker"),
+            Some(n) if n > 10_000 => bail!("closed loop: {n} workers is too many"),
+            Some(_) => {}
+            None => {
+                if !(self.rate_per_s.is_finite() && self.rate_per_s > 0.0) {
+                    bail!("rate {} must be > 0", self.rate_per_s);
+                }
+                if self.max_in_flight == 0 {
+                    bail!("max_in_flight must be >= 1");
+                }
+                if self.rate_per_s * self.duration.as_secs_f64() > MAX_REQUESTS as f64 {
+                    bail!("rate x duration exceeds {MAX_REQUESTS} requests");
+                }
+            }
+        }
+        Ok(uri)
+    }
+}
+
+/// One request's outcome.
+#[derive(Clone, Debug, Serialize)]
+pub struct Record {
+    /// When it was due (open loop) or sent (closed loop), since the run started.
+    pub sent_at: Duration,
+    /// From `sent_at` to the end of the body, so generator lag counts against the target.
+    pub latency: Duration,
+    /// HTTP status, or 0 for a transport error or timeout (and for dropped arrivals).
+    pub status: u16,
+    /// The `x-backend` response header.
+    pub backend: Option<String>,
+    /// Open loop: never sent because `max_in_flight` requests were outstanding.
+    pub dropped: bool,
+}
+
+impl Record {
+    /// A completed request with status 0 or >= 500.
+    pub fn is_error(&self) -> bool {
+        !self.dropped && (self.status == 0 || self.status >= 500)
+    }
+}
+
+type HttpClient = Client<HttpConnector, Empty<Bytes>>;
+
+fn client(pool: usize) -> HttpClient {
+    let mut conn = HttpConnector::new();
+    conn.set_nodelay(true);
+    conn.set_connect_timeout(Some(Duration::from_secs(5)));
+    Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(pool)
+        .pool_idle_timeout(Duration::from_secs(30))
+        .build(conn)
+}
+
+/// Runs the load on a runtime of its own and returns every record, ordered by `sent_at`.
+/// Do not call from inside an async runtime: use [`run_async`] there.
+pub fn run(spec: &LoadSpec) -> Result<Vec<Record>> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("load")
+        .enable_all()
+        .build()
+        .context("building the load runtime")?;
+    rt.block_on(run_async(spec))
+}
+
+/// Async [`run`].
+pub async fn run_async(spec: &LoadSpec) -> Result<Vec<Record>> {
+    run_observed(spec, None).await
+}
+
+/// Like [`run_async`], and also sends each record to `observer` as it completes (live reports).
+pub async fn run_observed(spec: &LoadSpec, observer: Option<UnboundedSender<Record>>) -> Result<Vec<Record>> {
+    let uri = spec.validate()?;
+    let mut records = match spec.closed_loop_workers {
+        None => open_loop(spec, uri, observer).await,
+        Some(n) => closed_loop(spec, uri, n, observer).await,
+    };
+    records.sort_by_key(|r| r.sent_at);
+    Ok(records)
+}
+
+struct Sink {
+    records: Vec<Record>,
+    observer: Option<UnboundedSender<Record>>,
+}
+
+impl Sink {
+    fn push(&mut self, r: Record) {
+        if let Some(o) = &self.observer {
+            let _ = o.send(r.clone());
+        }
+        self.records.push(r);
+    }
+}
+
+async fn open_loop(spec: &LoadSpec, uri: Uri, observer: Option<UnboundedSender<Record>>) -> Vec<Record> {
+    let client = client(spec.max_in_flight);
+    let total = (spec.rate_per_s * spec.duration.as_secs_f64()).floor() as u64;
+    let period = Duration::from_secs_f64(1.0 / spec.rate_per_s);
+    let mut sink = Sink { records: Vec::with_capacity(total.min(1 << 20) as usize), observer };
+    let mut inflight = JoinSet::new();
+    let start = Instant::now();
+    for i in 0..total {
+        // Due times come from the schedule, never from earlier answers: a slow target cannot
+        // slow the arrivals down and hide its own tail.
+        let due = start + period.mul_f64(i as f64);
+        tokio::time::sleep_until(due).await;
+        while let Some(done) = inflight.try_join_next() {
+            if let Ok(r) = done {
+                sink.push(r);
+            }
+        }
+        if inflight.len() >= spec.max_in_flight {
+            sink.push(Record { sent_at: due - start, latency: Duration::ZERO, status: 0, backend: None, dropped: true });
+            continue;
+        }
+        let (client, uri, headers, timeout) = (client.clone(), uri.clone(), spec.headers.clone(), spec.timeout);
+        inflight.spawn(async move { one(&client, uri, &headers, timeout, start, due).await });
+    }
+    // Each request is bounded by its timeout; the margin covers scheduling only.
+    let deadline = Instant::now() + spec.timeout + Duration::from_secs(2);
+    while let Ok(Some(done)) = tokio::time::timeout_at(deadline, inflight.join_next()).await {
+        if let Ok(r) = done {
+            sink.push(r);
+        }
+    }
+    inflight.abort_all();
+    sink.records
+}
+
+async fn closed_loop(spec: &LoadSpec, uri: Uri, workers: usize, observer: Option<UnboundedSender<Record>>) -> Vec<Record> {
+    let client = client(workers);
+    let start = Instant::now();
+    let end = start + spec.duration;
+    let per_worker_cap = MAX_REQUESTS / workers as u64;
+    let mut set = JoinSet::new();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for _ in 0..workers {
+        let (client, uri, headers, timeout, tx) = (client.clone(), uri.clone(), spec.headers.clone(), spec.timeout, tx.clone());
+        set.spawn(async move {
+            for _ in 0..per_worker_cap {
+                let now = Instant::now();
+                if now >= end {
+                    break;
+                }
+                let r = one(&client, uri.clone(), &headers, timeout, start, now).await;
+                let failed = r.status == 0;
+                if tx.send(r).is_err() {
+                    break;
+                }
+                if failed {
+                    tokio::time::sleep(ERROR_BACKOFF).await;
+                }
+            }
+        });
+    }
+    drop(tx);
+    let mut sink = Sink { records: Vec::new(), observer };
+    let deadline = end + spec.timeout + Duration::from_secs(2);
+    while let Ok(Some(r)) = tokio::time::timeout_at(deadline, rx.recv()).await {
+        sink.push(r);
+    }
+    set.abort_all();
+    sink.records
+}
+
+async fn one(client: &HttpClient, uri: Uri, headers: &[(String, String)], timeout: Duration, start: Instant, due: Instant) -> Record {
+    let mut builder = hyper::Request::get(uri);
+    for (k, v) in headers {
+        builder = builder.header(k.as_str(), v.as_str());
+    }
+    let sent_at = due.saturating_duration_since(start);
+    let Ok(req) = builder.body(Empty::<Bytes>::new()) else {
+        return Record { sent_at, latency: Duration::ZERO, status: 0, backend: None, dropped: false };
+    };
+    let exchange = async {
+        let resp = client.request(req).await.ok()?;
+        let status = resp.status().as_u16();
+        let backend = resp
+            .headers()
+            .get(BACKEND_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        // The body is read so the connection goes back to the pool.
+        resp.into_body().collect().await.ok()?;
+        Some((status, backend))
+    };
+    let (status, backend) = match tokio::time::timeout(timeout, exchange).await {
+        Ok(Some(x)) => x,
+        _ => (0, None),
+    };
+    Record { sent_at, latency: due.elapsed(), status, backend, dropped: false }
+}
