@@ -9,6 +9,7 @@ pub mod config;
 pub mod outcome;
 pub mod outlier;
 pub mod pick;
+pub mod rules;
 pub mod smoothing;
 pub mod state;
 pub mod weights;

@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, HashMap};
 use crate::config::Config;
 use crate::outcome::Outcome;
 use crate::pick::PickTable;
+use crate::rules::{PathClass, Rules};
 use crate::state::{Accumulator, ClusterState, Policy};
 
 /// Clusters one worker keeps state for; more are left to the fallback policy.
@@ -39,6 +40,19 @@ pub enum Decision {
     Override { host: String, header_value: String },
     /// Leave the request to the cluster's fallback policy.
     Fallback(FallbackReason),
+    /// Answer locally with 403: a management path from outside the allowlist.
+    Deny,
+}
+
+impl Decision {
+    /// Whether the request's outcome is a latency sample of the host that serves it.
+    pub fn is_sampled(&self) -> bool {
+        match self {
+            Decision::Override { .. } => true,
+            Decision::Fallback(reason) => matches!(reason, FallbackReason::Exploring | FallbackReason::TableNotReady),
+            Decision::Deny => false,
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,6 +61,38 @@ pub enum FallbackReason {
     Exploring,
     /// No weight table for this cluster yet (first requests, or nothing learned).
     TableNotReady,
+    /// A health probe: never steered, never sampled.
+    HealthPath,
+    /// A management request from an allowed network: passed, never sampled.
+    Management,
+    /// An excluded path (long poll, stream, upload): never sampled.
+    Excluded,
+    /// No cluster name: a direct response or a route without a cluster.
+    NoCluster,
+}
+
+/// What the filter knows of a request when it arrives.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Request<'a> {
+    pub path: &'a str,
+    /// `xds.cluster_name`: the cluster the route chose.
+    pub cluster: Option<&'a str>,
+    /// `source.address`.
+    pub source: Option<&'a str>,
+    pub forwarded_for: Option<&'a str>,
+}
+
+/// What the filter knows of a request when it is done.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Finished<'a> {
+    /// The host this worker chose, if it chose one.
+    pub picked: Option<&'a str>,
+    /// `upstream.address`: the host that served the last attempt.
+    pub served_by: Option<&'a str>,
+    /// `upstream.request_attempt_count`.
+    pub attempts: u32,
+    pub latency_ms: f64,
+    pub outcome: Option<Outcome>,
 }
 
 /// The shared-data key of a cluster's record. One key per cluster keeps the key count bounded:
@@ -67,10 +113,20 @@ struct LocalCluster {
     snapshot: ClusterState,
 }
 
+impl LocalCluster {
+    fn record(&mut self, host: &str, latency_ms: f64, failed: bool, penalty_ms: f64) {
+        if self.pending.len() >= MAX_PENDING_HOSTS && !self.pending.contains_key(host) {
+            return;
+        }
+        self.pending.entry(host.to_owned()).or_default().record(latency_ms, failed, penalty_ms);
+    }
+}
+
 /// One VM's balancer.
 pub struct Worker {
     config: Config,
     policy: Policy,
+    rules: Rules,
     rng: fastrand::Rng,
     clusters: BTreeMap<String, LocalCluster>,
 }
@@ -79,6 +135,8 @@ impl Worker {
     pub fn new(config: Config, seed: u64) -> Self {
         let mut worker = Worker {
             policy: config.policy(),
+            // A configuration that reached here was validated; the fallback denies management.
+            rules: config.rules().unwrap_or_default(),
             config,
             rng: fastrand::Rng::with_seed(seed),
             clusters: BTreeMap::new(),
@@ -93,6 +151,22 @@ impl Worker {
 
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// Decides what happens to a request: the path rules first, then the pick.
+    pub fn route(&mut self, request: &Request) -> Decision {
+        match self.rules.classify(request.path) {
+            PathClass::Health => Decision::Fallback(FallbackReason::HealthPath),
+            PathClass::Management if self.rules.management_allowed(request.source, request.forwarded_for) => {
+                Decision::Fallback(FallbackReason::Management)
+            }
+            PathClass::Management => Decision::Deny,
+            PathClass::Excluded => Decision::Fallback(FallbackReason::Excluded),
+            PathClass::Business => match request.cluster {
+                Some(cluster) => self.pick(cluster),
+                None => Decision::Fallback(FallbackReason::NoCluster),
+            },
+        }
     }
 
     /// Chooses where a request to `cluster` goes. Per request: local data only.
@@ -121,23 +195,21 @@ impl Worker {
         Decision::Override { host, header_value }
     }
 
-    /// Records a finished request: `picked` is the host this worker chose (if it chose one),
-    /// `served_by` the host Envoy reports in `upstream.address`. Called exactly once per request.
-    pub fn finish(&mut self, cluster: &str, picked: Option<&str>, served_by: Option<&str>, latency_ms: f64, outcome: Option<Outcome>) {
+    /// Records a sampled request's end. Called exactly once per request `route` sampled.
+    pub fn finish(&mut self, cluster: &str, done: &Finished) {
         let penalty_ms = self.config.failure_penalty_ms as f64;
         let Some(local) = local_entry(&mut self.clusters, cluster) else { return };
-        if let Some(count) = picked.and_then(|p| local.in_flight.get_mut(p)) {
+        if let Some(count) = done.picked.and_then(|p| local.in_flight.get_mut(p)) {
             *count = count.saturating_sub(1);
         }
-        let (Some(host), Some(outcome)) = (served_by, outcome) else { return };
-        if local.pending.len() >= MAX_PENDING_HOSTS && !local.pending.contains_key(host) {
-            return;
+        // The route retries only failed connections and resets before the request: a retried
+        // request that ended elsewhere means our pick failed, though Envoy reports the last host.
+        if let Some(picked) = done.picked.filter(|p| done.attempts > 1 && done.served_by != Some(*p)) {
+            local.record(picked, penalty_ms, true, penalty_ms);
         }
-        local
-            .pending
-            .entry(host.to_owned())
-            .or_default()
-            .record(latency_ms.max(0.0), outcome.is_failure(), penalty_ms);
+        if let (Some(host), Some(outcome)) = (done.served_by, done.outcome) {
+            local.record(host, done.latency_ms.max(0.0), outcome.is_failure(), penalty_ms);
+        }
     }
 
     /// Merges this worker's samples into shared state, refreshes weights when due, and adopts the

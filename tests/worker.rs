@@ -10,7 +10,7 @@ use std::rc::Rc;
 use ewma_lb::config::Config;
 use ewma_lb::outcome::Outcome;
 use ewma_lb::state::ClusterState;
-use ewma_lb::worker::{shared_key, Decision, FallbackReason, SharedStore, StoreError, Worker};
+use ewma_lb::worker::{shared_key, Decision, FallbackReason, Finished, Request, SharedStore, StoreError, Worker};
 
 const SEC: u64 = 1_000_000_000;
 const CLUSTER: &str = "backend";
@@ -63,7 +63,7 @@ fn config(json: &str) -> Config {
 }
 
 fn finish_ok(w: &mut Worker, host: &str, ms: f64) {
-    w.finish(CLUSTER, None, Some(host), ms, Some(Outcome::Success));
+    w.finish(CLUSTER, &Finished { served_by: Some(host), attempts: 1, latency_ms: ms, outcome: Some(Outcome::Success), ..Finished::default() });
 }
 
 #[test]
@@ -144,10 +144,12 @@ fn in_flight_counts_go_up_on_pick_and_down_once_on_finish() {
     assert_eq!((host.as_str(), header_value.as_str()), ("10.0.0.1:80", "10.0.0.1:80"));
     w.pick(CLUSTER);
     assert_eq!(w.in_flight(CLUSTER, &host), 2);
-    w.finish(CLUSTER, Some(&host), Some(&host), 10.0, Some(Outcome::Reset));
-    w.finish(CLUSTER, Some(&host), None, 10.0, None);
+    let reset = Finished { picked: Some(&host), served_by: Some(&host), attempts: 1, latency_ms: 10.0, outcome: Some(Outcome::Reset) };
+    w.finish(CLUSTER, &reset);
+    // A request that never reached a host (no upstream address, no outcome).
+    w.finish(CLUSTER, &Finished { picked: Some(&host), ..Finished::default() });
     assert_eq!(w.in_flight(CLUSTER, &host), 0);
-    w.finish(CLUSTER, Some(&host), None, 10.0, None);
+    w.finish(CLUSTER, &Finished { picked: Some(&host), ..Finished::default() });
     assert_eq!(w.in_flight(CLUSTER, &host), 0, "never below zero");
 }
 
@@ -185,4 +187,56 @@ fn a_foreign_record_is_rebuilt() {
     let report = w.tick(SEC, &mut store.clone());
     assert!(report.errors.is_empty());
     assert_eq!(store.state().hosts.len(), 1);
+}
+
+#[test]
+fn a_pick_that_needed_a_retry_counts_as_its_failure() {
+    let store = Shared::default();
+    let cfg = r#"{"exploration_share": 0, "clusters": {"backend": {"endpoints": ["10.0.0.1:80", "10.0.0.2:80"]}}}"#;
+    let mut w = Worker::new(config(cfg), 1);
+    w.tick(SEC, &mut store.clone());
+    let retried = Finished {
+        picked: Some("10.0.0.1:80"),
+        served_by: Some("10.0.0.2:80"),
+        attempts: 2,
+        latency_ms: 60.0,
+        outcome: Some(Outcome::Success),
+    };
+    for _ in 0..3 {
+        w.finish(CLUSTER, &retried);
+    }
+    w.tick(SEC + SEC / 5, &mut store.clone());
+    let state = store.state();
+    let dead = state.host("10.0.0.1:80").cloned().unwrap_or_default();
+    assert!(dead.health.is_ejected(SEC + SEC / 5), "three failed connections eject: {dead:?}");
+    assert_eq!(state.host("10.0.0.2:80").map(|h| h.health.consecutive_failures), Some(0));
+    // A pick the override could not honour (the host left the cluster) is not a failure.
+    let mut w = Worker::new(config(cfg), 2);
+    w.finish(CLUSTER, &Finished { attempts: 1, ..retried });
+    assert_eq!(w.in_flight(CLUSTER, "10.0.0.1:80"), 0);
+}
+
+#[test]
+fn routes_follow_the_path_rules() {
+    let store = Shared::default();
+    let cfg = r#"{"exploration_share": 0, "excluded_paths": {"prefix": ["/stream/"]},
+                 "management": {"allowed_cidrs": ["10.1.0.0/16"]},
+                 "clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}}"#;
+    let mut w = Worker::new(config(cfg), 1);
+    w.tick(SEC, &mut store.clone());
+    let request = |path, source| Request { path, cluster: Some(CLUSTER), source: Some(source), forwarded_for: None };
+    let cases: &[(&str, &str, Decision)] = &[
+        ("/health", "192.0.2.1:5000", Decision::Fallback(FallbackReason::HealthPath)),
+        ("/actuator/health/liveness", "192.0.2.1:5000", Decision::Fallback(FallbackReason::HealthPath)),
+        ("/actuator/prometheus", "192.0.2.1:5000", Decision::Deny),
+        ("/actuator/health/../env", "192.0.2.1:5000", Decision::Deny),
+        ("/actuator/prometheus", "10.1.2.3:5000", Decision::Fallback(FallbackReason::Management)),
+        ("/stream/events?x=1", "192.0.2.1:5000", Decision::Fallback(FallbackReason::Excluded)),
+    ];
+    for (path, source, want) in cases {
+        assert_eq!(&w.route(&request(path, source)), want, "{path} from {source}");
+    }
+    assert!(matches!(w.route(&request("/orders/1", "192.0.2.1:5000")), Decision::Override { .. }));
+    let no_cluster = Request { path: "/orders/1", ..Request::default() };
+    assert_eq!(w.route(&no_cluster), Decision::Fallback(FallbackReason::NoCluster));
 }

@@ -55,3 +55,7 @@ impl SharedStore for SharedData {
         }
     }
 }
+
+pub fn request_header(name: &str) -> Option<String> {
+    hostcalls::get_map_value(MapType::HttpRequestHeaders, name).ok().flatten()
+}
