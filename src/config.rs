@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::outlier::OutlierParams;
 use crate::pick::PickAlgorithm;
+use crate::rules::{default_health_paths, ManagementConfig, PathSet, Rules};
 use crate::smoothing::{Smoother, MAX_SMA_WINDOW};
 use crate::state::Policy;
 use crate::weights::WeightParams;
@@ -40,6 +41,12 @@ pub struct Config {
     pub outlier_detection: OutlierParams,
     /// Optional static endpoints per Envoy cluster name; others are learned from traffic.
     pub clusters: BTreeMap<String, ClusterConfig>,
+    /// Health probes: passed untouched, never steered, never sampled.
+    pub health_paths: PathSet,
+    /// Management paths: a local 403 unless the client is in `allowed_cidrs`.
+    pub management: ManagementConfig,
+    /// Long polls, streams, uploads: left to the fallback policy and never sampled.
+    pub excluded_paths: PathSet,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -64,6 +71,9 @@ impl Default for Config {
             max_hosts_per_cluster: 256,
             outlier_detection: OutlierParams::default(),
             clusters: BTreeMap::new(),
+            health_paths: default_health_paths(),
+            management: ManagementConfig::default(),
+            excluded_paths: PathSet::default(),
         }
     }
 }
@@ -142,6 +152,7 @@ impl Config {
         in_range("outlier_detection.base_ejection_ms", o.base_ejection_ms, 1, 3_600_000)?;
         in_range("outlier_detection.max_ejection_ms", o.max_ejection_ms, o.base_ejection_ms, 3_600_000)?;
         in_range("outlier_detection.max_ejection_share", o.max_ejection_share, 0.0, 1.0)?;
+        in_range("management.trusted_hops", self.management.trusted_hops, 0, 64)?;
         for (name, cluster) in &self.clusters {
             if name.is_empty() {
                 return Err(err("clusters", "cluster names must not be empty"));
@@ -161,7 +172,13 @@ impl Config {
                 }
             }
         }
+        self.rules()?;
         Ok(())
+    }
+
+    /// The path rules, compiled.
+    pub fn rules(&self) -> Result<Rules, ConfigError> {
+        Rules::compile(&self.health_paths, &self.management, &self.excluded_paths).map_err(|e| err(e.field, e.message))
     }
 
     /// The part of the configuration that merging and refreshing shared state need.

@@ -1,0 +1,245 @@
+//! Path rules: which requests the balancer touches, and who may reach management paths.
+//!
+//! Seed 000 draws the line: a load balancer probes a light health path and routes by it alone;
+//! metrics and management endpoints are not business traffic, must not be reachable through the
+//! business entry point except from internal networks, and their heavy scrapes must not pollute
+//! the latency statistics. So:
+//! - health probes pass untouched: never steered, never sampled;
+//! - management paths are answered with a local 403 unless the client is in the allowlist;
+//! - excluded paths (long polls, streams, uploads) are left to the fallback and never sampled,
+//!   since their duration says nothing about the host's speed.
+//!
+//! Paths are compared after normalisation (query dropped, percent-decoding, dot segments,
+//! repeated slashes, `;` parameters, case), so `/Actuator/./env;x` cannot slip past a rule.
+
+use std::net::{IpAddr, SocketAddr};
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+
+/// Paths by exact match or by prefix, as Envoy's route `path` and `prefix` matchers.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PathSet {
+    pub exact: Vec<String>,
+    pub prefix: Vec<String>,
+}
+
+impl PathSet {
+    fn of(exact: &[&str], prefix: &[&str]) -> Self {
+        PathSet {
+            exact: exact.iter().map(|s| s.to_string()).collect(),
+            prefix: prefix.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    /// `path` must already be normalised; the rules are normalised when compiled.
+    pub fn matches(&self, path: &str) -> bool {
+        self.exact.iter().any(|e| e == path) || self.prefix.iter().any(|p| path.starts_with(p.as_str()))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.exact.is_empty() && self.prefix.is_empty()
+    }
+}
+
+/// `management` in the plugin configuration.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ManagementConfig {
+    pub paths: PathSet,
+    /// Networks (CIDR, or a bare address) whose clients may reach management paths.
+    pub allowed_cidrs: Vec<String>,
+    /// Proxies in front of Envoy that append to X-Forwarded-For; 0 ignores the header.
+    pub trusted_hops: u32,
+}
+
+impl Default for ManagementConfig {
+    fn default() -> Self {
+        ManagementConfig {
+            paths: PathSet::of(&[], &["/actuator"]),
+            allowed_cidrs: ["127.0.0.0/8", "::1/128", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            trusted_hops: 0,
+        }
+    }
+}
+
+pub fn default_health_paths() -> PathSet {
+    PathSet::of(
+        &["/health", "/healthz", "/livez", "/readyz", "/ready", "/status", "/ping"],
+        &["/actuator/health"],
+    )
+}
+
+/// What a request's path makes of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PathClass {
+    Health,
+    Management,
+    Excluded,
+    Business,
+}
+
+/// The compiled rules: normalised paths and parsed networks.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Rules {
+    health: PathSet,
+    management: PathSet,
+    excluded: PathSet,
+    allowed: Vec<IpNet>,
+    trusted_hops: u32,
+}
+
+/// A rule that cannot be compiled: the field and what is wrong.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuleError {
+    pub field: String,
+    pub message: String,
+}
+
+impl Rules {
+    pub fn compile(health: &PathSet, management: &ManagementConfig, excluded: &PathSet) -> Result<Rules, RuleError> {
+        let allowed = management
+            .allowed_cidrs
+            .iter()
+            .enumerate()
+            .map(|(i, cidr)| parse_network(cidr).ok_or_else(|| RuleError {
+                field: format!("management.allowed_cidrs[{i}]"),
+                message: format!("must be a CIDR such as 10.0.0.0/8 or an IP address, got {cidr:?}"),
+            }))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Rules {
+            health: compile_set("health_paths", health)?,
+            management: compile_set("management.paths", &management.paths)?,
+            excluded: compile_set("excluded_paths", excluded)?,
+            allowed,
+            trusted_hops: management.trusted_hops,
+        })
+    }
+
+    /// Classifies a request by its `:path`. Health wins over management, so the default
+    /// `/actuator/health` stays a probe while the rest of `/actuator/` is guarded.
+    pub fn classify(&self, raw_path: &str) -> PathClass {
+        let path = normalize(raw_path);
+        if self.health.matches(&path) {
+            PathClass::Health
+        } else if self.management.matches(&path) {
+            PathClass::Management
+        } else if self.excluded.matches(&path) {
+            PathClass::Excluded
+        } else {
+            PathClass::Business
+        }
+    }
+
+    /// May the client reach a management path? `source` is Envoy's `source.address`
+    /// (`IP:port`); `forwarded_for` the X-Forwarded-For header, consulted only with trusted hops.
+    pub fn management_allowed(&self, source: Option<&str>, forwarded_for: Option<&str>) -> bool {
+        let client = if self.trusted_hops == 0 {
+            source.and_then(parse_ip)
+        } else {
+            // With n trusted proxies appending to the header, the client is the n-th entry from
+            // the right; anything left of it was written by the client and proves nothing.
+            forwarded_for.and_then(|xff| {
+                let n = usize::try_from(self.trusted_hops).ok()?;
+                xff.rsplit(',').nth(n - 1).and_then(|entry| parse_ip(entry.trim()))
+            })
+        };
+        client.is_some_and(|ip| self.allowed.iter().any(|net| net.contains(&ip)))
+    }
+}
+
+fn compile_set(field: &str, set: &PathSet) -> Result<PathSet, RuleError> {
+    let check = |kind: &str, paths: &[String]| -> Result<Vec<String>, RuleError> {
+        paths
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                if p.starts_with('/') && p.len() <= MAX_RULE_PATH {
+                    Ok(normalize(p))
+                } else {
+                    Err(RuleError {
+                        field: format!("{field}.{kind}[{i}]"),
+                        message: format!("must start with '/' and be at most {MAX_RULE_PATH} bytes, got {p:?}"),
+                    })
+                }
+            })
+            .collect()
+    };
+    Ok(PathSet { exact: check("exact", &set.exact)?, prefix: check("prefix", &set.prefix)? })
+}
+
+const MAX_RULE_PATH: usize = 1024;
+
+fn parse_network(s: &str) -> Option<IpNet> {
+    s.parse::<IpNet>().ok().or_else(|| s.parse::<IpAddr>().ok().map(IpNet::from))
+}
+
+/// An IP from `IP`, `IP:port` or `[IPv6]:port`; IPv4-mapped IPv6 counts as IPv4. Unix socket
+/// paths and anything else give `None`.
+fn parse_ip(s: &str) -> Option<IpAddr> {
+    let ip = s.parse::<SocketAddr>().map(|a| a.ip()).or_else(|_| s.parse::<IpAddr>()).ok()?;
+    Some(ip.to_canonical())
+}
+
+/// The form paths are compared in: no query or fragment, percent-decoded, backslashes as
+/// slashes, `;` parameters dropped, no empty or `.` segments, `..` resolved, lower case.
+pub fn normalize(raw: &str) -> String {
+    let path = raw.split(['?', '#']).next().unwrap_or_default();
+    let decoded = percent_decode(path).replace('\\', "/").to_ascii_lowercase();
+    let mut segments: Vec<&str> = Vec::new();
+    for segment in decoded.split('/') {
+        let segment = segment.split(';').next().unwrap_or_default();
+        match segment {
+            "" | "." => {}
+            ".." => {
+                segments.pop();
+            }
+            s => segments.push(s),
+        }
+    }
+    let mut out = String::with_capacity(decoded.len() + 1);
+    for s in &segments {
+        out.push('/');
+        out.push_str(s);
+    }
+    if out.is_empty() || decoded.ends_with('/') {
+        out.push('/');
+    }
+    out
+}
+
+/// Decodes `%XX` escapes (repeatedly, so `%252e` cannot hide a dot); invalid escapes and
+/// non-UTF-8 results are kept as they are.
+fn percent_decode(s: &str) -> String {
+    let mut current = s.to_owned();
+    for _ in 0..3 {
+        if !current.contains('%') {
+            break;
+        }
+        let bytes = current.as_bytes();
+        let mut out = Vec::with_capacity(bytes.len());
+        let mut i = 0;
+        while let Some(&b) = bytes.get(i) {
+            let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
+            match (b, hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
+                (b'%', Some(v)) => {
+                    out.push(v);
+                    i += 3;
+                }
+                _ => {
+                    out.push(b);
+                    i += 1;
+                }
+            }
+        }
+        match String::from_utf8(out) {
+            Ok(next) if next != current => current = next,
+            _ => break,
+        }
+    }
+    current
+}

@@ -1,0 +1,113 @@
+//! Path rules and the management allowlist, case by case.
+
+#![allow(clippy::panic, clippy::indexing_slicing, clippy::unwrap_used)] // tests fail by panicking
+
+use ewma_lb::config::Config;
+use ewma_lb::rules::{normalize, PathClass, Rules};
+
+fn rules(json: &str) -> Rules {
+    Config::from_json(json.as_bytes()).and_then(|c| c.rules()).unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn paths_are_compared_normalised() {
+    let cases = [
+        ("/", "/"),
+        ("", "/"),
+        ("/a/b?x=/actuator", "/a/b"),
+        ("//actuator///env", "/actuator/env"),
+        ("/Actuator/ENV", "/actuator/env"),
+        ("/%61ctuator/env", "/actuator/env"),
+        ("/%2561ctuator/env", "/actuator/env"),
+        ("/x/../actuator/./env", "/actuator/env"),
+        ("/../../actuator", "/actuator"),
+        ("/actuator;jsessionid=1/env", "/actuator/env"),
+        ("\\actuator\\env", "/actuator/env"),
+        ("/actuator/", "/actuator/"),
+        ("/bad%zzescape", "/bad%zzescape"),
+        ("/%ff%fe", "/%ff%fe"),
+    ];
+    for (raw, want) in cases {
+        assert_eq!(normalize(raw), want, "{raw:?}");
+    }
+}
+
+#[test]
+fn default_rules_classify_the_seed_paths() {
+    let r = rules("{}");
+    let cases = [
+        ("/actuator/health", PathClass::Health),
+        ("/actuator/health/readiness", PathClass::Health),
+        ("/health", PathClass::Health),
+        ("/status?verbose=1", PathClass::Health),
+        ("/ready", PathClass::Health),
+        ("/actuator/metrics", PathClass::Management),
+        ("/actuator/prometheus", PathClass::Management),
+        ("/actuator", PathClass::Management),
+        ("/ACTUATOR/env", PathClass::Management),
+        ("/actuator/health/../env", PathClass::Management),
+        ("/actuator/%2e%2e/actuator/env", PathClass::Management),
+        ("/healthy-orders", PathClass::Business),
+        ("/api/status/1", PathClass::Business),
+        ("/", PathClass::Business),
+    ];
+    for (path, want) in cases {
+        assert_eq!(r.classify(path), want, "{path}");
+    }
+}
+
+#[test]
+fn the_allowlist_uses_the_peer_unless_hops_are_trusted() {
+    let r = rules("{}");
+    let cases = [
+        (Some("127.0.0.1:50000"), None, true),
+        (Some("10.2.3.4:1"), None, true),
+        (Some("[::1]:8080"), None, true),
+        (Some("[::ffff:192.168.1.9]:80"), None, true),
+        (Some("203.0.113.7:443"), None, false),
+        (Some("203.0.113.7:443"), Some("127.0.0.1"), false),
+        (Some("/var/run/envoy.sock"), None, false),
+        (Some("garbage"), None, false),
+        (None, None, false),
+    ];
+    for (source, xff, want) in cases {
+        assert_eq!(r.management_allowed(source, xff), want, "{source:?} {xff:?}");
+    }
+    // One trusted proxy: the client is the right-most entry; what the client wrote is ignored.
+    let r = rules(r#"{"management": {"trusted_hops": 1, "allowed_cidrs": ["10.0.0.0/8"]}}"#);
+    let cases = [
+        (Some("127.0.0.1:1"), Some("10.9.9.9"), true),
+        (Some("127.0.0.1:1"), Some("10.9.9.9, 203.0.113.7"), false),
+        (Some("127.0.0.1:1"), Some("203.0.113.7,10.9.9.9"), true),
+        (Some("10.1.1.1:1"), None, false),
+        (Some("10.1.1.1:1"), Some("not-an-ip"), false),
+    ];
+    for (source, xff, want) in cases {
+        assert_eq!(r.management_allowed(source, xff), want, "{source:?} {xff:?}");
+    }
+    let r = rules(r#"{"management": {"trusted_hops": 2, "allowed_cidrs": ["10.0.0.0/8"]}}"#);
+    assert!(r.management_allowed(None, Some("203.0.113.7, 10.0.0.5, 192.0.2.1")));
+    assert!(!r.management_allowed(None, Some("10.0.0.5")), "fewer entries than trusted hops");
+}
+
+#[test]
+fn custom_rules_and_their_errors() {
+    let r = rules(r#"{"health_paths": {"exact": ["/ping"]}, "excluded_paths": {"prefix": ["/upload"]},
+                     "management": {"paths": {"prefix": ["/admin/"]}, "allowed_cidrs": ["192.0.2.10"]}}"#);
+    assert_eq!(r.classify("/ping"), PathClass::Health);
+    assert_eq!(r.classify("/health"), PathClass::Business, "replacing the list drops the defaults");
+    assert_eq!(r.classify("/upload/big"), PathClass::Excluded);
+    assert_eq!(r.classify("/admin/users"), PathClass::Management);
+    assert!(r.management_allowed(Some("192.0.2.10:1"), None));
+    assert!(!r.management_allowed(Some("192.0.2.11:1"), None));
+    let cases = [
+        (r#"{"management": {"allowed_cidrs": ["10.0.0/8"]}}"#, "management.allowed_cidrs[0]: must be a CIDR such as 10.0.0.0/8 or an IP address, got \"10.0.0/8\""),
+        (r#"{"health_paths": {"exact": ["health"]}}"#, "health_paths.exact[0]: must start with '/' and be at most 1024 bytes, got \"health\""),
+        (r#"{"excluded_paths": {"prefix": ["/ok", "nope"]}}"#, "excluded_paths.prefix[1]: must start with '/' and be at most 1024 bytes, got \"nope\""),
+        (r#"{"management": {"paths": {"regex": ".*"}}}"#, "management.paths.regex: unknown field `regex`, expected `exact` or `prefix`"),
+        (r#"{"management": {"trusted_hops": 100}}"#, "management.trusted_hops: must be in [0, 64], got 100"),
+    ];
+    for (json, want) in cases {
+        assert_eq!(Config::from_json(json.as_bytes()).map(|_| ()).map_err(|e| e.to_string()), Err(want.to_string()), "{json}");
+    }
+}
