@@ -1,0 +1,53 @@
+//! End to end: Envoy refuses a bad plugin configuration and says which field; every shipped
+//! Envoy config passes `envoy --mode validate`.
+
+#![allow(clippy::panic, clippy::indexing_slicing, clippy::unwrap_used)] // tests fail by panicking
+
+mod common;
+
+use common::{plugin, repo, shipped_config, SHIPPED_PLUGIN_CONFIG};
+use ewma_bench::envoy::{Envoy, EnvoyOptions};
+
+#[test]
+fn an_invalid_configuration_stops_envoy_and_names_the_field() {
+    let cases = [
+        (r#"{"weights": {"min_share": 0.9}}"#, "weights.min_share: must be in [0, 0.5], got 0.9"),
+        (r#"{"smoothing": {"algorithm": "peak_ewma", "tau": 10}}"#, "smoothing: unknown field `tau`, expected `tau_ms`"),
+    ];
+    for (plugin_config, message) in cases {
+        let yaml = shipped_config(&[
+            ("port_value: 10000", "port_value: 0".into()),
+            ("port_value: 9901", "port_value: 0".into()),
+            ("filename: dist/ewma_lb.wasm", format!("filename: {}", plugin().display())),
+            (SHIPPED_PLUGIN_CONFIG, plugin_config.into()),
+        ]);
+        let (code, log) = Envoy::start_expect_failure(EnvoyOptions::new(yaml)).unwrap_or_else(|e| panic!("{e:#}"));
+        assert_ne!(code, 0);
+        assert!(log.contains(&format!("ewma-lb: invalid plugin configuration: {message}")), "{plugin_config}: log:\n{log}");
+    }
+}
+
+/// Every Envoy bootstrap under envoy-config/ (files with `static_resources`), as shipped, with
+/// only the plugin path made absolute.
+#[test]
+fn every_shipped_envoy_config_validates() {
+    let mut checked = Vec::new();
+    let mut dirs = vec![repo().join("envoy-config")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())).flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            if path.extension().is_some_and(|e| e == "yaml") && text.contains("static_resources:") {
+                let yaml = text.replace("filename: dist/ewma_lb.wasm", &format!("filename: {}", plugin().display()));
+                Envoy::validate(&yaml).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
+                checked.push(path);
+            }
+        }
+    }
+    assert!(!checked.is_empty(), "no Envoy config found under envoy-config/");
+    eprintln!("validated: {checked:?}");
+}
