@@ -50,7 +50,7 @@ impl Batch {
 
 /// Which smoother, with its parameters. Chosen in the plugin configuration as `smoothing`.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "algorithm", rename_all = "snake_case", deny_unknown_fields)]
+#[serde(try_from = "SmoothingSpec", into = "SmoothingSpec")]
 pub enum Smoother {
     /// Per-sample EWMA `v = α·x + (1−α)·v` (seed 000; TCP's SRTT is α = 1/8).
     Ewma { alpha: f64 },
@@ -67,6 +67,116 @@ pub enum Smoother {
     /// Two decay EWMAs, short and long; the score is their maximum, so a host must look good on
     /// both horizons before it is trusted.
     DualEwma { short_tau_ms: u64, long_tau_ms: u64 },
+}
+
+/// The JSON form of `smoothing`: the algorithm and its parameters side by side. Parameters left
+/// out take their defaults; a parameter of another algorithm is an error, not a silent no-op.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SmoothingSpec {
+    algorithm: Algorithm,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    alpha: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tau_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    window: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    beta: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    short_tau_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    long_tau_ms: Option<u64>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum Algorithm {
+    Ewma,
+    DecayEwma,
+    #[default]
+    PeakEwma,
+    Sma,
+    BiasCorrectedEwma,
+    DualEwma,
+}
+
+impl TryFrom<SmoothingSpec> for Smoother {
+    type Error = String;
+
+    fn try_from(spec: SmoothingSpec) -> Result<Self, String> {
+        let given = [
+            ("alpha", spec.alpha.is_some()),
+            ("tau_ms", spec.tau_ms.is_some()),
+            ("window", spec.window.is_some()),
+            ("beta", spec.beta.is_some()),
+            ("short_tau_ms", spec.short_tau_ms.is_some()),
+            ("long_tau_ms", spec.long_tau_ms.is_some()),
+        ];
+        let (smoother, takes): (Smoother, &[&str]) = match spec.algorithm {
+            Algorithm::Ewma => (Smoother::Ewma { alpha: spec.alpha.unwrap_or(0.3) }, &["alpha"]),
+            Algorithm::DecayEwma => {
+                (Smoother::DecayEwma { tau_ms: spec.tau_ms.unwrap_or(DEFAULT_TAU_MS) }, &["tau_ms"])
+            }
+            Algorithm::PeakEwma => (Smoother::PeakEwma { tau_ms: spec.tau_ms.unwrap_or(DEFAULT_TAU_MS) }, &["tau_ms"]),
+            Algorithm::Sma => (Smoother::Sma { window: spec.window.unwrap_or(16) }, &["window"]),
+            Algorithm::BiasCorrectedEwma => {
+                (Smoother::BiasCorrectedEwma { beta: spec.beta.unwrap_or(0.9) }, &["beta"])
+            }
+            Algorithm::DualEwma => (
+                Smoother::DualEwma {
+                    short_tau_ms: spec.short_tau_ms.unwrap_or(1_000),
+                    long_tau_ms: spec.long_tau_ms.unwrap_or(10_000),
+                },
+                &["short_tau_ms", "long_tau_ms"],
+            ),
+        };
+        match given.iter().find(|(name, present)| *present && !takes.contains(name)) {
+            Some((name, _)) => Err(format!(
+                "`{name}` is not a parameter of `{}`, which takes `{}`",
+                smoother.name(),
+                takes.join("`, `")
+            )),
+            None => Ok(smoother),
+        }
+    }
+}
+
+impl From<Smoother> for SmoothingSpec {
+    fn from(smoother: Smoother) -> Self {
+        let none = SmoothingSpec::default();
+        match smoother {
+            Smoother::Ewma { alpha } => SmoothingSpec { algorithm: Algorithm::Ewma, alpha: Some(alpha), ..none },
+            Smoother::DecayEwma { tau_ms } => {
+                SmoothingSpec { algorithm: Algorithm::DecayEwma, tau_ms: Some(tau_ms), ..none }
+            }
+            Smoother::PeakEwma { tau_ms } => SmoothingSpec { algorithm: Algorithm::PeakEwma, tau_ms: Some(tau_ms), ..none },
+            Smoother::Sma { window } => SmoothingSpec { algorithm: Algorithm::Sma, window: Some(window), ..none },
+            Smoother::BiasCorrectedEwma { beta } => {
+                SmoothingSpec { algorithm: Algorithm::BiasCorrectedEwma, beta: Some(beta), ..none }
+            }
+            Smoother::DualEwma { short_tau_ms, long_tau_ms } => SmoothingSpec {
+                algorithm: Algorithm::DualEwma,
+                short_tau_ms: Some(short_tau_ms),
+                long_tau_ms: Some(long_tau_ms),
+                ..none
+            },
+        }
+    }
+}
+
+impl Smoother {
+    /// The name `smoothing.algorithm` gives it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Smoother::Ewma { .. } => "ewma",
+            Smoother::DecayEwma { .. } => "decay_ewma",
+            Smoother::PeakEwma { .. } => "peak_ewma",
+            Smoother::Sma { .. } => "sma",
+            Smoother::BiasCorrectedEwma { .. } => "bias_corrected_ewma",
+            Smoother::DualEwma { .. } => "dual_ewma",
+        }
+    }
 }
 
 /// A host's smoothed latency and what its smoother needs to carry on.

@@ -12,7 +12,7 @@ use ewma_bench::envoy::{Envoy, EnvoyOptions};
 fn an_invalid_configuration_stops_envoy_and_names_the_field() {
     let cases = [
         (r#"{"weights": {"min_share": 0.9}}"#, "weights.min_share: must be in [0, 0.5], got 0.9"),
-        (r#"{"smoothing": {"algorithm": "peak_ewma", "tau": 10}}"#, "smoothing: unknown field `tau`, expected `tau_ms`"),
+        (r#"{"smoothing": {"algorithm": "peak_ewma", "tau": 10}}"#, "smoothing.tau: unknown field `tau`, expected one of `algorithm`, `alpha`, `tau_ms`, `window`, `beta`, `short_tau_ms`, `long_tau_ms`"),
     ];
     for (plugin_config, message) in cases {
         let yaml = shipped_config(&[
