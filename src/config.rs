@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::outlier::OutlierParams;
 use crate::pick::PickAlgorithm;
-use crate::rules::{default_health_paths, ManagementConfig, PathSet, Rules};
+use crate::rules::{default_health_paths, normalize, ManagementConfig, PathSet, Rules};
 use crate::smoothing::{Smoother, MAX_SMA_WINDOW};
 use crate::state::Policy;
 use crate::weights::WeightParams;
@@ -47,6 +47,10 @@ pub struct Config {
     pub management: ManagementConfig,
     /// Long polls, streams, uploads: left to the fallback policy and never sampled.
     pub excluded_paths: PathSet,
+    /// Path the plugin answers itself with the weight tables as JSON; guarded like management.
+    pub status_path: String,
+    /// Compute, export metrics and status, but never override Envoy's choice.
+    pub shadow: bool,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -74,6 +78,8 @@ impl Default for Config {
             health_paths: default_health_paths(),
             management: ManagementConfig::default(),
             excluded_paths: PathSet::default(),
+            status_path: "/ewma-lb/status".into(),
+            shadow: false,
         }
     }
 }
@@ -171,6 +177,12 @@ impl Config {
                     ));
                 }
             }
+        }
+        if !self.status_path.starts_with('/') || normalize(&self.status_path) != self.status_path {
+            return Err(err(
+                "status_path",
+                format!("must be a normalised absolute path such as /ewma-lb/status, got {:?}", self.status_path),
+            ));
         }
         self.rules()?;
         Ok(())

@@ -12,6 +12,7 @@ pub mod pick;
 pub mod rules;
 pub mod smoothing;
 pub mod state;
+pub mod status;
 pub mod weights;
 pub mod worker;
 

@@ -146,9 +146,9 @@ impl ClusterState {
         self.table_version == 0 || now_ns.saturating_sub(self.refreshed_ns) >= policy.refresh_interval_ns
     }
 
-    /// Folds one worker's samples in. Returns true when a host was ejected, which changes the
+    /// Folds one worker's samples in. Returns how many hosts it ejected; an ejection changes the
     /// table at once rather than at the next refresh. Hosts past `max_hosts` are not tracked.
-    pub fn merge(&mut self, samples: &BTreeMap<String, Accumulator>, now_ns: u64, policy: &Policy) -> bool {
+    pub fn merge(&mut self, samples: &BTreeMap<String, Accumulator>, now_ns: u64, policy: &Policy) -> usize {
         for (address, acc) in samples {
             let Some(host) = self.host_mut_or_insert(address, now_ns, false, policy.max_hosts) else {
                 continue;
@@ -170,7 +170,8 @@ impl ClusterState {
 
     /// Recomputes the shares: adds the static hosts, forgets silent learned ones, ends elapsed
     /// ejections, and bumps `table_version`.
-    pub fn refresh(&mut self, now_ns: u64, policy: &Policy, static_hosts: &[String]) {
+    /// Returns how many hosts it ejected (a failure count reached during a refresh-only tick).
+    pub fn refresh(&mut self, now_ns: u64, policy: &Policy, static_hosts: &[String]) -> usize {
         for address in static_hosts {
             if let Some(host) = self.host_mut_or_insert(address, now_ns, true, policy.max_hosts) {
                 host.is_static = true;
@@ -184,9 +185,10 @@ impl ClusterState {
                 host.share = 0.0;
             }
         }
-        self.eject_failing(now_ns, &policy.outlier);
+        let ejected = self.eject_failing(now_ns, &policy.outlier);
         self.reweigh(now_ns, &policy.weights);
         self.refreshed_ns = now_ns;
+        ejected
     }
 
     fn reweigh(&mut self, now_ns: u64, params: &WeightParams) {
@@ -206,11 +208,12 @@ impl ClusterState {
         self.table_version = self.table_version.wrapping_add(1).max(1);
     }
 
-    /// Ejects hosts at their failure threshold while the cluster's ejection budget lasts.
-    fn eject_failing(&mut self, now_ns: u64, params: &OutlierParams) -> bool {
+    /// Ejects hosts at their failure threshold while the cluster's ejection budget lasts;
+    /// returns how many.
+    fn eject_failing(&mut self, now_ns: u64, params: &OutlierParams) -> usize {
         let budget = ejection_budget(params, self.hosts.len());
         let mut ejected = self.hosts.iter().filter(|h| h.health.is_ejected(now_ns)).count();
-        let mut changed = false;
+        let mut newly = 0;
         for host in &mut self.hosts {
             if ejected >= budget {
                 break;
@@ -219,10 +222,10 @@ impl ClusterState {
                 host.health.eject(params, now_ns);
                 host.share = 0.0;
                 ejected += 1;
-                changed = true;
+                newly += 1;
             }
         }
-        if changed {
+        if newly > 0 {
             // Redistribute the ejected hosts' shares among the rest, proportionally.
             let total: f64 = self.hosts.iter().map(|h| h.share).sum();
             for host in &mut self.hosts {
@@ -230,7 +233,7 @@ impl ClusterState {
             }
             self.table_version = self.table_version.wrapping_add(1).max(1);
         }
-        changed
+        newly
     }
 
     fn host_mut_or_insert(&mut self, address: &str, now_ns: u64, is_static: bool, max_hosts: usize) -> Option<&mut HostState> {

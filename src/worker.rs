@@ -11,7 +11,8 @@ use std::collections::{BTreeMap, HashMap};
 use crate::config::Config;
 use crate::outcome::Outcome;
 use crate::pick::PickTable;
-use crate::rules::{PathClass, Rules};
+use crate::rules::{normalize, PathClass, Rules};
+use crate::status::{ClusterStatus, Status};
 use crate::state::{Accumulator, ClusterState, Policy};
 
 /// Clusters one worker keeps state for; more are left to the fallback policy.
@@ -42,6 +43,8 @@ pub enum Decision {
     Fallback(FallbackReason),
     /// Answer locally with 403: a management path from outside the allowlist.
     Deny,
+    /// Answer locally with the status document.
+    Status,
 }
 
 impl Decision {
@@ -49,8 +52,10 @@ impl Decision {
     pub fn is_sampled(&self) -> bool {
         match self {
             Decision::Override { .. } => true,
-            Decision::Fallback(reason) => matches!(reason, FallbackReason::Exploring | FallbackReason::TableNotReady),
-            Decision::Deny => false,
+            Decision::Fallback(reason) => {
+                matches!(reason, FallbackReason::Exploring | FallbackReason::TableNotReady | FallbackReason::Shadow)
+            }
+            Decision::Deny | Decision::Status => false,
         }
     }
 }
@@ -69,6 +74,23 @@ pub enum FallbackReason {
     Excluded,
     /// No cluster name: a direct response or a route without a cluster.
     NoCluster,
+    /// Shadow mode: the table is computed and sampled, never applied.
+    Shadow,
+}
+
+impl FallbackReason {
+    /// The `reason` label of `ewma_lb_fallback_requests_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            FallbackReason::Exploring => "exploring",
+            FallbackReason::TableNotReady => "table_not_ready",
+            FallbackReason::HealthPath => "health_path",
+            FallbackReason::Management => "management",
+            FallbackReason::Excluded => "excluded",
+            FallbackReason::NoCluster => "no_cluster",
+            FallbackReason::Shadow => "shadow",
+        }
+    }
 }
 
 /// What the filter knows of a request when it arrives.
@@ -155,6 +177,12 @@ impl Worker {
 
     /// Decides what happens to a request: the path rules first, then the pick.
     pub fn route(&mut self, request: &Request) -> Decision {
+        if normalize(request.path) == self.config.status_path {
+            return match self.rules.management_allowed(request.source, request.forwarded_for) {
+                true => Decision::Status,
+                false => Decision::Deny,
+            };
+        }
         match self.rules.classify(request.path) {
             PathClass::Health => Decision::Fallback(FallbackReason::HealthPath),
             PathClass::Management if self.rules.management_allowed(request.source, request.forwarded_for) => {
@@ -163,6 +191,10 @@ impl Worker {
             PathClass::Management => Decision::Deny,
             PathClass::Excluded => Decision::Fallback(FallbackReason::Excluded),
             PathClass::Business => match request.cluster {
+                Some(cluster) if self.config.shadow => {
+                    local_entry(&mut self.clusters, cluster);
+                    Decision::Fallback(FallbackReason::Shadow)
+                }
                 Some(cluster) => self.pick(cluster),
                 None => Decision::Fallback(FallbackReason::NoCluster),
             },
@@ -221,6 +253,9 @@ impl Worker {
             match sync_cluster(name, local, statics, &self.policy, now_ns, store) {
                 Ok(sync) => {
                     report.refreshed += usize::from(sync.refreshed);
+                    if sync.ejected > 0 {
+                        report.ejections.push((name.clone(), sync.ejected));
+                    }
                     if sync.state.table_version != local.table_version {
                         local.table = PickTable::new(sync.state.hosts.iter().map(|h| (h.address.as_str(), h.share)));
                         local.table_version = sync.state.table_version;
@@ -233,6 +268,23 @@ impl Worker {
             }
         }
         report
+    }
+
+    /// The status document, as JSON.
+    pub fn status_json(&self, now_ns: u64) -> String {
+        let slow_start_ns = self.config.weights.slow_start_ms.saturating_mul(1_000_000);
+        let status = Status {
+            shadow: self.config.shadow,
+            clusters: self
+                .clusters
+                .iter()
+                .map(|(name, local)| {
+                    let in_flight = |host: &str| local.in_flight.get(host).copied().unwrap_or(0);
+                    ClusterStatus::new(name, &local.snapshot, now_ns, slow_start_ns, in_flight)
+                })
+                .collect(),
+        };
+        serde_json::to_string_pretty(&status).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
     }
 
     /// The last shared record seen of each cluster.
@@ -266,6 +318,8 @@ pub struct TickReport {
     pub adopted: Vec<(String, u64)>,
     /// Clusters whose samples could not be merged this tick (they are kept).
     pub errors: Vec<(String, SyncError)>,
+    /// Hosts this worker ejected, per cluster.
+    pub ejections: Vec<(String, usize)>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -278,6 +332,7 @@ pub enum SyncError {
 struct Synced {
     state: ClusterState,
     refreshed: bool,
+    ejected: usize,
 }
 
 fn sync_cluster(
@@ -295,18 +350,18 @@ fn sync_cluster(
         let mut state = bytes
             .and_then(|b| ClusterState::decode(&b, policy.max_hosts).ok())
             .unwrap_or_default();
-        let ejected = state.merge(&local.pending, now_ns, policy);
-        let refresh = state.refresh_due(now_ns, policy);
-        if refresh {
-            state.refresh(now_ns, policy, statics);
+        let mut ejected = state.merge(&local.pending, now_ns, policy);
+        let refreshed = state.refresh_due(now_ns, policy);
+        if refreshed {
+            ejected += state.refresh(now_ns, policy, statics);
         }
-        if local.pending.is_empty() && !refresh && !ejected {
-            return Ok(Synced { state, refreshed: false });
+        if local.pending.is_empty() && !refreshed && ejected == 0 {
+            return Ok(Synced { state, refreshed, ejected });
         }
         match store.set(&key, &state.encode(), cas) {
             Ok(()) => {
                 local.pending.clear();
-                return Ok(Synced { state, refreshed: refresh });
+                return Ok(Synced { state, refreshed, ejected });
             }
             Err(StoreError::CasMismatch) => continue,
             Err(StoreError::Other(e)) => return Err(SyncError::Store(e)),

@@ -40,7 +40,7 @@ fn invalid_configurations_name_the_field_and_the_value() {
     let cases: &[(&str, &str)] = &[
         (r#"{"weights": {"min_share": 0.9}}"#, "weights.min_share: must be in [0, 0.5], got 0.9"),
         (r#"{"weights": {"min_shares": 0.1}}"#, "weights.min_shares: unknown field `min_shares`, expected one of `exponent`, `min_share`, `max_step_ratio`, `slow_start_ms`, `slow_start_min_factor`"),
-        (r#"{"refresh_interval": 5}"#, "refresh_interval: unknown field `refresh_interval`, expected one of `override_header`, `tick_period_ms`, `refresh_interval_ms`, `smoothing`, `weights`, `failure_penalty_ms`, `pick`, `exploration_share`, `host_ttl_ms`, `max_hosts_per_cluster`, `outlier_detection`, `clusters`, `health_paths`, `management`, `excluded_paths`"),
+        (r#"{"refresh_interval": 5}"#, "refresh_interval: unknown field `refresh_interval`, expected one of `override_header`, `tick_period_ms`, `refresh_interval_ms`, `smoothing`, `weights`, `failure_penalty_ms`, `pick`, `exploration_share`, `host_ttl_ms`, `max_hosts_per_cluster`, `outlier_detection`, `clusters`, `health_paths`, `management`, `excluded_paths`, `status_path`, `shadow`"),
         (r#"{"weights": {"exponent": "two"}}"#, "weights.exponent: invalid type: string \"two\", expected f64"),
         (r#"{"smoothing": {"algorithm": "ewma", "alpha": 1.5}}"#, "smoothing.alpha: must be in (0, 1], got 1.5"),
         (r#"{"smoothing": {"algorithm": "peak_ewma", "tau_ms": 0}}"#, "smoothing.tau_ms: must be in [1, 600000], got 0"),
@@ -60,6 +60,9 @@ fn invalid_configurations_name_the_field_and_the_value() {
         (r#"{"outlier_detection": {"base_ejection_ms": 0}}"#, "outlier_detection.base_ejection_ms: must be in [1, 3600000], got 0"),
         (r#"{"clusters": {"backend": {"endpoints": ["localhost:80"]}}}"#, "clusters.backend.endpoints[0]: must be IP:port, got \"localhost:80\""),
         (r#"{"clusters": {"backend": {"hosts": []}}}"#, "clusters.backend.hosts: unknown field `hosts`, expected `endpoints`"),
+        (r#"{"status_path": "status"}"#, "status_path: must be a normalised absolute path such as /ewma-lb/status, got \"status\""),
+        (r#"{"status_path": "/Status//x"}"#, "status_path: must be a normalised absolute path such as /ewma-lb/status, got \"/Status//x\""),
+        (r#"{"shadow": "yes"}"#, "shadow: invalid type: string \"yes\", expected a boolean"),
         (r#"[1, 2]"#, "config: must be a JSON object"),
         (r#"{"weights": "#, "weights: EOF while parsing a value"),
     ];

@@ -121,7 +121,7 @@ fn consecutive_failures_eject_and_the_host_returns_later() {
     let mut state = steady_state();
     let now = 21 * SEC;
     let ejected = state.merge(&samples(&[("10.0.0.1:80", &[5.0, 5.0, 5.0], true)]), now, &p);
-    assert!(ejected);
+    assert_eq!(ejected, 1);
     let host = state.host("10.0.0.1:80").cloned().unwrap_or_default();
     assert!(host.health.is_ejected(now) && host.share == 0.0);
     assert!((state.host("10.0.0.2:80").map(|h| h.share).unwrap_or(0.0) - 1.0).abs() < 1e-9);

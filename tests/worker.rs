@@ -240,3 +240,43 @@ fn routes_follow_the_path_rules() {
     let no_cluster = Request { path: "/orders/1", ..Request::default() };
     assert_eq!(w.route(&no_cluster), Decision::Fallback(FallbackReason::NoCluster));
 }
+
+#[test]
+fn shadow_mode_samples_but_never_overrides() {
+    let store = Shared::default();
+    let cfg = r#"{"shadow": true, "exploration_share": 0, "clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}}"#;
+    let mut w = Worker::new(config(cfg), 1);
+    w.tick(SEC, &mut store.clone());
+    let request = Request { path: "/orders", cluster: Some(CLUSTER), source: None, forwarded_for: None };
+    let decision = w.route(&request);
+    assert_eq!(decision, Decision::Fallback(FallbackReason::Shadow));
+    assert!(decision.is_sampled());
+    finish_ok(&mut w, "10.0.0.1:80", 40.0);
+    w.tick(2 * SEC, &mut store.clone());
+    assert_eq!(store.state().host("10.0.0.1:80").map(|h| h.latency.samples()), Some(1));
+}
+
+#[test]
+fn the_status_document_is_guarded_and_describes_the_table() {
+    let store = Shared::default();
+    let cfg = r#"{"exploration_share": 0, "clusters": {"backend": {"endpoints": ["10.0.0.1:80", "10.0.0.2:80"]}}}"#;
+    let mut w = Worker::new(config(cfg), 1);
+    finish_ok(&mut w, "10.0.0.1:80", 40.0);
+    w.tick(SEC, &mut store.clone());
+    let from = |source| Request { path: "/ewma-lb/status?x=1", cluster: Some(CLUSTER), source: Some(source), forwarded_for: None };
+    assert_eq!(w.route(&from("203.0.113.9:1")), Decision::Deny);
+    assert_eq!(w.route(&from("127.0.0.1:1")), Decision::Status);
+    let status: serde_json::Value = serde_json::from_str(&w.status_json(SEC + 500_000_000)).unwrap();
+    let cluster = &status["clusters"][0];
+    assert_eq!(cluster["cluster"], "backend");
+    assert_eq!(cluster["refreshed_ms_ago"], 500);
+    let hosts = cluster["hosts"].as_array().unwrap();
+    assert_eq!(hosts.len(), 2);
+    assert_eq!(hosts[0]["host"], "10.0.0.1:80");
+    assert_eq!(hosts[0]["latency_ms"], 40.0);
+    assert_eq!(hosts[0]["samples"], 1);
+    assert_eq!(hosts[0]["state"], "warming");
+    assert!(hosts[1]["latency_ms"].is_null());
+    let total: f64 = hosts.iter().map(|h| h["weight"].as_f64().unwrap()).sum();
+    assert!((total - 1.0).abs() < 1e-9);
+}

@@ -9,11 +9,12 @@ use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 
 use super::host;
+use super::root::Vm;
 use crate::outcome::Outcome;
-use crate::worker::{Decision, Finished, Request, Worker};
+use crate::worker::{Decision, Finished, Request};
 
 pub struct Http {
-    worker: Rc<RefCell<Worker>>,
+    vm: Rc<RefCell<Vm>>,
     /// The cluster of a sampled request; `None` for everything the balancer leaves alone.
     sampled_cluster: Option<String>,
     picked: Option<String>,
@@ -23,8 +24,8 @@ pub struct Http {
 }
 
 impl Http {
-    pub fn new(worker: Rc<RefCell<Worker>>) -> Self {
-        Http { worker, sampled_cluster: None, picked: None, start_ns: 0, latency_ns: None }
+    pub fn new(vm: Rc<RefCell<Vm>>) -> Self {
+        Http { vm, sampled_cluster: None, picked: None, start_ns: 0, latency_ns: None }
     }
 }
 
@@ -33,9 +34,18 @@ impl Context for Http {}
 /// Body of the local reply to a management path from outside the allowlist.
 const FORBIDDEN_BODY: &[u8] = b"forbidden: management endpoint\n";
 
+/// Answers the request locally; `Pause` stops it from reaching the upstream.
+fn local_reply(status: u32, content_type: &str, body: &[u8]) -> Action {
+    match hostcalls::send_http_response(status, vec![("content-type", content_type)], Some(body)) {
+        Ok(()) => Action::Pause,
+        Err(_) => Action::Continue,
+    }
+}
+
 impl HttpContext for Http {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        let Ok(mut worker) = self.worker.try_borrow_mut() else { return Action::Continue };
+        let Ok(mut vm) = self.vm.try_borrow_mut() else { return Action::Continue };
+        let Vm { worker, metrics } = &mut *vm;
         // The client's copy goes whatever happens next: client input never chooses the host.
         let header = worker.config().override_header.clone();
         host::set_request_header(&header, None);
@@ -51,20 +61,27 @@ impl HttpContext for Http {
             forwarded_for: forwarded_for.as_deref(),
         });
         trace!("ewma-lb: {path} -> {decision:?}");
+        let cluster_label = cluster.as_deref().unwrap_or("none");
         let sampled = decision.is_sampled();
         match decision {
             Decision::Deny => {
-                let headers = vec![("content-type", "text/plain")];
-                return match hostcalls::send_http_response(403, headers, Some(FORBIDDEN_BODY)) {
-                    Ok(()) => Action::Pause,
-                    Err(_) => Action::Continue,
-                };
+                metrics.increment("ewma_lb_management_denied_requests_total", &[("cluster_name", cluster_label)], 1);
+                return local_reply(403, "text/plain", FORBIDDEN_BODY);
+            }
+            Decision::Status => {
+                return local_reply(200, "application/json", worker.status_json(host::now_ns()).as_bytes());
             }
             Decision::Override { host, header_value } => {
                 host::set_request_header(&header, Some(&header_value));
+                metrics.increment("ewma_lb_steered_requests_total", &[("cluster_name", cluster_label)], 1);
+                let labels = [("cluster_name", cluster_label), ("host", host.as_str())];
+                metrics.add_gauge("ewma_lb_host_in_flight_requests", &labels, 1);
                 self.picked = Some(host);
             }
-            Decision::Fallback(_) => {}
+            Decision::Fallback(reason) => {
+                let labels = [("cluster_name", cluster_label), ("reason", reason.label())];
+                metrics.increment("ewma_lb_fallback_requests_total", &labels, 1);
+            }
         }
         if sampled {
             self.start_ns = host::now_ns();
@@ -82,7 +99,8 @@ impl HttpContext for Http {
 
     fn on_log(&mut self) {
         let Some(cluster) = self.sampled_cluster.take() else { return };
-        let Ok(mut worker) = self.worker.try_borrow_mut() else { return };
+        let Ok(mut vm) = self.vm.try_borrow_mut() else { return };
+        let Vm { worker, metrics } = &mut *vm;
         let served_by = host::property_string(&["upstream", "address"]);
         let code = host::property_i64(&["response", "code"]);
         let flags = host::property_i64(&["response", "flags"]).map_or(0, |f| f as u64);
@@ -99,5 +117,8 @@ impl HttpContext for Http {
                 outcome: Outcome::classify(code, flags),
             },
         );
+        if let Some(picked) = &self.picked {
+            metrics.add_gauge("ewma_lb_host_in_flight_requests", &[("cluster_name", &cluster), ("host", picked)], -1);
+        }
     }
 }

@@ -4,4 +4,5 @@
 
 mod host;
 mod http;
+mod metrics;
 pub mod root;

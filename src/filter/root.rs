@@ -11,12 +11,22 @@ use proxy_wasm::types::{BufferType, ContextType};
 
 use super::host::{self, SharedData};
 use super::http::Http;
+use super::metrics::Metrics;
 use crate::config::Config;
+use crate::state::ClusterState;
+use crate::status::HostPhase;
 use crate::worker::Worker;
+
+/// Everything one VM keeps: its balancer and its metric ids. Shared by the root context and the
+/// VM's request contexts (one thread, so `Rc<RefCell>`).
+pub struct Vm {
+    pub worker: Worker,
+    pub metrics: Metrics,
+}
 
 #[derive(Default)]
 pub struct Root {
-    worker: Option<Rc<RefCell<Worker>>>,
+    vm: Option<Rc<RefCell<Vm>>>,
 }
 
 impl Context for Root {}
@@ -43,27 +53,35 @@ impl RootContext for Root {
             return false;
         }
         info!(
-            "ewma-lb: configured: smoothing {:?}, pick {:?}, refresh every {} ms",
-            config.smoothing, config.pick, config.refresh_interval_ms
+            "ewma-lb: configured: smoothing {}, pick {:?}, refresh every {} ms{}",
+            config.smoothing.name(),
+            config.pick,
+            config.refresh_interval_ms,
+            if config.shadow { ", shadow mode (never overrides)" } else { "" }
         );
-        self.worker = Some(Rc::new(RefCell::new(Worker::new(config, random_seed()))));
+        let worker = Worker::new(config, random_seed());
+        self.vm = Some(Rc::new(RefCell::new(Vm { worker, metrics: Metrics::default() })));
         true
     }
 
     fn on_tick(&mut self) {
-        let Some(worker) = &self.worker else { return };
-        let Ok(mut worker) = worker.try_borrow_mut() else { return };
-        let report = worker.tick(host::now_ns(), &mut SharedData);
+        let Some(vm) = &self.vm else { return };
+        let Ok(mut vm) = vm.try_borrow_mut() else { return };
+        let Vm { worker, metrics } = &mut *vm;
+        let now_ns = host::now_ns();
+        let report = worker.tick(now_ns, &mut SharedData);
+        for (cluster, count) in &report.ejections {
+            metrics.increment("ewma_lb_ejections_total", &[("cluster_name", cluster)], *count as i64);
+        }
+        let slow_start_ns = worker.config().weights.slow_start_ms.saturating_mul(1_000_000);
         for (cluster, version) in &report.adopted {
+            let Some(state) = worker.snapshots().find(|(name, _)| name == cluster).map(|(_, s)| s) else {
+                continue;
+            };
+            export_table(metrics, cluster, state, now_ns, slow_start_ns);
             if log::log_enabled!(log::Level::Debug) {
-                let shares = worker
-                    .snapshots()
-                    .find(|(name, _)| name == cluster)
-                    .map(|(_, s)| {
-                        s.hosts.iter().map(|h| format!("{}={:.4}", h.address, h.share)).collect::<Vec<_>>().join(" ")
-                    })
-                    .unwrap_or_default();
-                debug!("ewma-lb: adopted table v{version} for cluster {cluster}: {shares}");
+                let shares: Vec<String> = state.hosts.iter().map(|h| format!("{}={:.4}", h.address, h.share)).collect();
+                debug!("ewma-lb: adopted table v{version} for cluster {cluster}: {}", shares.join(" "));
             }
         }
         for (cluster, e) in &report.errors {
@@ -72,12 +90,25 @@ impl RootContext for Root {
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
-        let worker = self.worker.clone()?;
-        Some(Box::new(Http::new(worker)))
+        let vm = self.vm.clone()?;
+        Some(Box::new(Http::new(vm)))
     }
 
     fn get_type(&self) -> Option<ContextType> {
         Some(ContextType::HttpContext)
+    }
+}
+
+/// Per-host gauges from a weight table. Every VM adopts the same table, so they all set the
+/// same values.
+fn export_table(metrics: &mut Metrics, cluster: &str, state: &ClusterState, now_ns: u64, slow_start_ns: u64) {
+    for h in &state.hosts {
+        let labels = [("cluster_name", cluster), ("host", h.address.as_str())];
+        metrics.set_gauge("ewma_lb_host_weight_ppm", &labels, (h.share * 1e6).round() as u64);
+        let latency_us = h.latency.value_ms().map_or(0, |ms| (ms * 1e3).round() as u64);
+        metrics.set_gauge("ewma_lb_host_latency_microseconds", &labels, latency_us);
+        let ejected = HostPhase::of(h, now_ns, slow_start_ns) == HostPhase::Ejected;
+        metrics.set_gauge("ewma_lb_host_ejected", &labels, u64::from(ejected));
     }
 }
 

@@ -1,0 +1,91 @@
+//! The status document: each cluster's weight table as this worker last read it, for operators.
+
+use serde::Serialize;
+
+use crate::state::{ClusterState, HostState};
+
+#[derive(Serialize)]
+pub struct Status<'a> {
+    /// True when the plugin computes everything but never overrides Envoy's choice.
+    pub shadow: bool,
+    pub clusters: Vec<ClusterStatus<'a>>,
+}
+
+#[derive(Serialize)]
+pub struct ClusterStatus<'a> {
+    pub cluster: &'a str,
+    pub table_version: u64,
+    /// Age of the weight table; `null` before the first refresh.
+    pub refreshed_ms_ago: Option<u64>,
+    pub hosts: Vec<HostStatus<'a>>,
+}
+
+#[derive(Serialize)]
+pub struct HostStatus<'a> {
+    pub host: &'a str,
+    /// Share of steered traffic, 0-1.
+    pub weight: f64,
+    /// Smoothed latency (failures count as the penalty latency); `null` before any sample.
+    pub latency_ms: Option<f64>,
+    pub samples: u64,
+    /// Smoothed share of failed requests, 0-1.
+    pub error_rate: f64,
+    pub state: HostPhase,
+    pub consecutive_failures: u32,
+    /// Time left of an ejection; 0 when not ejected.
+    pub ejected_for_ms: u64,
+    /// Requests this worker has in flight to the host.
+    pub in_flight: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HostPhase {
+    /// Still on its slow-start ramp (new, or back from ejection).
+    Warming,
+    Live,
+    Ejected,
+}
+
+impl HostPhase {
+    pub fn of(host: &HostState, now_ns: u64, slow_start_ns: u64) -> HostPhase {
+        if host.health.is_ejected(now_ns) {
+            HostPhase::Ejected
+        } else if now_ns.saturating_sub(host.active_since_ns) < slow_start_ns {
+            HostPhase::Warming
+        } else {
+            HostPhase::Live
+        }
+    }
+}
+
+impl<'a> ClusterStatus<'a> {
+    pub fn new(
+        cluster: &'a str,
+        state: &'a ClusterState,
+        now_ns: u64,
+        slow_start_ns: u64,
+        in_flight: impl Fn(&str) -> u32,
+    ) -> Self {
+        ClusterStatus {
+            cluster,
+            table_version: state.table_version,
+            refreshed_ms_ago: (state.table_version > 0).then(|| now_ns.saturating_sub(state.refreshed_ns) / 1_000_000),
+            hosts: state
+                .hosts
+                .iter()
+                .map(|h| HostStatus {
+                    host: &h.address,
+                    weight: h.share,
+                    latency_ms: h.latency.value_ms(),
+                    samples: h.latency.samples(),
+                    error_rate: h.error_rate,
+                    state: HostPhase::of(h, now_ns, slow_start_ns),
+                    consecutive_failures: h.health.consecutive_failures,
+                    ejected_for_ms: h.health.ejected_until_ns.saturating_sub(now_ns) / 1_000_000,
+                    in_flight: in_flight(&h.address),
+                })
+                .collect(),
+        }
+    }
+}
