@@ -158,7 +158,6 @@ impl Config {
         in_range("outlier_detection.base_ejection_ms", o.base_ejection_ms, 1, 3_600_000)?;
         in_range("outlier_detection.max_ejection_ms", o.max_ejection_ms, o.base_ejection_ms, 3_600_000)?;
         in_range("outlier_detection.max_ejection_share", o.max_ejection_share, 0.0, 1.0)?;
-        in_range("management.trusted_hops", self.management.trusted_hops, 0, 64)?;
         for (name, cluster) in &self.clusters {
             if name.is_empty() {
                 return Err(err("clusters", "cluster names must not be empty"));

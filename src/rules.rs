@@ -48,10 +48,10 @@ impl PathSet {
 #[serde(deny_unknown_fields, default)]
 pub struct ManagementConfig {
     pub paths: PathSet,
-    /// Networks (CIDR, or a bare address) whose clients may reach management paths.
+    /// Networks (CIDR, or a bare address) whose clients may reach management paths. The client
+    /// is Envoy's `source.address`: the peer, or with `xff_num_trusted_hops` set on Envoy's
+    /// connection manager the address those trusted proxies reported (see README).
     pub allowed_cidrs: Vec<String>,
-    /// Proxies in front of Envoy that append to X-Forwarded-For; 0 ignores the header.
-    pub trusted_hops: u32,
 }
 
 impl Default for ManagementConfig {
@@ -62,7 +62,6 @@ impl Default for ManagementConfig {
                 .iter()
                 .map(|s| s.to_string())
                 .collect(),
-            trusted_hops: 0,
         }
     }
 }
@@ -90,7 +89,6 @@ pub struct Rules {
     management: PathSet,
     excluded: PathSet,
     allowed: Vec<IpNet>,
-    trusted_hops: u32,
 }
 
 /// A rule that cannot be compiled: the field and what is wrong.
@@ -116,7 +114,6 @@ impl Rules {
             management: compile_set("management.paths", &management.paths)?,
             excluded: compile_set("excluded_paths", excluded)?,
             allowed,
-            trusted_hops: management.trusted_hops,
         })
     }
 
@@ -136,19 +133,12 @@ impl Rules {
     }
 
     /// May the client reach a management path? `source` is Envoy's `source.address`
-    /// (`IP:port`); `forwarded_for` the X-Forwarded-For header, consulted only with trusted hops.
-    pub fn management_allowed(&self, source: Option<&str>, forwarded_for: Option<&str>) -> bool {
-        let client = if self.trusted_hops == 0 {
-            source.and_then(parse_ip)
-        } else {
-            // With n trusted proxies appending to the header, the client is the n-th entry from
-            // the right; anything left of it was written by the client and proves nothing.
-            forwarded_for.and_then(|xff| {
-                let n = usize::try_from(self.trusted_hops).ok()?;
-                xff.rsplit(',').nth(n - 1).and_then(|entry| parse_ip(entry.trim()))
-            })
-        };
-        client.is_some_and(|ip| self.allowed.iter().any(|net| net.contains(&ip)))
+    /// (`IP:port`). X-Forwarded-For is never read here: Envoy's connection manager already
+    /// folds the hops it trusts into `source.address`, and only those.
+    pub fn management_allowed(&self, source: Option<&str>) -> bool {
+        source
+            .and_then(parse_ip)
+            .is_some_and(|ip| self.allowed.iter().any(|net| net.contains(&ip)))
     }
 }
 

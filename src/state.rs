@@ -181,8 +181,11 @@ impl ClusterState {
             .retain(|h| h.is_static || now_ns.saturating_sub(h.last_seen_ns) < policy.host_ttl_ns);
         for host in &mut self.hosts {
             if host.health.tick(&policy.outlier, now_ns) {
+                // Back from ejection: its old latency is the failures' penalty. Start afresh at
+                // the cluster median and ramp up, as a new host would.
                 host.active_since_ns = now_ns;
                 host.share = 0.0;
+                host.latency = Estimate::default();
             }
         }
         let ejected = self.eject_failing(now_ns, &policy.outlier);

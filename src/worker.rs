@@ -99,9 +99,8 @@ pub struct Request<'a> {
     pub path: &'a str,
     /// `xds.cluster_name`: the cluster the route chose.
     pub cluster: Option<&'a str>,
-    /// `source.address`.
+    /// `source.address`: the client as Envoy's connection manager determined it.
     pub source: Option<&'a str>,
-    pub forwarded_for: Option<&'a str>,
 }
 
 /// What the filter knows of a request when it is done.
@@ -178,14 +177,14 @@ impl Worker {
     /// Decides what happens to a request: the path rules first, then the pick.
     pub fn route(&mut self, request: &Request) -> Decision {
         if normalize(request.path) == self.config.status_path {
-            return match self.rules.management_allowed(request.source, request.forwarded_for) {
+            return match self.rules.management_allowed(request.source) {
                 true => Decision::Status,
                 false => Decision::Deny,
             };
         }
         match self.rules.classify(request.path) {
             PathClass::Health => Decision::Fallback(FallbackReason::HealthPath),
-            PathClass::Management if self.rules.management_allowed(request.source, request.forwarded_for) => {
+            PathClass::Management if self.rules.management_allowed(request.source) => {
                 Decision::Fallback(FallbackReason::Management)
             }
             PathClass::Management => Decision::Deny,

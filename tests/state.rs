@@ -132,6 +132,7 @@ fn consecutive_failures_eject_and_the_host_returns_later() {
     state.refresh(back, &p, &[]);
     let host = state.host("10.0.0.1:80").cloned().unwrap_or_default();
     assert!(!host.health.is_ejected(back) && host.share > 0.0 && host.active_since_ns == back);
+    assert_eq!(host.latency.value_ms(), None, "scored at the median again, not at the penalty");
 }
 
 #[test]

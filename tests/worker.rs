@@ -224,7 +224,7 @@ fn routes_follow_the_path_rules() {
                  "clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}}"#;
     let mut w = Worker::new(config(cfg), 1);
     w.tick(SEC, &mut store.clone());
-    let request = |path, source| Request { path, cluster: Some(CLUSTER), source: Some(source), forwarded_for: None };
+    let request = |path, source| Request { path, cluster: Some(CLUSTER), source: Some(source) };
     let cases: &[(&str, &str, Decision)] = &[
         ("/health", "192.0.2.1:5000", Decision::Fallback(FallbackReason::HealthPath)),
         ("/actuator/health/liveness", "192.0.2.1:5000", Decision::Fallback(FallbackReason::HealthPath)),
@@ -247,7 +247,7 @@ fn shadow_mode_samples_but_never_overrides() {
     let cfg = r#"{"shadow": true, "exploration_share": 0, "clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}}"#;
     let mut w = Worker::new(config(cfg), 1);
     w.tick(SEC, &mut store.clone());
-    let request = Request { path: "/orders", cluster: Some(CLUSTER), source: None, forwarded_for: None };
+    let request = Request { path: "/orders", cluster: Some(CLUSTER), source: None };
     let decision = w.route(&request);
     assert_eq!(decision, Decision::Fallback(FallbackReason::Shadow));
     assert!(decision.is_sampled());
@@ -263,7 +263,7 @@ fn the_status_document_is_guarded_and_describes_the_table() {
     let mut w = Worker::new(config(cfg), 1);
     finish_ok(&mut w, "10.0.0.1:80", 40.0);
     w.tick(SEC, &mut store.clone());
-    let from = |source| Request { path: "/ewma-lb/status?x=1", cluster: Some(CLUSTER), source: Some(source), forwarded_for: None };
+    let from = |source| Request { path: "/ewma-lb/status?x=1", cluster: Some(CLUSTER), source: Some(source) };
     assert_eq!(w.route(&from("203.0.113.9:1")), Decision::Deny);
     assert_eq!(w.route(&from("127.0.0.1:1")), Decision::Status);
     let status: serde_json::Value = serde_json::from_str(&w.status_json(SEC + 500_000_000)).unwrap();

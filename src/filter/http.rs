@@ -53,12 +53,10 @@ impl HttpContext for Http {
         let path = host::request_header(":path").unwrap_or_default();
         let cluster = host::property_string(&["xds", "cluster_name"]);
         let source = host::property_string(&["source", "address"]);
-        let forwarded_for = host::request_header("x-forwarded-for");
         let decision = worker.route(&Request {
             path: &path,
             cluster: cluster.as_deref(),
             source: source.as_deref(),
-            forwarded_for: forwarded_for.as_deref(),
         });
         trace!("ewma-lb: {path} -> {decision:?}");
         let cluster_label = cluster.as_deref().unwrap_or("none");

@@ -54,12 +54,21 @@ pub struct Stack {
 impl Stack {
     /// `plugin_config`: the JSON for the plugin (`None`: the shipped one).
     pub fn start(specs: Vec<BackendSpec>, plugin_config: Option<&str>) -> Stack {
+        Self::start_with(specs, plugin_config, &[])
+    }
+
+    /// As `start`, with more replacements in the shipped Envoy config.
+    pub fn start_with(specs: Vec<BackendSpec>, plugin_config: Option<&str>, edits: &[(&str, String)]) -> Stack {
         assert_eq!(specs.len(), 3, "the shipped config has three endpoints");
         let backends: Vec<Backend> = specs
             .into_iter()
             .map(|s| Backend::start_local(s).unwrap_or_else(|e| panic!("backend: {e}")))
             .collect();
-        let yaml = Self::config(&backends, plugin_config);
+        let mut yaml = Self::config(&backends, plugin_config);
+        for (from, to) in edits {
+            assert!(yaml.contains(from), "{from:?} not in the shipped config");
+            yaml = yaml.replace(from, to);
+        }
         // Flush Envoy's log often: some tests read what the plugin logged moments ago.
         let options = EnvoyOptions { extra_args: vec!["--file-flush-interval-msec".into(), "100".into()], ..EnvoyOptions::new(yaml) };
         let envoy = Envoy::start(options).unwrap_or_else(|e| panic!("envoy: {e:#}"));
@@ -132,4 +141,33 @@ pub fn within(limit: Duration, mut check: impl FnMut() -> bool) -> Option<Durati
         thread::sleep(Duration::from_millis(250));
     }
     None
+}
+
+impl Stack {
+    /// The plugin's status document, fetched through Envoy from 127.0.0.1.
+    pub fn status(&self) -> serde_json::Value {
+        let r = ewma_bench::http::get(&format!("{}/ewma-lb/status", self.url), &[]).unwrap_or_else(|e| panic!("status: {e}"));
+        assert_eq!(r.status, 200, "status endpoint: {r:?}");
+        serde_json::from_str(&r.body).unwrap_or_else(|e| panic!("status JSON: {e}: {}", r.body))
+    }
+
+    /// One host's entry of the status document.
+    pub fn host_status(&self, backend: &str) -> serde_json::Value {
+        let addr = self.backend(backend).addr().to_string();
+        let status = self.status();
+        status["clusters"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|c| c["hosts"].as_array().cloned().unwrap_or_default())
+            .find(|h| h["host"] == addr.as_str())
+            .unwrap_or(serde_json::Value::Null)
+    }
+
+    /// A sample from Envoy's `/stats/prometheus`: `metric{labels}` exactly as printed, e.g.
+    /// `ewma_lb_steered_requests_total{cluster_name="backend"}`. `None` when absent.
+    pub fn prometheus(&self, series: &str) -> Option<f64> {
+        let text = self.envoy.admin_get("/stats/prometheus").unwrap_or_default();
+        text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+    }
 }
