@@ -2,7 +2,8 @@
 # The plugin balancing real traffic in a real Envoy, in about 40 seconds:
 #   three backends on 127.0.0.1 (two answer in 50-100 ms, one in 500-2000 ms), Envoy with
 #   envoy-config/envoy.yaml and the plugin, 100 requests/s for 30 s. Every 3 s it prints each
-#   backend's share of the traffic and the plugin's current weights, then a summary.
+#   backend's share of the traffic and the plugin's current weights (from its status page), then a
+#   summary: average, p95, and each backend's share.
 # Stops everything it started, also on Ctrl-C.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -59,11 +60,19 @@ if [ "$(curl -s http://127.0.0.1:9901/ready 2>/dev/null)" != LIVE ]; then
   exit 1
 fi
 
-port_names='s/127.0.0.1:8081/fast1/; s/127.0.0.1:8082/fast2/; s/127.0.0.1:8083/slow/'
 weights() {
-  # The plugin logs each weight table a worker adopts; show the newest.
-  grep -o 'adopted table v[0-9]* for cluster backend: .*' "$work/envoy.log" 2>/dev/null | tail -n 1 |
-    sed -E 's/adopted table (v[0-9]+) for cluster backend: /weights \1: /' | sed "$port_names"
+  # The plugin's own status page (served from 127.0.0.1, which its allowlist admits).
+  curl -s http://127.0.0.1:10000/ewma-lb/status | python3 -c '
+import json, sys
+names = {"127.0.0.1:8081": "fast1", "127.0.0.1:8082": "fast2", "127.0.0.1:8083": "slow"}
+for c in json.load(sys.stdin)["clusters"]:
+    hosts = sorted(c["hosts"], key=lambda h: names.get(h["host"], h["host"]))
+    cells = []
+    for h in hosts:
+        latency = "-" if h["latency_ms"] is None else "%.0f ms" % h["latency_ms"]
+        cells.append("%s %.1f%% (%s, %s)" % (names.get(h["host"], h["host"]), 100 * h["weight"], latency, h["state"]))
+    print("weights v%d: %s" % (c["table_version"], "  ".join(cells)))
+' 2>/dev/null
 }
 
 echo "== $RATE requests/s for $DURATION through http://127.0.0.1:10000/"
