@@ -141,7 +141,8 @@ struct Shared {
     health_latency: Latency,
     fail_rate: f64,
     workers: Option<Arc<Semaphore>>,
-    started: Instant,
+    /// Start of the schedule's clock: the backend's start, or the last [`Backend::reset_clock`].
+    started: Mutex<Instant>,
     counts: Counts,
     paths: Mutex<HashMap<String, u64>>,
     open_conns: AtomicUsize,
@@ -154,7 +155,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl Shared {
     fn current_latency(&self) -> Latency {
-        let t = self.started.elapsed().as_secs_f64();
+        let t = lock(&self.started).elapsed().as_secs_f64();
         self.schedule
             .iter()
             .find(|p| t >= p.from_s && t < p.to_s)
@@ -211,7 +212,7 @@ impl Backend {
             health_latency: spec.health_latency,
             fail_rate: spec.fail_rate,
             workers: spec.capacity.map(|k| Arc::new(Semaphore::new(k))),
-            started: Instant::now(),
+            started: Mutex::new(Instant::now()),
             counts: Counts::default(),
             paths: Mutex::new(HashMap::new()),
             open_conns: AtomicUsize::new(0),
@@ -277,6 +278,12 @@ impl Backend {
     /// The latency profile in force right now.
     pub fn latency(&self) -> Latency {
         self.shared.current_latency()
+    }
+
+    /// Restarts the schedule's clock: phases count from now (a benchmark run that starts later
+    /// than the backend still sees its slowdown at the scheduled second).
+    pub fn reset_clock(&self) {
+        *lock(&self.shared.started) = Instant::now();
     }
 
     /// Zeroes all counters.

@@ -29,8 +29,10 @@ pub struct EnvoyOptions {
     pub concurrency: u32,
     /// Appended after the standard arguments.
     pub extra_args: Vec<String>,
-    /// `-l` level; the `wasm` component always logs at debug.
+    /// `-l` level.
     pub log_level: String,
+    /// `--component-log-level`; default `wasm:debug` (tests read the plugin's debug lines).
+    pub component_log_level: String,
     /// Linux: Envoy gets SIGKILL when the thread that started it exits, so an interrupted
     /// `cargo test` leaves no orphan. Set false for an Envoy that outlives its starting thread.
     pub kill_with_parent: bool,
@@ -44,6 +46,7 @@ impl EnvoyOptions {
             concurrency: 2,
             extra_args: Vec::new(),
             log_level: "info".into(),
+            component_log_level: "wasm:debug".into(),
             kill_with_parent: true,
         }
     }
@@ -144,7 +147,7 @@ fn spawn(bin: &Path, dir: &Path, opts: &EnvoyOptions, mode_args: &[&str]) -> Res
         .arg("-l")
         .arg(&opts.log_level)
         .arg("--component-log-level")
-        .arg("wasm:debug")
+        .arg(&opts.component_log_level)
         .arg("--log-path")
         .arg(dir.join("envoy.log"))
         .arg("--admin-address-path")

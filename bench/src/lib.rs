@@ -2,11 +2,18 @@
 //! load generator with latency summaries, and a real Envoy process runner.
 
 pub mod backend;
+pub mod compare;
 pub mod envoy;
 pub mod http;
 pub mod latency;
 pub mod load;
+pub mod metrics;
+pub mod micro;
+pub mod overhead;
+pub mod plot;
+pub mod policy;
 pub mod ports;
+pub mod scenario;
 pub mod summary;
 pub mod template;
 pub mod wait;

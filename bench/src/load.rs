@@ -16,6 +16,10 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use crate::backend::BACKEND_HEADER;
+
+/// Response header a benchmark's Envoy adds with the upstream host (`%UPSTREAM_HOST%`): it names
+/// the host of answers the backend never sent, such as Envoy's 504 on a route timeout.
+pub const UPSTREAM_HOST_HEADER: &str = "x-upstream-host";
 use crate::http::loopback_authority;
 
 /// Hard cap on requests per run, so a typo in rate or duration cannot run for hours.
@@ -103,7 +107,7 @@ pub struct Record {
     pub latency: Duration,
     /// HTTP status, or 0 for a transport error or timeout (and for dropped arrivals).
     pub status: u16,
-    /// The `x-backend` response header.
+    /// The `x-backend` response header, else the `x-upstream-host` one (an `IP:port`).
     pub backend: Option<String>,
     /// Open loop: never sent because `max_in_flight` requests were outstanding.
     pub dropped: bool,
@@ -253,11 +257,10 @@ async fn one(client: &HttpClient, uri: Uri, headers: &[(String, String)], timeou
     let exchange = async {
         let resp = client.request(req).await.ok()?;
         let status = resp.status().as_u16();
-        let backend = resp
-            .headers()
-            .get(BACKEND_HEADER)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
+        let header = |name: &str| resp.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
+        // `x-backend` names the backend that answered; failing that, the upstream address Envoy
+        // reports (`IP:port`), which the caller may map to a name.
+        let backend = header(BACKEND_HEADER).or_else(|| header(UPSTREAM_HOST_HEADER).filter(|h| !h.is_empty() && h != "-"));
         // The body is read so the connection goes back to the pool.
         resp.into_body().collect().await.ok()?;
         Some((status, backend))

@@ -1,10 +1,14 @@
 //! `ewma-bench`: run test backends in the foreground, or send load and report latency and shares.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use ewma_bench::backend::{parse_backend_arg, Backend};
+use ewma_bench::compare::{default_wasm, markdown_table, CompareOptions};
+use ewma_bench::overhead::OverheadOptions;
+use ewma_bench::scenario::Scenario;
 use ewma_bench::latency::parse_duration;
 use ewma_bench::load::{run_observed, LoadSpec, Record};
 use ewma_bench::summary::{format_shares, Summary};
@@ -22,6 +26,62 @@ enum Cmd {
     Backends(BackendsArgs),
     /// Send load to a URL and report latency and traffic share per backend.
     Load(LoadArgs),
+    /// Run a scenario through Envoy with each policy; write results.md, results.json and plots.
+    Compare(CompareArgs),
+    /// Envoy with no filter, a no-op wasm filter and ewma-lb: throughput and latency; plus the
+    /// native micro-benchmarks and the plugin's size.
+    Overhead(OverheadArgs),
+    /// Only the native micro-benchmarks (weight recompute, pick).
+    Micro(MicroArgs),
+}
+
+#[derive(Args)]
+struct CompareArgs {
+    /// Scenario file, e.g. bench/scenarios/seed-table.toml.
+    scenario: PathBuf,
+    /// Output directory [default: bench/out/<scenario name>].
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// The plugin module [default: dist/ewma_lb.wasm, from ./wasm-build.sh].
+    #[arg(long)]
+    wasm: Option<PathBuf>,
+    /// A few seconds per policy at a low rate: checks that the tool works, measures nothing.
+    #[arg(long)]
+    smoke: bool,
+    /// Override the scenario's number of rounds.
+    #[arg(long)]
+    rounds: Option<u32>,
+    /// Skip the SVG/PNG plots.
+    #[arg(long)]
+    no_plots: bool,
+}
+
+#[derive(Args)]
+struct OverheadArgs {
+    /// Output directory [default: bench/out/overhead].
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// The plugin module [default: dist/ewma_lb.wasm].
+    #[arg(long)]
+    wasm: Option<PathBuf>,
+    /// The no-op filter module [default: built from bench/noop-filter].
+    #[arg(long)]
+    noop_wasm: Option<PathBuf>,
+    /// Rounds, in alternating order.
+    #[arg(long, default_value_t = 2)]
+    rounds: u32,
+    /// About a second per phase: checks that the tool works, measures nothing.
+    #[arg(long)]
+    smoke: bool,
+}
+
+#[derive(Args)]
+struct MicroArgs {
+    /// A few milliseconds per measurement.
+    #[arg(long)]
+    smoke: bool,
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Args)]
@@ -73,6 +133,9 @@ fn real_main() -> Result<()> {
     match Cli::parse().cmd {
         Cmd::Backends(a) => backends(a),
         Cmd::Load(a) => load(a),
+        Cmd::Compare(a) => compare(a),
+        Cmd::Overhead(a) => overhead(a),
+        Cmd::Micro(a) => micro(a),
     }
 }
 
@@ -179,4 +242,45 @@ fn print_window(at: Duration, window: &[Record]) {
         s.p99_ms,
         format_shares(&s.shares)
     );
+}
+
+fn bench_out(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("out").join(name)
+}
+
+fn compare(args: CompareArgs) -> Result<()> {
+    let scenario = if args.smoke { Scenario::load_smoke(&args.scenario)? } else { Scenario::load(&args.scenario)? };
+    let out = args.out.unwrap_or_else(|| bench_out(&scenario.name));
+    let opts = CompareOptions { out_dir: out.clone(), wasm: args.wasm.unwrap_or_else(default_wasm), plots: !args.no_plots, rounds: args.rounds };
+    let report = ewma_bench::compare::compare(&scenario, &opts)?;
+    println!("\n{}", markdown_table(&report));
+    println!("written to {}: {}", out.display(), report.files.join(", "));
+    Ok(())
+}
+
+fn overhead(args: OverheadArgs) -> Result<()> {
+    let out = args.out.unwrap_or_else(|| bench_out("overhead"));
+    let mut opts = OverheadOptions::new(out.clone(), args.wasm.unwrap_or_else(default_wasm));
+    opts.noop_wasm = args.noop_wasm;
+    opts.rounds = args.rounds.clamp(1, 10);
+    if args.smoke {
+        opts = opts.smoke();
+    }
+    let report = ewma_bench::overhead::run(&opts)?;
+    println!("\n{}", ewma_bench::overhead::markdown(&report, &opts));
+    println!("written to {}", out.display());
+    Ok(())
+}
+
+fn micro(args: MicroArgs) -> Result<()> {
+    if cfg!(debug_assertions) && !args.smoke {
+        eprintln!("note: a debug build; run with --release for meaningful numbers");
+    }
+    let results = ewma_bench::micro::run(args.smoke);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&results)?);
+    } else {
+        println!("{}", ewma_bench::micro::markdown(&results));
+    }
+    Ok(())
 }

@@ -1,0 +1,424 @@
+//! `compare`: one scenario through a real Envoy with each policy in turn, same backends, one run;
+//! then a markdown table, results.json and plots.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+
+use crate::backend::Backend;
+use crate::envoy::{Envoy, EnvoyOptions};
+use crate::load::{self, LoadSpec, Record};
+use crate::metrics::{flapping, recovery_seconds, window_share, Flapping};
+use crate::plot;
+use crate::policy::{EnvoyConfig, Policy};
+use crate::scenario::Scenario;
+use crate::summary::{shares_per_second, SecondShares, Summary};
+
+/// Where the plugin is built by ./wasm-build.sh.
+pub fn default_wasm() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("dist").join("ewma_lb.wasm")
+}
+
+/// How to run a comparison.
+#[derive(Clone, Debug)]
+pub struct CompareOptions {
+    pub out_dir: PathBuf,
+    pub wasm: PathBuf,
+    pub plots: bool,
+    /// Overrides the scenario's `rounds`.
+    pub rounds: Option<u32>,
+}
+
+/// One policy's run in one round.
+#[derive(Clone, Debug, Serialize)]
+pub struct PolicyRun {
+    pub policy: Policy,
+    pub round: u32,
+    /// Position in the whole run (0 = first).
+    pub position: usize,
+    #[serde(skip)]
+    pub records: Vec<Record>,
+    /// Measured window (after warmup).
+    pub summary: Summary,
+    pub flapping: Flapping,
+    pub seconds: Vec<SecondShares>,
+    /// A few of Envoy's counters at the end of the run.
+    pub envoy_counters: BTreeMap<String, u64>,
+}
+
+/// A policy's results over all rounds.
+#[derive(Clone, Debug, Serialize)]
+pub struct PolicyResult {
+    pub policy: Policy,
+    /// All rounds' measured windows together.
+    pub summary: Summary,
+    /// Mean of the rounds' flapping indices.
+    pub flapping: Flapping,
+    /// Slowdown scenarios: seconds until the slowed host's share is back near fair (first round).
+    pub recovery_s: Option<f64>,
+    /// Slowdown scenarios: the slowed host's share during its slow phase (first round).
+    pub slow_phase_share: Option<f64>,
+}
+
+/// Everything a comparison produced.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub scenario: String,
+    pub description: String,
+    pub settings: serde_json::Value,
+    pub backends: Vec<String>,
+    pub results: Vec<PolicyResult>,
+    pub runs: Vec<PolicyRun>,
+    pub files: Vec<String>,
+}
+
+/// Runs the scenario, writes results.md, results.json and the plots into `opts.out_dir`.
+pub fn compare(s: &Scenario, opts: &CompareOptions) -> Result<Report> {
+    if opts.plots {
+        plot::ensure_font()?;
+    }
+    let wasm = opts.wasm.canonicalize().unwrap_or_else(|_| opts.wasm.clone());
+    if s.policies.iter().any(|p| p.uses_plugin()) {
+        if !wasm.is_file() {
+            bail!("plugin {} not found: run ./wasm-build.sh first (or pass --wasm)", wasm.display());
+        }
+        for p in s.policies.iter().filter(|p| p.uses_plugin()) {
+            if let Some(pc) = p.plugin_config(&s.plugin_config) {
+                ewma_lb::config::Config::from_json(serde_json::to_string(&pc)?.as_bytes())
+                    .map_err(|e| anyhow::anyhow!("plugin_config for {p}: {e}"))?;
+            }
+        }
+    }
+    std::fs::create_dir_all(&opts.out_dir).with_context(|| format!("creating {}", opts.out_dir.display()))?;
+
+    let backends: Vec<Backend> = s
+        .backends
+        .iter()
+        .map(|b| Backend::start_local(b.clone()))
+        .collect::<Result<_>>()?;
+    let names: Vec<String> = backends.iter().map(|b| b.name().to_string()).collect();
+    let by_addr: HashMap<String, String> = backends.iter().map(|b| (b.addr().to_string(), b.name().to_string())).collect();
+    let endpoints: Vec<_> = backends.iter().map(|b| b.addr()).collect();
+
+    let rounds = opts.rounds.unwrap_or(s.rounds);
+    let total_runs = rounds as usize * s.policies.len();
+    let started = Instant::now();
+    eprintln!(
+        "scenario {}: {} policies x {} round(s) x {:?} (+ Envoy start and {:?} pause each)",
+        s.name,
+        s.policies.len(),
+        rounds,
+        s.duration,
+        s.pause
+    );
+    let mut runs = Vec::new();
+    for round in 0..rounds {
+        for policy in s.order(round) {
+            let position = runs.len();
+            eprint!("[{:>3}/{total_runs}] {policy:<14} round {round} ... ", position + 1);
+            let run = run_policy(s, policy, round, position, &wasm, &endpoints, &backends, &by_addr, &names)?;
+            eprintln!(
+                "n={} avg={:.1}ms p99={:.1}ms err={:.2}% flap={:.1}pp  ({:.0}s elapsed)",
+                run.summary.count,
+                run.summary.avg_ms,
+                run.summary.p99_ms,
+                100.0 * run.summary.error_rate(),
+                run.flapping.index_pp,
+                started.elapsed().as_secs_f64()
+            );
+            runs.push(run);
+            std::thread::sleep(s.pause);
+        }
+    }
+    drop(backends);
+
+    let results = s.policies.iter().map(|&p| aggregate(s, p, &runs, &names)).collect();
+    let mut report = Report {
+        scenario: s.name.clone(),
+        description: s.description.clone(),
+        settings: {
+            let mut st = settings(s, rounds);
+            // The plugin as it was at the end of the run (./wasm-build.sh may have replaced it).
+            st["plugin"] = serde_json::json!({
+                "path": wasm.display().to_string(),
+                "bytes": std::fs::metadata(&wasm).map(|m| m.len()).unwrap_or(0),
+            });
+            st
+        },
+        backends: names,
+        results,
+        runs,
+        files: Vec::new(),
+    };
+    write_outputs(s, opts, &mut report)?;
+    Ok(report)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_policy(
+    s: &Scenario,
+    policy: Policy,
+    round: u32,
+    position: usize,
+    wasm: &Path,
+    endpoints: &[std::net::SocketAddr],
+    backends: &[Backend],
+    by_addr: &HashMap<String, String>,
+    names: &[String],
+) -> Result<PolicyRun> {
+    let cfg = EnvoyConfig::for_policy(policy, &s.plugin_config, wasm, endpoints, s.route_timeout)?;
+    let yaml = cfg.render()?;
+    let options = EnvoyOptions {
+        concurrency: s.concurrency,
+        log_level: "warn".into(),
+        component_log_level: "wasm:info".into(),
+        ..EnvoyOptions::new(yaml)
+    };
+    let envoy = Envoy::start(options).with_context(|| format!("starting Envoy for {policy}"))?;
+    let spec = LoadSpec {
+        url: format!("http://127.0.0.1:{}/", cfg.listen_port),
+        rate_per_s: s.rate,
+        duration: s.duration,
+        max_in_flight: s.max_in_flight,
+        closed_loop_workers: s.workers,
+        headers: Vec::new(),
+        timeout: s.client_timeout,
+    };
+    for b in backends {
+        b.reset_clock();
+        b.reset_counts();
+    }
+    let mut records = load::run(&spec)?;
+    for r in &mut records {
+        if let Some(name) = r.backend.as_ref().and_then(|b| by_addr.get(b)) {
+            r.backend = Some(name.clone());
+        }
+    }
+    let mut envoy_counters = BTreeMap::new();
+    if let Ok(stats) = envoy.stats() {
+        for key in [
+            "cluster.backend.upstream_rq_total",
+            "cluster.backend.upstream_rq_timeout",
+            "cluster.backend.upstream_rq_retry",
+            "cluster.backend.upstream_cx_total",
+            "cluster.backend.upstream_rq_pending_overflow",
+        ] {
+            if let Some(v) = stats.get(key) {
+                envoy_counters.insert(key.trim_start_matches("cluster.backend.").to_string(), *v);
+            }
+        }
+        for (k, v) in stats.iter().filter(|(k, _)| k.starts_with("wasmcustom.")) {
+            envoy_counters.insert(k.clone(), *v);
+        }
+    }
+    drop(envoy);
+    let warm = s.warmup;
+    let measured: Vec<Record> = records.iter().filter(|r| r.sent_at >= warm).cloned().collect();
+    let seconds = shares_per_second(&records);
+    let flap = flapping(&seconds, warm.as_secs() as usize, names);
+    Ok(PolicyRun { policy, round, position, summary: Summary::of(&measured), flapping: flap, seconds, records, envoy_counters })
+}
+
+fn aggregate(s: &Scenario, policy: Policy, runs: &[PolicyRun], names: &[String]) -> PolicyResult {
+    let mine: Vec<&PolicyRun> = runs.iter().filter(|r| r.policy == policy).collect();
+    let measured: Vec<Record> = mine
+        .iter()
+        .flat_map(|r| r.records.iter().filter(|x| x.sent_at >= s.warmup).cloned())
+        .collect();
+    let n = mine.len().max(1) as f64;
+    let flap = Flapping {
+        index_pp: mine.iter().map(|r| r.flapping.index_pp).sum::<f64>() / n,
+        noise_pp: mine.iter().map(|r| r.flapping.noise_pp).sum::<f64>() / n,
+        pairs: mine.iter().map(|r| r.flapping.pairs).sum(),
+    };
+    let (mut recovery_s, mut slow_phase_share) = (None, None);
+    if let (Some((slow, end)), Some(first)) = (s.recovery(), mine.first()) {
+        let fair = 1.0 / names.len().max(1) as f64;
+        recovery_s = recovery_seconds(&first.seconds, &slow, end, fair);
+        let start = s
+            .backends
+            .iter()
+            .find(|b| b.name == slow)
+            .and_then(|b| b.schedule.iter().map(|p| p.from_s).reduce(f64::min))
+            .unwrap_or(0.0);
+        slow_phase_share = Some(window_share(&first.seconds, &slow, start, end));
+    }
+    PolicyResult { policy, summary: Summary::of(&measured), flapping: flap, recovery_s, slow_phase_share }
+}
+
+fn settings(s: &Scenario, rounds: u32) -> serde_json::Value {
+    serde_json::json!({
+        "duration_s": s.duration.as_secs_f64(),
+        "warmup_s": s.warmup.as_secs_f64(),
+        "rate_per_s": if s.workers.is_none() { Some(s.rate) } else { None },
+        "closed_loop_workers": s.workers,
+        "route_timeout_s": s.route_timeout.as_secs_f64(),
+        "client_timeout_s": s.client_timeout.as_secs_f64(),
+        "envoy_concurrency": s.concurrency,
+        "rounds": rounds,
+        "policies": s.policies,
+        "plugin_config": s.plugin_config,
+        "backends": s.backends.iter().map(|b| serde_json::json!({
+            "name": b.name,
+            "latency": b.latency.to_string(),
+            "capacity": b.capacity,
+            "fail_rate": b.fail_rate,
+            "phases": b.schedule.iter().map(|p| format!("{}-{}@{}", p.from_s, p.to_s, p.latency)).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+    })
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.1}", 100.0 * x)
+}
+
+/// The markdown table of the results.
+pub fn markdown_table(report: &Report) -> String {
+    let has_recovery = report.results.iter().any(|r| r.slow_phase_share.is_some());
+    let mut t = String::from("| policy | avg ms | p50 ms | p95 ms | p99 ms | p99.9 ms | errors % |");
+    for b in &report.backends {
+        let _ = write!(t, " {b} % |");
+    }
+    t.push_str(" flap pp | flap noise pp |");
+    if has_recovery {
+        t.push_str(" slow-phase share % | back to fair s |");
+    }
+    t.push('\n');
+    let cols = 7 + report.backends.len() + 2 + if has_recovery { 2 } else { 0 };
+    t.push('|');
+    for _ in 0..cols {
+        t.push_str("---|");
+    }
+    t.push('\n');
+    for r in &report.results {
+        let s = &r.summary;
+        let _ = write!(
+            t,
+            "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} |",
+            r.policy, s.avg_ms, s.p50_ms, s.p95_ms, s.p99_ms, s.p999_ms, 100.0 * s.error_rate()
+        );
+        for b in &report.backends {
+            let _ = write!(t, " {} |", pct(s.share(b)));
+        }
+        let _ = write!(t, " {:.1} | {:.1} |", r.flapping.index_pp, r.flapping.noise_pp);
+        if has_recovery {
+            let share = r.slow_phase_share.map(pct).unwrap_or_else(|| "-".into());
+            let rec = r.recovery_s.map(|x| format!("{x:.0}")).unwrap_or_else(|| "never".into());
+            let _ = write!(t, " {share} | {rec} |");
+        }
+        t.push('\n');
+    }
+    t
+}
+
+fn ratio_lines(report: &Report) -> String {
+    let get = |p: Policy| report.results.iter().find(|r| r.policy == p);
+    let mut out = String::new();
+    let Some(ewma) = get(Policy::EwmaLb) else { return out };
+    let q = |a: f64, b: f64| if b > 0.0 { format!("{:.2}", a / b) } else { "-".into() };
+    for other in [Policy::LeastRequest, Policy::RoundRobin, Policy::EwmaLowest] {
+        if let Some(o) = get(other) {
+            let _ = writeln!(
+                out,
+                "- ewma_lb / {other}: avg {}, p95 {}, p99 {}, p99.9 {}, flapping {}",
+                q(ewma.summary.avg_ms, o.summary.avg_ms),
+                q(ewma.summary.p95_ms, o.summary.p95_ms),
+                q(ewma.summary.p99_ms, o.summary.p99_ms),
+                q(ewma.summary.p999_ms, o.summary.p999_ms),
+                q(ewma.flapping.index_pp, o.flapping.index_pp),
+            );
+        }
+    }
+    out
+}
+
+fn write_outputs(s: &Scenario, opts: &CompareOptions, report: &mut Report) -> Result<()> {
+    let dir = &opts.out_dir;
+    if opts.plots {
+        let lines: Vec<plot::CdfLine> = report
+            .results
+            .iter()
+            .map(|r| {
+                let mut v: Vec<f64> = report
+                    .runs
+                    .iter()
+                    .filter(|x| x.policy == r.policy)
+                    .flat_map(|x| x.records.iter().filter(|rec| !rec.dropped && rec.sent_at >= s.warmup))
+                    .map(|rec| rec.latency.as_secs_f64() * 1000.0)
+                    .collect();
+                v.sort_by(f64::total_cmp);
+                plot::CdfLine { label: r.policy.to_string(), sorted_ms: v }
+            })
+            .collect();
+        let title = format!("{}: latency CDF per policy", s.name);
+        for p in plot::latency_cdf(dir, &title, &lines)? {
+            report.files.push(file_name(&p));
+        }
+        let panels: Vec<plot::SharePanel> = s
+            .policies
+            .iter()
+            .filter_map(|p| report.runs.iter().find(|r| r.policy == *p))
+            .map(|r| plot::SharePanel { label: format!("{} (round {})", r.policy, r.round), seconds: r.seconds.clone() })
+            .collect();
+        let title = format!("{}: traffic share per backend per second", s.name);
+        for p in plot::share_over_time(dir, &title, &panels, &report.backends)? {
+            report.files.push(file_name(&p));
+        }
+    }
+    report.files.push("results.md".into());
+    report.files.push("results.json".into());
+    std::fs::write(dir.join("results.md"), results_markdown(report)).context("writing results.md")?;
+    std::fs::write(dir.join("results.json"), serde_json::to_string_pretty(report)?).context("writing results.json")?;
+    Ok(())
+}
+
+/// A JSON number with at most 3 decimals, trailing zeros dropped.
+fn num(v: &serde_json::Value) -> String {
+    let x = v.as_f64().unwrap_or(0.0);
+    let t = format!("{x:.3}");
+    t.trim_end_matches('0').trim_end_matches('.').to_string()
+}
+
+fn file_name(p: &Path) -> String {
+    p.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+/// results.md: the settings, the table, the ratios, the run order and the files.
+pub fn results_markdown(report: &Report) -> String {
+    let st = &report.settings;
+    let mut md = format!("# Scenario `{}`\n\n", report.scenario);
+    if !report.description.is_empty() {
+        let _ = writeln!(md, "{}\n", report.description);
+    }
+    let load = match st.get("closed_loop_workers").and_then(|w| w.as_u64()) {
+        Some(w) => format!("closed loop, {w} workers"),
+        None => format!("open loop, {} req/s", st.get("rate_per_s").and_then(|r| r.as_f64()).unwrap_or(0.0)),
+    };
+    let _ = writeln!(
+        md,
+        "Load: {load}; {} s per policy and round, the first {} s left out of the latency figures; \
+         route timeout {} s; Envoy --concurrency {}; {} round(s). Plugin configuration: `{}`.\n",
+        num(&st["duration_s"]), num(&st["warmup_s"]), num(&st["route_timeout_s"]), st["envoy_concurrency"], st["rounds"], st["plugin_config"]
+    );
+    md.push_str(&markdown_table(report));
+    md.push('\n');
+    let ratios = ratio_lines(report);
+    if !ratios.is_empty() {
+        md.push_str("Ratios in this run:\n\n");
+        md.push_str(&ratios);
+        md.push('\n');
+    }
+    md.push_str("Run order: ");
+    let order: Vec<String> = report.runs.iter().map(|r| format!("{} (round {})", r.policy, r.round)).collect();
+    md.push_str(&order.join(", "));
+    md.push_str(".\n\nFlapping index: mean over consecutive seconds and backends of |share(t) − share(t−1)|, in percentage points; \"flap noise\" is what a static random split with the same mean shares and per-second request counts would score (bench/README.md).\n");
+    let files: Vec<&String> = report.files.iter().filter(|f| !f.starts_with("results")).collect();
+    if !files.is_empty() {
+        let _ = writeln!(md, "\nPlots: {}.", files.iter().map(|f| format!("`{f}`")).collect::<Vec<_>>().join(", "));
+    }
+    md
+}

@@ -1,0 +1,176 @@
+//! Native micro-benchmarks of the plugin's core: the weight recompute and one pick, by host count.
+//! A plain repeated-timing loop (`Instant` around batches, `black_box` on results); build with
+//! `--release` for numbers that mean anything.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use ewma_lb::config::Config;
+use ewma_lb::pick::PickTable;
+use ewma_lb::state::{Accumulator, ClusterState};
+use ewma_lb::weights::{shares, HostInput, WeightParams};
+use serde::Serialize;
+
+/// Host counts measured.
+pub const HOST_COUNTS: [usize; 4] = [10, 100, 1_000, 10_000];
+
+/// One measurement.
+#[derive(Clone, Debug, Serialize)]
+pub struct MicroResult {
+    pub op: String,
+    pub hosts: usize,
+    pub ns_per_op: f64,
+    pub iterations: u64,
+}
+
+/// Runs `f` in batches until `budget` has passed (at least one batch, at most `max_iters` calls);
+/// returns (ns per call, calls).
+fn time_it(budget: Duration, max_iters: u64, mut f: impl FnMut()) -> (f64, u64) {
+    for _ in 0..3 {
+        f();
+    }
+    let start = Instant::now();
+    let mut iters = 0u64;
+    let mut batch = 1u64;
+    while iters < max_iters {
+        for _ in 0..batch {
+            f();
+        }
+        iters += batch;
+        let elapsed = start.elapsed();
+        if elapsed >= budget {
+            break;
+        }
+        // Grow batches so the clock is read rarely for fast operations.
+        if elapsed < budget / 20 {
+            batch = (batch * 2).min(max_iters.saturating_sub(iters).max(1));
+        }
+    }
+    (start.elapsed().as_nanos() as f64 / iters.max(1) as f64, iters)
+}
+
+fn address(i: usize) -> String {
+    format!("10.{}.{}.{}:8080", (i >> 16) & 255, (i >> 8) & 255, i & 255)
+}
+
+/// Latency of host `i`: spread over 20..220 ms, deterministic.
+fn latency_ms(i: usize) -> f64 {
+    20.0 + ((i * 7919) % 200) as f64
+}
+
+/// A cluster state with `n` hosts that each have a few samples.
+fn state_with(n: usize) -> (ClusterState, ewma_lb::state::Policy) {
+    let mut policy = Config::default().policy();
+    policy.max_hosts = n;
+    policy.host_ttl_ns = u64::MAX;
+    let mut samples = BTreeMap::new();
+    for i in 0..n {
+        let mut acc = Accumulator::default();
+        for k in 0..4 {
+            acc.record(latency_ms(i) + k as f64, false, 1000.0);
+        }
+        samples.insert(address(i), acc);
+    }
+    let mut state = ClusterState::default();
+    state.merge(&samples, 1_000_000_000, &policy);
+    state.refresh(2_000_000_000, &policy, &[]);
+    (state, policy)
+}
+
+/// Runs every micro-benchmark; `quick` shortens each to a few milliseconds (smoke).
+pub fn run(quick: bool) -> Vec<MicroResult> {
+    let budget = if quick { Duration::from_millis(5) } else { Duration::from_millis(400) };
+    let counts: &[usize] = if quick { &HOST_COUNTS[..2] } else { &HOST_COUNTS };
+    let mut out = Vec::new();
+    let mut push = |op: &str, hosts: usize, (ns, iters): (f64, u64)| {
+        out.push(MicroResult { op: op.to_string(), hosts, ns_per_op: ns, iterations: iters });
+    };
+    for &n in counts {
+        let (mut state, policy) = state_with(n);
+        let mut now = 3_000_000_000u64;
+        push("ClusterState::refresh", n, time_it(budget, 1_000_000, || {
+            state.refresh(now, &policy, &[]);
+            now += policy.refresh_interval_ns;
+            black_box(state.table_version);
+        }));
+
+        let params = WeightParams::default();
+        let inputs: Vec<HostInput> = (0..n)
+            .map(|i| HostInput {
+                score_ms: Some(latency_ms(i)),
+                active_for_ns: 60_000_000_000,
+                ejected: false,
+                previous_share: Some(1.0 / n as f64),
+            })
+            .collect();
+        push("weights::shares", n, time_it(budget, 1_000_000, || {
+            black_box(shares(black_box(&inputs), &params));
+        }));
+
+        let encoded = state.encode();
+        push("ClusterState::encode+decode", n, time_it(budget, 1_000_000, || {
+            let bytes = black_box(state.encode());
+            black_box(ClusterState::decode(&bytes, n).ok());
+        }));
+        let _ = encoded;
+
+        let table = PickTable::new(state.hosts.iter().map(|h| (h.address.as_str(), h.share)));
+        let mut rng = fastrand::Rng::with_seed(7);
+        push("PickTable::weighted", n, time_it(budget, 50_000_000, || {
+            black_box(table.weighted(&mut rng));
+        }));
+        let in_flight: Vec<u32> = (0..n).map(|i| (i % 5) as u32).collect();
+        push("PickTable::weighted_p2c", n, time_it(budget, 50_000_000, || {
+            black_box(table.weighted_p2c(&mut rng, |i| in_flight.get(i).copied().unwrap_or(0)));
+        }));
+    }
+    out
+}
+
+/// A markdown table: one row per operation, one column per host count.
+pub fn markdown(results: &[MicroResult]) -> String {
+    let mut counts: Vec<usize> = results.iter().map(|r| r.hosts).collect();
+    counts.sort_unstable();
+    counts.dedup();
+    let mut ops: Vec<&str> = Vec::new();
+    for r in results {
+        if !ops.contains(&r.op.as_str()) {
+            ops.push(&r.op);
+        }
+    }
+    let mut t = String::from("| operation (ns per op) |");
+    for c in &counts {
+        let _ = write!(t, " {c} hosts |");
+    }
+    t.push_str("\n|---|");
+    for _ in &counts {
+        t.push_str("---|");
+    }
+    t.push('\n');
+    for op in ops {
+        let _ = write!(t, "| `{op}` |");
+        for c in &counts {
+            match results.iter().find(|r| r.op == op && r.hosts == *c) {
+                Some(r) => {
+                    let _ = write!(t, " {} |", human_ns(r.ns_per_op));
+                }
+                None => t.push_str(" - |"),
+            }
+        }
+        t.push('\n');
+    }
+    t
+}
+
+/// "812 ns", "41.2 µs" (as ns with a thousands hint), "1.35 ms".
+pub fn human_ns(ns: f64) -> String {
+    if ns >= 1e6 {
+        format!("{:.0} ns ({:.2} ms)", ns, ns / 1e6)
+    } else if ns >= 1e3 {
+        format!("{:.0} ns ({:.1} µs)", ns, ns / 1e3)
+    } else {
+        format!("{ns:.1} ns")
+    }
+}

@@ -1,0 +1,297 @@
+//! Scenario files (TOML): the backends, the load, the route timeout and the policies of one
+//! comparison. The format is documented in bench/README.md, "Scenario files".
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use serde::Deserialize;
+
+use crate::backend::{BackendSpec, Phase};
+use crate::latency::{parse_duration, Latency};
+use crate::policy::Policy;
+
+/// Upper bound of one policy's run, so a typo cannot run for hours.
+pub const MAX_RUN: Duration = Duration::from_secs(600);
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    name: Option<String>,
+    description: Option<String>,
+    /// Per policy and round.
+    duration: String,
+    /// Start of each run left out of the summary (still in the plots and the flapping index).
+    #[serde(default)]
+    warmup: Option<String>,
+    rate: Option<f64>,
+    workers: Option<usize>,
+    route_timeout: String,
+    client_timeout: Option<String>,
+    #[serde(default)]
+    max_in_flight: Option<usize>,
+    concurrency: Option<u32>,
+    policies: Option<Vec<String>>,
+    rounds: Option<u32>,
+    pause: Option<String>,
+    /// The plugin configuration, as a TOML table (it becomes the JSON object the plugin reads).
+    #[serde(default)]
+    plugin_config: Option<toml::Table>,
+    #[serde(rename = "backend")]
+    backends: Vec<FileBackend>,
+    #[serde(default)]
+    smoke: Option<SmokeFile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileBackend {
+    name: String,
+    latency: String,
+    capacity: Option<usize>,
+    fail: Option<f64>,
+    /// "FROM-TO@LATENCY", seconds since the run's start, e.g. "5-35@uniform:300-600".
+    #[serde(default)]
+    phases: Vec<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SmokeFile {
+    duration: Option<String>,
+    rate: Option<f64>,
+}
+
+/// A parsed, validated scenario.
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    pub name: String,
+    pub description: String,
+    pub duration: Duration,
+    pub warmup: Duration,
+    /// Open-loop arrivals per second (when `workers` is `None`).
+    pub rate: f64,
+    /// Closed loop with this many workers.
+    pub workers: Option<usize>,
+    pub route_timeout: Duration,
+    pub client_timeout: Duration,
+    pub max_in_flight: usize,
+    pub concurrency: u32,
+    pub policies: Vec<Policy>,
+    pub rounds: u32,
+    pub pause: Duration,
+    pub plugin_config: serde_json::Value,
+    pub backends: Vec<BackendSpec>,
+}
+
+impl Scenario {
+    /// Reads and validates a scenario file; the name defaults to the file stem.
+    pub fn load(path: &Path) -> Result<Scenario> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("scenario");
+        Scenario::parse(&text, stem).with_context(|| format!("scenario {}", path.display()))
+    }
+
+    /// Parses scenario TOML.
+    pub fn parse(text: &str, default_name: &str) -> Result<Scenario> {
+        let f: File = toml::from_str(text)?;
+        Scenario::from_file(f, default_name, false)
+    }
+
+    /// Parses scenario TOML and applies its smoke settings: a few seconds per policy.
+    pub fn parse_smoke(text: &str, default_name: &str) -> Result<Scenario> {
+        let f: File = toml::from_str(text)?;
+        Scenario::from_file(f, default_name, true)
+    }
+
+    /// [`Scenario::load`] with the smoke settings.
+    pub fn load_smoke(path: &Path) -> Result<Scenario> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("scenario");
+        Scenario::parse_smoke(&text, stem).with_context(|| format!("scenario {}", path.display()))
+    }
+
+    fn from_file(f: File, default_name: &str, smoke: bool) -> Result<Scenario> {
+        let dur = |s: &str, what: &str| parse_duration(s).with_context(|| format!("{what}"));
+        let mut s = Scenario {
+            name: f.name.unwrap_or_else(|| default_name.to_string()),
+            description: f.description.unwrap_or_default().trim().to_string(),
+            duration: dur(&f.duration, "duration")?,
+            warmup: f.warmup.as_deref().map(|w| dur(w, "warmup")).transpose()?.unwrap_or_default(),
+            rate: f.rate.unwrap_or(100.0),
+            workers: f.workers,
+            route_timeout: dur(&f.route_timeout, "route_timeout")?,
+            client_timeout: f.client_timeout.as_deref().map(|t| dur(t, "client_timeout")).transpose()?.unwrap_or(Duration::from_secs(10)),
+            max_in_flight: f.max_in_flight.unwrap_or(2000),
+            concurrency: f.concurrency.unwrap_or(2),
+            policies: match f.policies {
+                Some(ps) => ps.iter().map(|p| p.parse()).collect::<Result<_>>()?,
+                None => Policy::ALL.to_vec(),
+            },
+            rounds: f.rounds.unwrap_or(1),
+            pause: f.pause.as_deref().map(|p| dur(p, "pause")).transpose()?.unwrap_or(Duration::from_secs(2)),
+            plugin_config: serde_json::to_value(f.plugin_config.unwrap_or_default())?,
+            backends: Vec::new(),
+        };
+        for b in f.backends {
+            let mut spec = BackendSpec::new(b.name.clone(), b.latency.parse().with_context(|| format!("backend {}", b.name))?);
+            spec.capacity = b.capacity;
+            spec.fail_rate = b.fail.unwrap_or(0.0);
+            for p in &b.phases {
+                spec.schedule.push(parse_phase(p).with_context(|| format!("backend {}", b.name))?);
+            }
+            spec.validate()?;
+            s.backends.push(spec);
+        }
+        if smoke {
+            let sm = f.smoke.unwrap_or_default();
+            s.duration = sm.duration.as_deref().map(|d| dur(d, "smoke.duration")).transpose()?.unwrap_or(Duration::from_secs(2));
+            s.rate = sm.rate.unwrap_or(s.rate.min(50.0));
+            s.workers = s.workers.map(|w| w.min(4));
+            s.warmup = Duration::ZERO;
+            s.rounds = 1;
+            s.pause = Duration::from_millis(200);
+        }
+        s.validate()?;
+        Ok(s)
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.backends.is_empty() {
+            bail!("at least one [[backend]] is needed");
+        }
+        let mut names: Vec<&str> = self.backends.iter().map(|b| b.name.as_str()).collect();
+        names.sort_unstable();
+        if names.windows(2).any(|w| w[0] == w[1]) {
+            bail!("backend names must be unique");
+        }
+        if self.duration.is_zero() || self.duration > MAX_RUN {
+            bail!("duration must be in (0, {MAX_RUN:?}]");
+        }
+        if self.warmup >= self.duration {
+            bail!("warmup {:?} must be shorter than duration {:?}", self.warmup, self.duration);
+        }
+        if self.workers.is_none() && !(self.rate.is_finite() && self.rate > 0.0 && self.rate <= 20_000.0) {
+            bail!("rate must be in (0, 20000]");
+        }
+        if self.route_timeout.is_zero() {
+            bail!("route_timeout must be > 0");
+        }
+        if !(1..=16).contains(&self.concurrency) {
+            bail!("concurrency must be in 1..=16");
+        }
+        if !(1..=10).contains(&self.rounds) {
+            bail!("rounds must be in 1..=10");
+        }
+        if self.policies.is_empty() {
+            bail!("policies must not be empty");
+        }
+        if !self.plugin_config.is_object() {
+            bail!("plugin_config must be a table");
+        }
+        Ok(())
+    }
+
+    /// Policies in the order of round `round`: as listed in even rounds, reversed in odd ones, so
+    /// a drift of the machine over the run does not always favour the same policy.
+    pub fn order(&self, round: u32) -> Vec<Policy> {
+        let mut v = self.policies.clone();
+        if round % 2 == 1 {
+            v.reverse();
+        }
+        v
+    }
+
+    /// The backend with a schedule and the second its last phase ends: the slowdown to watch.
+    pub fn recovery(&self) -> Option<(String, f64)> {
+        self.backends.iter().find(|b| !b.schedule.is_empty()).map(|b| {
+            let end = b.schedule.iter().map(|p| p.to_s).fold(0.0, f64::max);
+            (b.name.clone(), end)
+        })
+    }
+}
+
+/// "FROM-TO@LATENCY".
+pub fn parse_phase(s: &str) -> Result<Phase> {
+    let (window, lat) = s.split_once('@').with_context(|| format!("phase {s:?}: expected FROM-TO@LATENCY"))?;
+    let (from, to) = window.split_once('-').with_context(|| format!("phase {s:?}: expected FROM-TO seconds"))?;
+    Ok(Phase {
+        from_s: from.trim().parse().with_context(|| format!("phase {s:?}: from"))?,
+        to_s: to.trim().parse().with_context(|| format!("phase {s:?}: to"))?,
+        latency: lat.parse::<Latency>()?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+duration = "30s"
+warmup = "5s"
+rate = 200
+route_timeout = "1640ms"
+[plugin_config]
+refresh_interval_ms = 500
+[plugin_config.weights]
+exponent = 3.0
+[[backend]]
+name = "a"
+latency = "uniform:50-100"
+[[backend]]
+name = "b"
+latency = "fixed:20"
+capacity = 4
+phases = ["5-35@uniform:300-600"]
+"#;
+
+    #[test]
+    fn parses_a_scenario_with_defaults() {
+        let s = Scenario::parse(MINIMAL, "x").unwrap();
+        assert_eq!(s.name, "x");
+        assert_eq!(s.duration, Duration::from_secs(30));
+        assert_eq!(s.route_timeout, Duration::from_millis(1640));
+        assert_eq!(s.policies, Policy::ALL.to_vec());
+        assert_eq!(s.concurrency, 2);
+        assert_eq!(s.plugin_config, serde_json::json!({"refresh_interval_ms": 500, "weights": {"exponent": 3.0}}));
+        assert_eq!(s.backends[1].capacity, Some(4));
+        assert_eq!(s.recovery(), Some(("b".to_string(), 35.0)));
+        assert_eq!(s.order(1).first(), Some(&Policy::EwmaLowest));
+    }
+
+    #[test]
+    fn smoke_shrinks_the_run() {
+        let s = Scenario::parse_smoke(MINIMAL, "x").unwrap();
+        assert_eq!(s.duration, Duration::from_secs(2));
+        assert_eq!(s.warmup, Duration::ZERO);
+        assert!(s.rate <= 50.0);
+    }
+
+    #[test]
+    fn rejects_bad_scenarios() {
+        for bad in [
+            MINIMAL.replace("warmup = \"5s\"", "warmup = \"40s\""),
+            MINIMAL.replace("name = \"b\"", "name = \"a\""),
+            MINIMAL.replace("rate = 200", "rate = 200\ncolour = 1"),
+            MINIMAL.replace("uniform:50-100", "gauss:1"),
+            format!("policies = [\"fastest\"]\n{MINIMAL}"),
+        ] {
+            assert!(Scenario::parse(&bad, "x").is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn shipped_scenarios_parse() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+        let mut n = 0;
+        for e in std::fs::read_dir(dir).unwrap() {
+            let p = e.unwrap().path();
+            if p.extension().is_some_and(|x| x == "toml") {
+                Scenario::load(&p).unwrap();
+                Scenario::load_smoke(&p).unwrap();
+                n += 1;
+            }
+        }
+        assert!(n >= 3);
+    }
+}
