@@ -64,13 +64,13 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             override_header: "x-ewma-lb-host".into(),
-            tick_period_ms: 200,
-            refresh_interval_ms: 1_000,
+            tick_period_ms: 100,
+            refresh_interval_ms: 250,
             smoothing: Smoother::default(),
             weights: WeightParams::default(),
             failure_penalty_ms: 1_000,
             pick: PickAlgorithm::default(),
-            exploration_share: 0.005,
+            exploration_share: 0.002,
             host_ttl_ms: 60_000,
             max_hosts_per_cluster: 256,
             outlier_detection: OutlierParams::default(),

@@ -11,10 +11,10 @@ use serde::{Deserialize, Serialize};
 #[serde(rename_all = "snake_case")]
 pub enum PickAlgorithm {
     /// One weighted random draw.
-    #[default]
     WeightedRandom,
     /// Two weighted random draws; the one with fewer of this worker's requests in flight per unit
     /// of weight wins (power of two choices). Reacts to load between refreshes.
+    #[default]
     WeightedP2c,
     /// Always the host with the highest weight. Shipped for the benchmark only: it is the
     /// "always the fastest" balancer the seeds warn herds and flaps.

@@ -12,6 +12,7 @@
 //! Paths are compared after normalisation (query dropped, percent-decoding, dot segments,
 //! repeated slashes, `;` parameters, case), so `/Actuator/./env;x` cannot slip past a rule.
 
+use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
@@ -149,7 +150,7 @@ fn compile_set(field: &str, set: &PathSet) -> Result<PathSet, RuleError> {
             .enumerate()
             .map(|(i, p)| {
                 if p.starts_with('/') && p.len() <= MAX_RULE_PATH {
-                    Ok(normalize(p))
+                    Ok(normalize(p).into_owned())
                 } else {
                     Err(RuleError {
                         field: format!("{field}.{kind}[{i}]"),
@@ -177,8 +178,30 @@ fn parse_ip(s: &str) -> Option<IpAddr> {
 
 /// The form paths are compared in: no query or fragment, percent-decoded, backslashes as
 /// slashes, `;` parameters dropped, no empty or `.` segments, `..` resolved, lower case.
-pub fn normalize(raw: &str) -> String {
+pub fn normalize(raw: &str) -> Cow<'_, str> {
     let path = raw.split(['?', '#']).next().unwrap_or_default();
+    if is_normal(path) {
+        return Cow::Borrowed(path);
+    }
+    Cow::Owned(normalize_slowly(path))
+}
+
+/// True for the common path that normalising would not change: lower case, digits and `-_~.`,
+/// slash-separated segments none of which is empty, `.` or `..` (a trailing slash is kept).
+fn is_normal(path: &str) -> bool {
+    let plain = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'_' | b'~' | b'.' | b'/');
+    let Some(rest) = path.strip_prefix('/') else { return false };
+    if !path.bytes().all(plain) {
+        return false;
+    }
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    if rest.is_empty() {
+        return path == "/";
+    }
+    rest.split('/').all(|segment| !segment.is_empty() && segment != "." && segment != "..")
+}
+
+fn normalize_slowly(path: &str) -> String {
     let decoded = percent_decode(path).replace('\\', "/").to_ascii_lowercase();
     let mut segments: Vec<&str> = Vec::new();
     for segment in decoded.split('/') {

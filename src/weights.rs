@@ -32,7 +32,7 @@ impl Default for WeightParams {
     fn default() -> Self {
         WeightParams {
             exponent: 2.0,
-            min_share: 0.005,
+            min_share: 0.002,
             max_step_ratio: 2.0,
             slow_start_ms: 5_000,
             slow_start_min_factor: 0.1,

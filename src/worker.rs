@@ -99,8 +99,6 @@ pub struct Request<'a> {
     pub path: &'a str,
     /// `xds.cluster_name`: the cluster the route chose.
     pub cluster: Option<&'a str>,
-    /// `source.address`: the client as Envoy's connection manager determined it.
-    pub source: Option<&'a str>,
 }
 
 /// What the filter knows of a request when it is done.
@@ -136,10 +134,11 @@ struct LocalCluster {
 
 impl LocalCluster {
     fn record(&mut self, host: &str, latency_ms: f64, failed: bool, penalty_ms: f64) {
-        if self.pending.len() >= MAX_PENDING_HOSTS && !self.pending.contains_key(host) {
-            return;
+        if let Some(acc) = self.pending.get_mut(host) {
+            acc.record(latency_ms, failed, penalty_ms);
+        } else if self.pending.len() < MAX_PENDING_HOSTS {
+            self.pending.entry(host.to_owned()).or_default().record(latency_ms, failed, penalty_ms);
         }
-        self.pending.entry(host.to_owned()).or_default().record(latency_ms, failed, penalty_ms);
     }
 }
 
@@ -174,19 +173,22 @@ impl Worker {
         &self.config
     }
 
-    /// Decides what happens to a request: the path rules first, then the pick.
-    pub fn route(&mut self, request: &Request) -> Decision {
-        if normalize(request.path) == self.config.status_path {
-            return match self.rules.management_allowed(request.source) {
-                true => Decision::Status,
-                false => Decision::Deny,
+    /// Decides what happens to a request: the path rules first, then the pick. `source` gives
+    /// Envoy's `source.address` (the client as its connection manager determined it); it is
+    /// asked for only on guarded paths.
+    pub fn route(&mut self, request: &Request, source: impl FnOnce() -> Option<String>) -> Decision {
+        let class = self.rules.classify(request.path);
+        let is_status = class != PathClass::Health && normalize(request.path) == self.config.status_path;
+        if is_status || class == PathClass::Management {
+            let allowed = self.rules.management_allowed(source().as_deref());
+            return match (allowed, is_status) {
+                (false, _) => Decision::Deny,
+                (true, true) => Decision::Status,
+                (true, false) => Decision::Fallback(FallbackReason::Management),
             };
         }
-        match self.rules.classify(request.path) {
+        match class {
             PathClass::Health => Decision::Fallback(FallbackReason::HealthPath),
-            PathClass::Management if self.rules.management_allowed(request.source) => {
-                Decision::Fallback(FallbackReason::Management)
-            }
             PathClass::Management => Decision::Deny,
             PathClass::Excluded => Decision::Fallback(FallbackReason::Excluded),
             PathClass::Business => match request.cluster {
@@ -222,7 +224,12 @@ impl Worker {
             None => host.to_owned(),
         };
         let host = host.to_owned();
-        *local.in_flight.entry(host.clone()).or_insert(0) += 1;
+        match local.in_flight.get_mut(&host) {
+            Some(n) => *n += 1,
+            None => {
+                local.in_flight.insert(host.clone(), 1);
+            }
+        }
         Decision::Override { host, header_value }
     }
 

@@ -54,7 +54,7 @@ fn invalid_configurations_name_the_field_and_the_value() {
         (r#"{"tick_period_ms": 5}"#, "tick_period_ms: must be in [10, 60000], got 5"),
         (r#"{"tick_period_ms": 500, "refresh_interval_ms": 100}"#, "refresh_interval_ms: must be in [500, 600000], got 100"),
         (r#"{"exploration_share": 0.6}"#, "exploration_share: must be in [0, 0.5], got 0.6"),
-        (r#"{"host_ttl_ms": 10}"#, "host_ttl_ms: must be in [1000, 86400000], got 10"),
+        (r#"{"host_ttl_ms": 10}"#, "host_ttl_ms: must be in [250, 86400000], got 10"),
         (r#"{"max_hosts_per_cluster": 0}"#, "max_hosts_per_cluster: must be in [1, 1024], got 0"),
         (r#"{"outlier_detection": {"max_ejection_share": 2}}"#, "outlier_detection.max_ejection_share: must be in [0, 1], got 2"),
         (r#"{"outlier_detection": {"base_ejection_ms": 0}}"#, "outlier_detection.base_ejection_ms: must be in [1, 3600000], got 0"),

@@ -40,8 +40,9 @@ fn health_probes_are_never_steered_nor_sampled() {
     }
     let health_served: u64 = stack.backends.iter().map(|b| b.health_served()).sum();
     assert_eq!(health_served, probes as u64, "every probe reached a backend");
-    let fallbacks = stack.prometheus(r#"ewma_lb_fallback_requests_total{cluster_name="backend",reason="health_path"}"#);
-    assert_eq!(fallbacks, Some(probes as f64));
+    let series = r#"ewma_lb_fallback_requests_total{cluster_name="backend",reason="health_path"}"#;
+    let counted = within(Duration::from_secs(2), || stack.prometheus(series) == Some(probes as f64));
+    assert!(counted.is_some(), "{series} = {:?}, want {probes}", stack.prometheus(series));
     std::thread::sleep(Duration::from_millis(1200));
     let b = stack.host_status("b");
     let latency_ms = b["latency_ms"].as_f64().unwrap_or(f64::NAN);
@@ -64,8 +65,10 @@ fn management_paths_are_open_to_the_allowlist_only() {
     assert_eq!(get("/actuator/health", &[]).status, 200, "the health path stays open");
     let reached: u64 = stack.backends.iter().map(|b| b.served_path("/actuator") - b.served_path("/actuator/health")).sum();
     assert_eq!(reached, 0, "a refused request reached a backend");
-    let denied = stack.prometheus(r#"ewma_lb_management_denied_requests_total{cluster_name="backend"}"#);
-    assert_eq!(denied, Some(6.0));
+    // Counters reach Envoy on the plugin's next tick.
+    let series = r#"ewma_lb_management_denied_requests_total{cluster_name="backend"}"#;
+    let counted = within(Duration::from_secs(2), || stack.prometheus(series) == Some(6.0));
+    assert!(counted.is_some(), "{series} = {:?}, want 6", stack.prometheus(series));
     drop(stack);
 
     // One trusted proxy in front (Envoy's xff_num_trusted_hops): the address it appended counts,

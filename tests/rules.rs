@@ -26,9 +26,17 @@ fn paths_are_compared_normalised() {
         ("/actuator/", "/actuator/"),
         ("/bad%zzescape", "/bad%zzescape"),
         ("/%ff%fe", "/%ff%fe"),
+        ("//", "/"),
+        ("/a/", "/a/"),
+        ("/a//", "/a/"),
+        ("/a/.", "/a"),
+        ("/a/b.json", "/a/b.json"),
+        ("/.well-known/x", "/.well-known/x"),
+        ("relative/path", "/relative/path"),
     ];
     for (raw, want) in cases {
         assert_eq!(normalize(raw), want, "{raw:?}");
+        assert_eq!(normalize(want), want, "normalising twice changes nothing: {want:?}");
     }
 }
 
@@ -97,5 +105,14 @@ fn custom_rules_and_their_errors() {
     ];
     for (json, want) in cases {
         assert_eq!(Config::from_json(json.as_bytes()).map(|_| ()).map_err(|e| e.to_string()), Err(want.to_string()), "{json}");
+    }
+}
+
+proptest::proptest! {
+    #[test]
+    fn normalising_is_idempotent(raw in "[/a-zA-Z0-9%.;\\\\?#_~-]{0,40}") {
+        let once = normalize(&raw).into_owned();
+        proptest::prop_assert_eq!(normalize(&once), once.as_str());
+        proptest::prop_assert!(once.starts_with('/'));
     }
 }

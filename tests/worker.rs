@@ -224,7 +224,7 @@ fn routes_follow_the_path_rules() {
                  "clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}}"#;
     let mut w = Worker::new(config(cfg), 1);
     w.tick(SEC, &mut store.clone());
-    let request = |path, source| Request { path, cluster: Some(CLUSTER), source: Some(source) };
+    let request = |path| Request { path, cluster: Some(CLUSTER) };
     let cases: &[(&str, &str, Decision)] = &[
         ("/health", "192.0.2.1:5000", Decision::Fallback(FallbackReason::HealthPath)),
         ("/actuator/health/liveness", "192.0.2.1:5000", Decision::Fallback(FallbackReason::HealthPath)),
@@ -234,11 +234,12 @@ fn routes_follow_the_path_rules() {
         ("/stream/events?x=1", "192.0.2.1:5000", Decision::Fallback(FallbackReason::Excluded)),
     ];
     for (path, source, want) in cases {
-        assert_eq!(&w.route(&request(path, source)), want, "{path} from {source}");
+        assert_eq!(&w.route(&request(path), || Some(source.to_string())), want, "{path} from {source}");
     }
-    assert!(matches!(w.route(&request("/orders/1", "192.0.2.1:5000")), Decision::Override { .. }));
+    let business = w.route(&request("/orders/1"), || panic!("the client address is read for guarded paths only"));
+    assert!(matches!(business, Decision::Override { .. }));
     let no_cluster = Request { path: "/orders/1", ..Request::default() };
-    assert_eq!(w.route(&no_cluster), Decision::Fallback(FallbackReason::NoCluster));
+    assert_eq!(w.route(&no_cluster, || None), Decision::Fallback(FallbackReason::NoCluster));
 }
 
 #[test]
@@ -247,8 +248,8 @@ fn shadow_mode_samples_but_never_overrides() {
     let cfg = r#"{"shadow": true, "exploration_share": 0, "clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}}"#;
     let mut w = Worker::new(config(cfg), 1);
     w.tick(SEC, &mut store.clone());
-    let request = Request { path: "/orders", cluster: Some(CLUSTER), source: None };
-    let decision = w.route(&request);
+    let request = Request { path: "/orders", cluster: Some(CLUSTER) };
+    let decision = w.route(&request, || None);
     assert_eq!(decision, Decision::Fallback(FallbackReason::Shadow));
     assert!(decision.is_sampled());
     finish_ok(&mut w, "10.0.0.1:80", 40.0);
@@ -263,9 +264,9 @@ fn the_status_document_is_guarded_and_describes_the_table() {
     let mut w = Worker::new(config(cfg), 1);
     finish_ok(&mut w, "10.0.0.1:80", 40.0);
     w.tick(SEC, &mut store.clone());
-    let from = |source| Request { path: "/ewma-lb/status?x=1", cluster: Some(CLUSTER), source: Some(source) };
-    assert_eq!(w.route(&from("203.0.113.9:1")), Decision::Deny);
-    assert_eq!(w.route(&from("127.0.0.1:1")), Decision::Status);
+    let status = Request { path: "/ewma-lb/status?x=1", cluster: Some(CLUSTER) };
+    assert_eq!(w.route(&status, || Some("203.0.113.9:1".into())), Decision::Deny);
+    assert_eq!(w.route(&status, || Some("127.0.0.1:1".into())), Decision::Status);
     let status: serde_json::Value = serde_json::from_str(&w.status_json(SEC + 500_000_000)).unwrap();
     let cluster = &status["clusters"][0];
     assert_eq!(cluster["cluster"], "backend");

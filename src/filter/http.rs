@@ -6,9 +6,10 @@ use std::rc::Rc;
 use log::trace;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
-use proxy_wasm::types::Action;
+use proxy_wasm::types::{Action, MetricType};
 
 use super::host;
+use super::metrics::Key;
 use super::root::Vm;
 use crate::outcome::Outcome;
 use crate::worker::{Decision, Finished, Request};
@@ -42,43 +43,55 @@ fn local_reply(status: u32, content_type: &str, body: &[u8]) -> Action {
     }
 }
 
+fn counter<'a>(name: &'static str, cluster: &'a str, label: Option<(&'static str, &'a str)>) -> Key<'a> {
+    Key { name, kind: MetricType::Counter, cluster, label }
+}
+
+fn in_flight_gauge<'a>(cluster: &'a str, host: &'a str) -> Key<'a> {
+    Key { name: "ewma_lb_host_in_flight_requests", kind: MetricType::Gauge, cluster, label: Some(("host", host)) }
+}
+
 impl HttpContext for Http {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         let Ok(mut vm) = self.vm.try_borrow_mut() else { return Action::Continue };
         let Vm { worker, metrics } = &mut *vm;
-        // The client's copy goes whatever happens next: client input never chooses the host.
-        let header = worker.config().override_header.clone();
-        host::set_request_header(&header, None);
-
         let path = host::request_header(":path").unwrap_or_default();
         let cluster = host::property_string(&["xds", "cluster_name"]);
-        let source = host::property_string(&["source", "address"]);
-        let decision = worker.route(&Request {
-            path: &path,
-            cluster: cluster.as_deref(),
-            source: source.as_deref(),
+        let decision = worker.route(&Request { path: &path, cluster: cluster.as_deref() }, || {
+            host::property_string(&["source", "address"])
         });
         trace!("ewma-lb: {path} -> {decision:?}");
+        let header = worker.config().override_header.as_str();
+        // The client's copy is replaced or removed whatever happens: client input never chooses
+        // the host.
+        let steered = match &decision {
+            Decision::Override { header_value, .. } => host::set_request_header(header, Some(header_value)),
+            _ => !host::set_request_header(header, None),
+        };
         let cluster_label = cluster.as_deref().unwrap_or("none");
         let sampled = decision.is_sampled();
         match decision {
             Decision::Deny => {
-                metrics.increment("ewma_lb_management_denied_requests_total", &[("cluster_name", cluster_label)], 1);
+                metrics.add(counter("ewma_lb_management_denied_requests_total", cluster_label, None), 1);
                 return local_reply(403, "text/plain", FORBIDDEN_BODY);
             }
             Decision::Status => {
                 return local_reply(200, "application/json", worker.status_json(host::now_ns()).as_bytes());
             }
-            Decision::Override { host, header_value } => {
-                host::set_request_header(&header, Some(&header_value));
-                metrics.increment("ewma_lb_steered_requests_total", &[("cluster_name", cluster_label)], 1);
-                let labels = [("cluster_name", cluster_label), ("host", host.as_str())];
-                metrics.add_gauge("ewma_lb_host_in_flight_requests", &labels, 1);
+            Decision::Override { host, .. } if steered => {
+                metrics.add(counter("ewma_lb_steered_requests_total", cluster_label, None), 1);
+                metrics.add(in_flight_gauge(cluster_label, &host), 1);
                 self.picked = Some(host);
             }
+            Decision::Override { host, .. } => {
+                // The host refused the header, so Envoy's fallback decides: undo the pick.
+                if let Some(c) = cluster.as_deref() {
+                    worker.finish(c, &Finished { picked: Some(&host), ..Finished::default() });
+                }
+            }
             Decision::Fallback(reason) => {
-                let labels = [("cluster_name", cluster_label), ("reason", reason.label())];
-                metrics.increment("ewma_lb_fallback_requests_total", &labels, 1);
+                let key = counter("ewma_lb_fallback_requests_total", cluster_label, Some(("reason", reason.label())));
+                metrics.add(key, 1);
             }
         }
         if sampled {
@@ -116,7 +129,7 @@ impl HttpContext for Http {
             },
         );
         if let Some(picked) = &self.picked {
-            metrics.add_gauge("ewma_lb_host_in_flight_requests", &[("cluster_name", &cluster), ("host", picked)], -1);
+            metrics.add(in_flight_gauge(&cluster, picked), -1);
         }
     }
 }

@@ -7,11 +7,11 @@ use std::time::Duration;
 use log::{debug, error, info, warn};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::{BufferType, ContextType};
+use proxy_wasm::types::{BufferType, ContextType, MetricType};
 
 use super::host::{self, SharedData};
 use super::http::Http;
-use super::metrics::Metrics;
+use super::metrics::{Key, Metrics};
 use crate::config::Config;
 use crate::state::ClusterState;
 use crate::status::HostPhase;
@@ -71,7 +71,8 @@ impl RootContext for Root {
         let now_ns = host::now_ns();
         let report = worker.tick(now_ns, &mut SharedData);
         for (cluster, count) in &report.ejections {
-            metrics.increment("ewma_lb_ejections_total", &[("cluster_name", cluster)], *count as i64);
+            let key = Key { name: "ewma_lb_ejections_total", kind: MetricType::Counter, cluster, label: None };
+            metrics.add(key, *count as i64);
         }
         let slow_start_ns = worker.config().weights.slow_start_ms.saturating_mul(1_000_000);
         for (cluster, version) in &report.adopted {
@@ -87,6 +88,7 @@ impl RootContext for Root {
         for (cluster, e) in &report.errors {
             warn!("ewma-lb: samples for cluster {cluster} kept for the next tick: {e:?}");
         }
+        metrics.flush();
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
@@ -103,12 +105,12 @@ impl RootContext for Root {
 /// same values.
 fn export_table(metrics: &mut Metrics, cluster: &str, state: &ClusterState, now_ns: u64, slow_start_ns: u64) {
     for h in &state.hosts {
-        let labels = [("cluster_name", cluster), ("host", h.address.as_str())];
-        metrics.set_gauge("ewma_lb_host_weight_ppm", &labels, (h.share * 1e6).round() as u64);
+        let gauge = |name| Key { name, kind: MetricType::Gauge, cluster, label: Some(("host", h.address.as_str())) };
+        metrics.set(gauge("ewma_lb_host_weight_ppm"), (h.share * 1e6).round() as u64);
         let latency_us = h.latency.value_ms().map_or(0, |ms| (ms * 1e3).round() as u64);
-        metrics.set_gauge("ewma_lb_host_latency_microseconds", &labels, latency_us);
+        metrics.set(gauge("ewma_lb_host_latency_microseconds"), latency_us);
         let ejected = HostPhase::of(h, now_ns, slow_start_ns) == HostPhase::Ejected;
-        metrics.set_gauge("ewma_lb_host_ejected", &labels, u64::from(ejected));
+        metrics.set(gauge("ewma_lb_host_ejected"), u64::from(ejected));
     }
 }
 
