@@ -1,8 +1,9 @@
 //! Prometheus metrics through proxy-wasm metrics.
 //!
 //! proxy-wasm metrics have names, not labels. Labels travel inside the name as
-//! `NAME_label=.=value;.;` segments, which the `stats_tags` rules shipped in envoy.yaml cut out
-//! again, so `/stats/prometheus` shows `NAME{label="value"}`.
+//! `NAME.label=.=value;.;` segments, Istio's convention: the `stats_tags` rules shipped in
+//! envoy.yaml, and the ones Istio generates from `extraStatTags`, cut them out again, so
+//! `/stats/prometheus` shows `NAME{label="value"}`.
 //!
 //! Requests only bump counts in this VM's memory (a hash lookup, no allocation once a series
 //! exists); the tick hands the sums to the host. Every series has at most two labels, the
@@ -90,10 +91,10 @@ impl Metrics {
     }
 }
 
-/// `NAME_cluster_name=.=C;.;LABEL=.=V;.;`, with `;` in values replaced so a value cannot end its
-/// segment early.
+/// `NAME.cluster_name=.=C;.;LABEL=.=V;.;`, with `;` in values replaced so a value cannot end its
+/// segment early. Envoy drops the dot left at the end once the labels are cut out.
 fn encode(key: Key) -> String {
-    let mut out = format!("{}_", key.name);
+    let mut out = format!("{}.", key.name);
     let labels = std::iter::once(("cluster_name", key.cluster)).chain(key.label);
     for (label, value) in labels {
         out.push_str(label);
