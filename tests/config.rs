@@ -2,17 +2,22 @@
 
 #![allow(clippy::panic, clippy::indexing_slicing, clippy::unwrap_used)] // tests fail by panicking
 
+#[cfg(target_arch = "wasm32")]
+use wasm_bindgen_test::wasm_bindgen_test;
+
 use ewma_lb::config::Config;
 use ewma_lb::pick::PickAlgorithm;
 use ewma_lb::smoothing::Smoother;
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn empty_and_braces_mean_all_defaults() {
     assert_eq!(Config::from_json(b""), Ok(Config::default()));
     assert_eq!(Config::from_json(b" {} "), Ok(Config::default()));
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn a_full_configuration_parses() {
     let json = br#"{
         "override_header": "x-lb-host",
@@ -36,6 +41,7 @@ fn a_full_configuration_parses() {
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn invalid_configurations_name_the_field_and_the_value() {
     let cases: &[(&str, &str)] = &[
         (r#"{"weights": {"min_share": 0.9}}"#, "weights.min_share: must be in [0, 0.5], got 0.9"),

@@ -2,6 +2,7 @@
 //! Envoy config passes `envoy --mode validate`.
 
 #![allow(clippy::panic, clippy::indexing_slicing, clippy::unwrap_used)] // tests fail by panicking
+#![cfg(not(target_arch = "wasm32"))] // real processes: native only
 
 mod common;
 

@@ -2,6 +2,7 @@
 //! and ten thousand hostile requests. Real Envoy, real plugin, real backends on 127.0.0.1.
 
 #![allow(clippy::panic, clippy::indexing_slicing, clippy::unwrap_used)] // tests fail by panicking
+#![cfg(not(target_arch = "wasm32"))] // real processes: native only
 
 mod common;
 

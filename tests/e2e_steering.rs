@@ -3,6 +3,7 @@
 //! Every assertion counts what the backends served or what came back on the wire.
 
 #![allow(clippy::panic, clippy::indexing_slicing, clippy::unwrap_used)] // tests fail by panicking
+#![cfg(not(target_arch = "wasm32"))] // real processes: native only
 
 mod common;
 

@@ -11,6 +11,7 @@
 //! - the OCI image and the Grafana dashboard refer to what exists.
 
 #![allow(clippy::panic, clippy::indexing_slicing, clippy::unwrap_used)] // tests fail by panicking
+#![cfg(not(target_arch = "wasm32"))] // real processes: native only
 
 use std::collections::BTreeSet;
 use std::path::{Component, Path, PathBuf};

@@ -2,7 +2,11 @@
 
 #![allow(clippy::panic, clippy::indexing_slicing, clippy::unwrap_used)] // tests fail by panicking
 
+#[cfg(target_arch = "wasm32")]
+use wasm_bindgen_test::wasm_bindgen_test;
+
 use ewma_lb::pick::{PickAlgorithm, PickTable};
+#[cfg(not(target_arch = "wasm32"))]
 use proptest::prelude::*;
 
 fn counts(table: &PickTable, algorithm: PickAlgorithm, n: usize, in_flight: impl Fn(usize) -> u32 + Copy) -> Vec<usize> {
@@ -16,6 +20,7 @@ fn counts(table: &PickTable, algorithm: PickAlgorithm, n: usize, in_flight: impl
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn weighted_random_follows_the_shares() {
     let table = PickTable::new([("a:1", 0.7), ("b:1", 0.2), ("c:1", 0.1)]);
     let n = 100_000;
@@ -28,6 +33,7 @@ fn weighted_random_follows_the_shares() {
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn zero_and_invalid_shares_are_never_picked() {
     let table = PickTable::new([("a:1", 0.0), ("b:1", 1.0), ("c:1", f64::NAN), ("d:1", -1.0)]);
     assert_eq!(table.hosts().collect::<Vec<_>>(), vec!["b:1"]);
@@ -35,6 +41,7 @@ fn zero_and_invalid_shares_are_never_picked() {
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn the_retry_alternative_is_another_host_by_weight() {
     let table = PickTable::new([("a:1", 0.5), ("b:1", 0.3), ("c:1", 0.2)]);
     let mut rng = fastrand::Rng::with_seed(3);
@@ -50,6 +57,7 @@ fn the_retry_alternative_is_another_host_by_weight() {
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn p2c_avoids_the_host_with_requests_piling_up() {
     let table = PickTable::new([("a:1", 0.5), ("b:1", 0.5)]);
     let c = counts(&table, PickAlgorithm::WeightedP2c, 10_000, |i| if i == 0 { 20 } else { 0 });
@@ -60,11 +68,13 @@ fn p2c_avoids_the_host_with_requests_piling_up() {
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn lowest_latency_always_takes_the_heaviest() {
     let table = PickTable::new([("a:1", 0.3), ("b:1", 0.4), ("c:1", 0.3)]);
     assert_eq!(counts(&table, PickAlgorithm::LowestLatency, 1000, |_| 0), vec![0, 1000, 0]);
 }
 
+#[cfg(not(target_arch = "wasm32"))]
 proptest! {
     #[test]
     fn picks_stay_in_range_and_skip_zero_shares(

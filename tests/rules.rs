@@ -2,6 +2,9 @@
 
 #![allow(clippy::panic, clippy::indexing_slicing, clippy::unwrap_used)] // tests fail by panicking
 
+#[cfg(target_arch = "wasm32")]
+use wasm_bindgen_test::wasm_bindgen_test;
+
 use ewma_lb::config::Config;
 use ewma_lb::rules::{normalize, PathClass, Rules};
 
@@ -10,6 +13,7 @@ fn rules(json: &str) -> Rules {
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn paths_are_compared_normalised() {
     let cases = [
         ("/", "/"),
@@ -41,6 +45,7 @@ fn paths_are_compared_normalised() {
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn default_rules_classify_the_seed_paths() {
     let r = rules("{}");
     let cases = [
@@ -65,6 +70,7 @@ fn default_rules_classify_the_seed_paths() {
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn the_allowlist_checks_envoys_client_address() {
     let r = rules("{}");
     let cases = [
@@ -87,6 +93,7 @@ fn the_allowlist_checks_envoys_client_address() {
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn custom_rules_and_their_errors() {
     let r = rules(r#"{"health_paths": {"exact": ["/ping"]}, "excluded_paths": {"prefix": ["/upload"]},
                      "management": {"paths": {"prefix": ["/admin/"]}, "allowed_cidrs": ["192.0.2.10"]}}"#);
@@ -108,6 +115,7 @@ fn custom_rules_and_their_errors() {
     }
 }
 
+#[cfg(not(target_arch = "wasm32"))]
 proptest::proptest! {
     #[test]
     fn normalising_is_idempotent(raw in "[/a-zA-Z0-9%.;\\\\?#_~-]{0,40}") {

@@ -2,6 +2,9 @@
 
 #![allow(clippy::panic, clippy::indexing_slicing, clippy::unwrap_used)] // tests fail by panicking
 
+#[cfg(target_arch = "wasm32")]
+use wasm_bindgen_test::wasm_bindgen_test;
+
 use ewma_lb::smoothing::{Batch, Estimate, Smoother};
 
 const SEC: u64 = 1_000_000_000;
@@ -27,6 +30,7 @@ fn assert_close(got: &[f64], want: &[f64], tolerance: f64) {
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn ewma_matches_seed_000() {
     // Seed 000: host A at 50, 50, 250 (a GC pause), 50, 50 with α = 0.3.
     let got = run(Smoother::Ewma { alpha: 0.3 }, &[50.0, 50.0, 250.0, 50.0, 50.0]);
@@ -34,6 +38,7 @@ fn ewma_matches_seed_000() {
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn sma_matches_seed_000() {
     // Seed 000: samples 10, 12, 100 (a spike), 11, 13, 12 with a window of 3.
     let got = run(Smoother::Sma { window: 3 }, &[10.0, 12.0, 100.0, 11.0, 13.0, 12.0]);
@@ -41,6 +46,7 @@ fn sma_matches_seed_000() {
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn tcp_srtt_is_an_ewma_with_one_eighth() {
     // RFC 6298: SRTT = 7/8·SRTT + 1/8·R.
     let got = run(Smoother::Ewma { alpha: 0.125 }, &[100.0, 200.0]);
@@ -48,6 +54,7 @@ fn tcp_srtt_is_an_ewma_with_one_eighth() {
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn bias_correction_removes_the_start_from_zero() {
     // Without correction β = 0.9 would report 0.1·x after the first sample.
     let got = run(Smoother::BiasCorrectedEwma { beta: 0.9 }, &[80.0, 80.0, 80.0]);
@@ -58,6 +65,7 @@ fn bias_correction_removes_the_start_from_zero() {
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn peak_ewma_jumps_to_a_peak_and_decays_with_time() {
     let tau_ms = 1_000;
     let s = Smoother::PeakEwma { tau_ms };
@@ -72,6 +80,7 @@ fn peak_ewma_jumps_to_a_peak_and_decays_with_time() {
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn peak_ewma_takes_the_peak_of_a_batch() {
     let s = Smoother::PeakEwma { tau_ms: 1_000 };
     let mut est = Estimate::default();
@@ -85,6 +94,7 @@ fn peak_ewma_takes_the_peak_of_a_batch() {
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn decay_ewma_forgets_by_time_not_by_sample_count() {
     // Constant input split into batches of different sizes and spacing ends at the same value:
     // e^-a · e^-b = e^-(a+b), whatever the request rate.
@@ -108,6 +118,7 @@ fn decay_ewma_forgets_by_time_not_by_sample_count() {
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn dual_ewma_scores_the_worse_of_short_and_long() {
     let s = Smoother::DualEwma { short_tau_ms: 500, long_tau_ms: 10_000 };
     let got = run(s, &[100.0, 100.0, 1000.0, 100.0, 100.0, 100.0]);
@@ -122,6 +133,7 @@ fn dual_ewma_scores_the_worse_of_short_and_long() {
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn every_smoother_converges_to_a_constant_input() {
     let smoothers = [
         Smoother::Ewma { alpha: 0.25 },
@@ -140,6 +152,7 @@ fn every_smoother_converges_to_a_constant_input() {
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn an_empty_batch_changes_nothing() {
     let s = Smoother::Ewma { alpha: 0.3 };
     let mut est = Estimate::default();

@@ -3,10 +3,14 @@
 
 #![allow(clippy::panic, clippy::indexing_slicing, clippy::unwrap_used)] // tests fail by panicking
 
+#[cfg(target_arch = "wasm32")]
+use wasm_bindgen_test::wasm_bindgen_test;
+
 use std::collections::BTreeMap;
 
 use ewma_lb::config::Config;
 use ewma_lb::state::{Accumulator, ClusterState, DecodeError, Policy, FORMAT_VERSION, MAGIC};
+#[cfg(not(target_arch = "wasm32"))]
 use proptest::prelude::*;
 
 const SEC: u64 = 1_000_000_000;
@@ -32,13 +36,14 @@ fn steady_state() -> ClusterState {
     let p = policy();
     let mut state = ClusterState::default();
     for t in 1..=20 {
-        state.merge(&samples(&[("10.0.0.1:80", &[50.0, 60.0], false), ("10.0.0.2:80", &[900.0], false)]), t * SEC, &p);
+        state.merge(&samples(&[("10.0.0.1:80", &[50.0, 60.0], false), ("10.0.0.2:80", &[2000.0], false)]), t * SEC, &p);
         state.refresh(t * SEC, &p, &[]);
     }
     state
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn round_trip() {
     let state = steady_state();
     let bytes = state.encode();
@@ -47,6 +52,7 @@ fn round_trip() {
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn foreign_bytes_are_rejected_with_a_reason() {
     let good = steady_state().encode();
     let mut other_version = good.clone();
@@ -67,6 +73,7 @@ fn foreign_bytes_are_rejected_with_a_reason() {
     assert!(matches!(ClusterState::decode(&good, 1), Err(DecodeError::Corrupt(_))), "host limit");
 }
 
+#[cfg(not(target_arch = "wasm32"))]
 proptest! {
     #[test]
     fn decoding_arbitrary_bytes_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
@@ -87,6 +94,7 @@ proptest! {
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn the_slow_host_ends_with_the_floor() {
     let state = steady_state();
     let fast = state.host("10.0.0.1:80").map(|h| h.share).unwrap_or(0.0);
@@ -97,6 +105,7 @@ fn the_slow_host_ends_with_the_floor() {
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn merges_count_every_sample() {
     let p = policy();
     let mut state = ClusterState::default();
@@ -107,6 +116,7 @@ fn merges_count_every_sample() {
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn failures_count_as_the_penalty_latency() {
     let mut acc = Accumulator::default();
     acc.record(2.0, true, 1000.0);
@@ -116,6 +126,7 @@ fn failures_count_as_the_penalty_latency() {
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn consecutive_failures_eject_and_the_host_returns_later() {
     let p = policy();
     let mut state = steady_state();
@@ -136,6 +147,7 @@ fn consecutive_failures_eject_and_the_host_returns_later() {
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn the_ejection_budget_keeps_half_the_cluster() {
     let p = policy();
     let mut state = ClusterState::default();
@@ -147,6 +159,7 @@ fn the_ejection_budget_keeps_half_the_cluster() {
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn a_success_resets_the_failure_count() {
     let p = policy();
     let mut state = ClusterState::default();
@@ -161,6 +174,7 @@ fn a_success_resets_the_failure_count() {
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn silent_learned_hosts_are_forgotten_static_ones_kept() {
     let p = policy();
     let mut state = ClusterState::default();

@@ -2,7 +2,11 @@
 
 #![allow(clippy::panic, clippy::indexing_slicing, clippy::unwrap_used)] // tests fail by panicking
 
+#[cfg(target_arch = "wasm32")]
+use wasm_bindgen_test::wasm_bindgen_test;
+
 use ewma_lb::weights::{shares, HostInput, WeightParams};
+#[cfg(not(target_arch = "wasm32"))]
 use proptest::prelude::*;
 
 const SEC: u64 = 1_000_000_000;
@@ -16,6 +20,7 @@ fn params() -> WeightParams {
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn faster_hosts_get_more_by_the_exponent() {
     let p = WeightParams { exponent: 1.0, min_share: 0.0, ..params() };
     let s = shares(&[host(Some(50.0)), host(Some(100.0))], &p);
@@ -26,6 +31,7 @@ fn faster_hosts_get_more_by_the_exponent() {
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn a_slow_host_keeps_the_minimum_share() {
     let p = WeightParams { min_share: 0.01, ..params() };
     let s = shares(&[host(Some(75.0)), host(Some(75.0)), host(Some(1500.0))], &p);
@@ -34,6 +40,7 @@ fn a_slow_host_keeps_the_minimum_share() {
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn a_host_without_samples_is_scored_at_the_median() {
     let p = WeightParams { exponent: 1.0, min_share: 0.0, ..params() };
     let s = shares(&[host(Some(50.0)), host(Some(100.0)), host(Some(200.0)), host(None)], &p);
@@ -43,6 +50,7 @@ fn a_host_without_samples_is_scored_at_the_median() {
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn slow_start_ramps_a_new_host_in() {
     let p = WeightParams { slow_start_ms: 10_000, slow_start_min_factor: 0.1, min_share: 0.0, ..params() };
     let new = |age_s: u64| HostInput { active_for_ns: age_s * SEC, ..host(Some(50.0)) };
@@ -55,6 +63,7 @@ fn slow_start_ramps_a_new_host_in() {
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn damping_bounds_the_move_of_one_refresh() {
     let p = WeightParams { max_step_ratio: 2.0, min_share: 0.0, ..params() };
     // The slow host recovered at once; its share may only double per refresh.
@@ -68,6 +77,7 @@ fn damping_bounds_the_move_of_one_refresh() {
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn ejected_hosts_get_nothing() {
     let mut hosts = [host(Some(50.0)), host(Some(50.0))];
     hosts[1].ejected = true;
@@ -77,6 +87,7 @@ fn ejected_hosts_get_nothing() {
     assert_eq!(shares(&hosts, &params()), vec![0.0, 0.0]);
 }
 
+#[cfg(not(target_arch = "wasm32"))]
 fn arb_host() -> impl Strategy<Value = HostInput> {
     (
         prop::option::of(0.0f64..100_000.0),
@@ -92,6 +103,7 @@ fn arb_host() -> impl Strategy<Value = HostInput> {
         })
 }
 
+#[cfg(not(target_arch = "wasm32"))]
 proptest! {
     #[test]
     fn shares_sum_to_one_and_respect_the_floor(

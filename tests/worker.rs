@@ -3,6 +3,9 @@
 
 #![allow(clippy::panic, clippy::indexing_slicing, clippy::unwrap_used)] // tests fail by panicking
 
+#[cfg(target_arch = "wasm32")]
+use wasm_bindgen_test::wasm_bindgen_test;
+
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -67,6 +70,7 @@ fn finish_ok(w: &mut Worker, host: &str, ms: f64) {
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn no_sample_is_lost_under_contention() {
     let store = Shared::default();
     store.0.borrow_mut().lose_every = Some(3);
@@ -92,9 +96,11 @@ fn no_sample_is_lost_under_contention() {
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn one_refresh_per_interval_whoever_ticks() {
     let store = Shared::default();
-    let mut workers: Vec<Worker> = (0..3).map(|i| Worker::new(Config::default(), i)).collect();
+    let cfg = r#"{"tick_period_ms": 200, "refresh_interval_ms": 1000}"#;
+    let mut workers: Vec<Worker> = (0..3).map(|i| Worker::new(config(cfg), i)).collect();
     let mut refreshes = 0;
     for t in 1..=40u64 {
         for w in &mut workers {
@@ -108,6 +114,7 @@ fn one_refresh_per_interval_whoever_ticks() {
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn every_worker_adopts_the_same_table() {
     let store = Shared::default();
     let mut workers: Vec<Worker> = (0..2).map(|i| Worker::new(Config::default(), i)).collect();
@@ -136,6 +143,7 @@ fn every_worker_adopts_the_same_table() {
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn in_flight_counts_go_up_on_pick_and_down_once_on_finish() {
     let store = Shared::default();
     let mut w = Worker::new(config(r#"{"exploration_share": 0, "clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}}"#), 1);
@@ -154,6 +162,7 @@ fn in_flight_counts_go_up_on_pick_and_down_once_on_finish() {
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn the_header_names_a_different_host_for_the_retry() {
     let store = Shared::default();
     let cfg = r#"{"exploration_share": 0, "clusters": {"backend": {"endpoints": ["10.0.0.1:80", "10.0.0.2:80"]}}}"#;
@@ -169,6 +178,7 @@ fn the_header_names_a_different_host_for_the_retry() {
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn the_exploration_share_is_left_to_the_fallback() {
     let store = Shared::default();
     let cfg = r#"{"exploration_share": 0.2, "clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}}"#;
@@ -179,6 +189,7 @@ fn the_exploration_share_is_left_to_the_fallback() {
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn a_foreign_record_is_rebuilt() {
     let store = Shared::default();
     store.0.borrow_mut().data.insert(shared_key(CLUSTER), (b"garbage from another plugin".to_vec(), 7));
@@ -190,6 +201,7 @@ fn a_foreign_record_is_rebuilt() {
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn a_pick_that_needed_a_retry_counts_as_its_failure() {
     let store = Shared::default();
     let cfg = r#"{"exploration_share": 0, "clusters": {"backend": {"endpoints": ["10.0.0.1:80", "10.0.0.2:80"]}}}"#;
@@ -217,6 +229,7 @@ fn a_pick_that_needed_a_retry_counts_as_its_failure() {
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn routes_follow_the_path_rules() {
     let store = Shared::default();
     let cfg = r#"{"exploration_share": 0, "excluded_paths": {"prefix": ["/stream/"]},
@@ -243,6 +256,7 @@ fn routes_follow_the_path_rules() {
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn shadow_mode_samples_but_never_overrides() {
     let store = Shared::default();
     let cfg = r#"{"shadow": true, "exploration_share": 0, "clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}}"#;
@@ -258,6 +272,7 @@ fn shadow_mode_samples_but_never_overrides() {
 }
 
 #[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn the_status_document_is_guarded_and_describes_the_table() {
     let store = Shared::default();
     let cfg = r#"{"exploration_share": 0, "clusters": {"backend": {"endpoints": ["10.0.0.1:80", "10.0.0.2:80"]}}}"#;
