@@ -121,12 +121,16 @@ impl Rules {
     /// Classifies a request by its `:path`. Health wins over management, so the default
     /// `/actuator/health` stays a probe while the rest of `/actuator/` is guarded.
     pub fn classify(&self, raw_path: &str) -> PathClass {
-        let path = normalize(raw_path);
-        if self.health.matches(&path) {
+        self.classify_normalized(&normalize(raw_path))
+    }
+
+    /// `classify` for a path `normalize` already returned.
+    pub fn classify_normalized(&self, path: &str) -> PathClass {
+        if self.health.matches(path) {
             PathClass::Health
-        } else if self.management.matches(&path) {
+        } else if self.management.matches(path) {
             PathClass::Management
-        } else if self.excluded.matches(&path) {
+        } else if self.excluded.matches(path) {
             PathClass::Excluded
         } else {
             PathClass::Business

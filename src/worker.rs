@@ -177,8 +177,9 @@ impl Worker {
     /// Envoy's `source.address` (the client as its connection manager determined it); it is
     /// asked for only on guarded paths.
     pub fn route(&mut self, request: &Request, source: impl FnOnce() -> Option<String>) -> Decision {
-        let class = self.rules.classify(request.path);
-        let is_status = class != PathClass::Health && normalize(request.path) == self.config.status_path;
+        let path = normalize(request.path);
+        let class = self.rules.classify_normalized(&path);
+        let is_status = class != PathClass::Health && path == self.config.status_path;
         if is_status || class == PathClass::Management {
             let allowed = self.rules.management_allowed(source().as_deref());
             return match (allowed, is_status) {
