@@ -229,21 +229,20 @@ fn normalize_slowly(path: &str) -> String {
     out
 }
 
-/// Decodes `%XX` escapes (repeatedly, so `%252e` cannot hide a dot); invalid escapes and
+/// Decodes `%XX` escapes until none is left (so `%252e` cannot hide a dot). `%3F` and `%23` stay
+/// encoded: decoded, they would read as a query or fragment the next time. Invalid escapes and
 /// non-UTF-8 results are kept as they are.
 fn percent_decode(s: &str) -> String {
     let mut current = s.to_owned();
-    for _ in 0..3 {
-        if !current.contains('%') {
-            break;
-        }
+    // Every round that changes anything makes the string shorter, so this ends.
+    while current.contains('%') {
         let bytes = current.as_bytes();
         let mut out = Vec::with_capacity(bytes.len());
         let mut i = 0;
         while let Some(&b) = bytes.get(i) {
             let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
             match (b, hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
-                (b'%', Some(v)) => {
+                (b'%', Some(v)) if v != b'?' && v != b'#' => {
                     out.push(v);
                     i += 3;
                 }
