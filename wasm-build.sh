@@ -10,15 +10,15 @@ if ! rustup target list --installed | grep -qx "$target"; then
   rustup target add "$target"
 fi
 
-cargo build --release --target "$target" -p ewma-lb
+cargo build --profile wasm --target "$target" -p ewma-lb
 mkdir -p dist
 out=dist/ewma_lb.wasm
 if command -v wasm-opt >/dev/null 2>&1; then
   wasm-opt -Oz --enable-bulk-memory --enable-sign-ext --enable-nontrapping-float-to-int \
-    --enable-mutable-globals "target/$target/release/ewma_lb.wasm" -o "$out.tmp"
+    --enable-mutable-globals "target/$target/wasm/ewma_lb.wasm" -o "$out.tmp"
   mv "$out.tmp" "$out"
 else
-  cp "target/$target/release/ewma_lb.wasm" "$out"
+  cp "target/$target/wasm/ewma_lb.wasm" "$out"
   echo "wasm-opt not found: copied the module unoptimised (apt-get install binaryen to shrink it)" >&2
 fi
 echo "plugin: $out"

@@ -310,5 +310,6 @@ impl Default for Smoother {
 }
 
 /// Default time constant. Linkerd, Finagle and ingress-nginx use 10 s; ours is shorter so a host
-/// that recovers earns its share back within seconds (see README, "Defaults").
-pub const DEFAULT_TAU_MS: u64 = 3_000;
+/// that recovers earns its share back within seconds (bench/scenarios/tuning/slowdown-tau*.toml:
+/// back to fair 5 s after recovery with 2 s, not within the 12 s left with 3 s).
+pub const DEFAULT_TAU_MS: u64 = 2_000;
