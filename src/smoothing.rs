@@ -5,7 +5,7 @@
 //! refresh (`weights`) and the weighted random pick (`pick`) are the other two.
 //!
 //! Samples reach a smoother in batches: each worker VM collects the samples of one tick and merges
-//! them into shared state at once. A batch is summarised by its count, mean and maximum, and every
+//! them into shared state at once. A batch is summarised by its count and mean, and every
 //! smoother here is defined on that summary so that merging is cheap and never needs the raw
 //! samples. Where a formula is exact only for equal samples it says so.
 //!
@@ -23,24 +23,21 @@ pub const MAX_SMA_WINDOW: usize = 64;
 pub struct Batch {
     pub count: u32,
     pub sum_ms: f64,
-    pub max_ms: f64,
 }
 
 impl Batch {
     pub fn one(sample_ms: f64) -> Self {
-        Batch { count: 1, sum_ms: sample_ms, max_ms: sample_ms }
+        Batch { count: 1, sum_ms: sample_ms }
     }
 
     pub fn add(&mut self, sample_ms: f64) {
         self.count = self.count.saturating_add(1);
         self.sum_ms += sample_ms;
-        self.max_ms = self.max_ms.max(sample_ms);
     }
 
     pub fn absorb(&mut self, other: &Batch) {
         self.count = self.count.saturating_add(other.count);
         self.sum_ms += other.sum_ms;
-        self.max_ms = self.max_ms.max(other.max_ms);
     }
 
     pub fn mean_ms(&self) -> Option<f64> {
@@ -59,6 +56,8 @@ pub enum Smoother {
     DecayEwma { tau_ms: u64 },
     /// Peak EWMA (Finagle, tower, Linkerd): a sample above the estimate replaces it at once, lower
     /// samples pull it down with time decay. Quick to flee a slow host, slow to trust it again.
+    /// Here the "sample" is a tick's batch mean: the tail of a healthy host's latencies would
+    /// otherwise lift its estimate at random and swing the table between equal hosts.
     PeakEwma { tau_ms: u64 },
     /// Sliding-window average over the last `window` samples, kept with a running sum.
     Sma { window: usize },
@@ -238,10 +237,8 @@ impl Smoother {
             // n steps of α; exact when the batch's samples are equal.
             (Smoother::Ewma { alpha }, Some(v)) => blend(v, mean, (1.0 - alpha).powi(n)),
             (Smoother::DecayEwma { tau_ms }, Some(v)) => blend(v, mean, decay(dt_ns, tau_ms)),
-            (Smoother::PeakEwma { tau_ms }, Some(v)) if batch.max_ms <= v => {
-                blend(v, mean, decay(dt_ns, tau_ms))
-            }
-            (Smoother::PeakEwma { .. }, _) => batch.max_ms,
+            (Smoother::PeakEwma { tau_ms }, Some(v)) if mean <= v => blend(v, mean, decay(dt_ns, tau_ms)),
+            (Smoother::PeakEwma { .. }, _) => mean,
             (Smoother::Sma { window }, _) => est.registers.push_window(mean, batch.count, window),
             (Smoother::BiasCorrectedEwma { beta }, _) => {
                 let total = est.samples.saturating_add(u64::from(batch.count));

@@ -81,16 +81,23 @@ fn peak_ewma_jumps_to_a_peak_and_decays_with_time() {
 
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
-fn peak_ewma_takes_the_peak_of_a_batch() {
+fn peak_ewma_reads_a_batch_by_its_mean() {
     let s = Smoother::PeakEwma { tau_ms: 1_000 };
     let mut est = Estimate::default();
     s.observe(&mut est, &Batch::one(50.0), SEC);
+    // One slow answer among fast ones is the tail, not a slow host: no jump.
     let mut batch = Batch::default();
-    for x in [40.0, 45.0, 300.0, 50.0] {
+    for x in [40.0, 45.0, 95.0, 50.0] {
         batch.add(x);
     }
     s.observe(&mut est, &batch, 2 * SEC);
-    assert_eq!(est.value_ms(), Some(300.0));
+    assert_eq!(est.value_ms(), Some(57.5), "a batch mean above the estimate replaces it");
+    let mut slow = Batch::default();
+    for x in [400.0, 500.0] {
+        slow.add(x);
+    }
+    s.observe(&mut est, &slow, 2 * SEC + SEC / 10);
+    assert_eq!(est.value_ms(), Some(450.0), "a slow batch is fled at once");
 }
 
 #[test]
