@@ -35,11 +35,6 @@ impl Batch {
         self.sum_ms += sample_ms;
     }
 
-    pub fn absorb(&mut self, other: &Batch) {
-        self.count = self.count.saturating_add(other.count);
-        self.sum_ms += other.sum_ms;
-    }
-
     pub fn mean_ms(&self) -> Option<f64> {
         (self.count > 0).then(|| self.sum_ms / f64::from(self.count))
     }

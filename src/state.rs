@@ -43,18 +43,6 @@ impl Accumulator {
             self.had_success = true;
         }
     }
-
-    /// Appends `later`, observed after `self`.
-    pub fn absorb(&mut self, later: &Accumulator) {
-        self.latency.absorb(&later.latency);
-        self.failures = self.failures.saturating_add(later.failures);
-        self.trailing_failures = if later.had_success {
-            later.trailing_failures
-        } else {
-            self.trailing_failures.saturating_add(later.trailing_failures)
-        };
-        self.had_success |= later.had_success;
-    }
 }
 
 /// The shared record of one upstream host.

@@ -65,6 +65,14 @@ fn config(json: &str) -> Config {
     Config::from_json(json.as_bytes()).unwrap_or_else(|e| panic!("{e}"))
 }
 
+/// A worker with `cfg` and a store it has ticked once, so the configured endpoints form a table.
+fn ticked(cfg: &str, seed: u64) -> (Shared, Worker) {
+    let store = Shared::default();
+    let mut w = Worker::new(config(cfg), seed);
+    w.tick(SEC, &mut store.clone());
+    (store, w)
+}
+
 fn finish_ok(w: &mut Worker, host: &str, ms: f64) {
     w.finish(CLUSTER, &Finished { served_by: Some(host), attempts: 1, latency_ms: ms, outcome: Some(Outcome::Success), ..Finished::default() });
 }
@@ -164,10 +172,8 @@ fn in_flight_counts_go_up_on_pick_and_down_once_on_finish() {
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn the_header_names_a_different_host_for_the_retry() {
-    let store = Shared::default();
     let cfg = r#"{"exploration_share": 0, "clusters": {"backend": {"endpoints": ["10.0.0.1:80", "10.0.0.2:80"]}}}"#;
-    let mut w = Worker::new(config(cfg), 1);
-    w.tick(SEC, &mut store.clone());
+    let (_, mut w) = ticked(cfg, 1);
     for _ in 0..100 {
         let Decision::Override { host, header_value } = w.pick(CLUSTER) else { panic!("no table") };
         let parts: Vec<&str> = header_value.split(',').collect();
@@ -180,10 +186,8 @@ fn the_header_names_a_different_host_for_the_retry() {
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn the_exploration_share_is_left_to_the_fallback() {
-    let store = Shared::default();
     let cfg = r#"{"exploration_share": 0.2, "clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}}"#;
-    let mut w = Worker::new(config(cfg), 9);
-    w.tick(SEC, &mut store.clone());
+    let (_, mut w) = ticked(cfg, 9);
     let explored = (0..10_000).filter(|_| w.pick(CLUSTER) == Decision::Fallback(FallbackReason::Exploring)).count();
     assert!((1800..2200).contains(&explored), "{explored}");
 }
@@ -203,10 +207,8 @@ fn a_foreign_record_is_rebuilt() {
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn a_pick_that_needed_a_retry_counts_as_its_failure() {
-    let store = Shared::default();
     let cfg = r#"{"exploration_share": 0, "clusters": {"backend": {"endpoints": ["10.0.0.1:80", "10.0.0.2:80"]}}}"#;
-    let mut w = Worker::new(config(cfg), 1);
-    w.tick(SEC, &mut store.clone());
+    let (store, mut w) = ticked(cfg, 1);
     let retried = Finished {
         picked: Some("10.0.0.1:80"),
         served_by: Some("10.0.0.2:80"),
@@ -258,10 +260,8 @@ fn routes_follow_the_path_rules() {
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn shadow_mode_samples_but_never_overrides() {
-    let store = Shared::default();
     let cfg = r#"{"shadow": true, "exploration_share": 0, "clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}}"#;
-    let mut w = Worker::new(config(cfg), 1);
-    w.tick(SEC, &mut store.clone());
+    let (store, mut w) = ticked(cfg, 1);
     let request = Request { path: "/orders", cluster: Some(CLUSTER) };
     let decision = w.route(&request, || None);
     assert_eq!(decision, Decision::Fallback(FallbackReason::Shadow));

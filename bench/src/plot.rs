@@ -77,7 +77,7 @@ fn err<E: std::fmt::Debug>(e: E) -> anyhow::Error {
 
 /// Labels only 1, 2 and 5 times a power of ten, so a log axis stays readable.
 fn log_label(v: f64) -> String {
-    if !(v > 0.0) {
+    if v.is_nan() || v <= 0.0 {
         return String::new();
     }
     let mag = 10f64.powf(v.log10().floor());

@@ -112,7 +112,7 @@ impl Scenario {
     }
 
     fn from_file(f: File, default_name: &str, smoke: bool) -> Result<Scenario> {
-        let dur = |s: &str, what: &str| parse_duration(s).with_context(|| format!("{what}"));
+        let dur = |s: &str, what: &str| parse_duration(s).with_context(|| what.to_string());
         let mut s = Scenario {
             name: f.name.unwrap_or_else(|| default_name.to_string()),
             description: f.description.unwrap_or_default().trim().to_string(),
