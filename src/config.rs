@@ -1,5 +1,10 @@
-//! Plugin configuration: the JSON an operator writes, its defaults, and the checks that reject a
-//! bad one with the field's name and the offending value.
+//! Configuration: the JSON an operator writes ([`PluginConfig`]), and the checked runtime form
+//! the core runs on ([`Config`]).
+//!
+//! Parse, don't validate: [`Config::from_json`] is the only way to a `Config`, and it either
+//! compiles everything (path rules, networks, durations in the core's units) or fails with one
+//! [`ConfigError`] that names the field and the value. Nothing downstream can hold an unchecked
+//! configuration, so nothing downstream needs a fallback for one.
 //!
 //! Envoy passes the configuration as a `google.protobuf.StringValue`; it reaches `on_configure`
 //! byte for byte. Unknown fields are rejected: a typo must not silently become a default.
@@ -7,6 +12,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -15,12 +21,16 @@ use crate::pick::PickAlgorithm;
 use crate::rules::{default_health_paths, normalize, ManagementConfig, PathSet, Rules};
 use crate::smoothing::{Smoother, MAX_SMA_WINDOW};
 use crate::state::Policy;
+use crate::units::{ms_to_ns, ns_to_whole_ms};
 use crate::weights::WeightParams;
 
-/// The whole plugin configuration. Every field is optional; see README, "Configuration".
+// === The JSON form ===
+
+/// The whole plugin configuration as written. Every field is optional; see README,
+/// "Configuration", and schema/ewma-lb.schema.json.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct Config {
+pub struct PluginConfig {
     /// Request header the cluster's `override_host` policy reads (`override_host_sources`).
     pub override_header: String,
     /// How often every worker merges its samples into shared state and looks for a new table.
@@ -28,7 +38,7 @@ pub struct Config {
     /// How often the weight table is recomputed (the timed-refresh gate against flapping).
     pub refresh_interval_ms: u64,
     pub smoothing: Smoother,
-    pub weights: WeightParams,
+    pub weights: WeightsConfig,
     /// Latency a failed request counts as at least, so a host that fails fast never looks fast.
     pub failure_penalty_ms: u64,
     pub pick: PickAlgorithm,
@@ -38,7 +48,7 @@ pub struct Config {
     /// A learned host with no traffic for this long is forgotten.
     pub host_ttl_ms: u64,
     pub max_hosts_per_cluster: usize,
-    pub outlier_detection: OutlierParams,
+    pub outlier_detection: OutlierConfig,
     /// Optional static endpoints per Envoy cluster name; others are learned from traffic.
     pub clusters: BTreeMap<String, ClusterConfig>,
     /// Health probes: passed untouched, never steered, never sampled.
@@ -60,20 +70,41 @@ pub struct ClusterConfig {
     pub endpoints: Vec<String>,
 }
 
-impl Default for Config {
+/// `weights`: the JSON form of [`WeightParams`], durations in ms.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WeightsConfig {
+    pub exponent: f64,
+    pub min_share: f64,
+    pub max_step_ratio: f64,
+    pub slow_start_ms: u64,
+    pub slow_start_min_factor: f64,
+}
+
+/// `outlier_detection`: the JSON form of [`OutlierParams`], durations in ms.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OutlierConfig {
+    pub consecutive_failures: u32,
+    pub base_ejection_ms: u64,
+    pub max_ejection_ms: u64,
+    pub max_ejection_share: f64,
+}
+
+impl Default for PluginConfig {
     fn default() -> Self {
-        Config {
+        PluginConfig {
             override_header: "x-ewma-lb-host".into(),
             tick_period_ms: 100,
             refresh_interval_ms: 250,
             smoothing: Smoother::default(),
-            weights: WeightParams::default(),
+            weights: WeightsConfig::default(),
             failure_penalty_ms: 1_000,
             pick: PickAlgorithm::default(),
             exploration_share: 0.002,
             host_ttl_ms: 60_000,
             max_hosts_per_cluster: 256,
-            outlier_detection: OutlierParams::default(),
+            outlier_detection: OutlierConfig::default(),
             clusters: BTreeMap::new(),
             health_paths: default_health_paths(),
             management: ManagementConfig::default(),
@@ -81,6 +112,106 @@ impl Default for Config {
             status_path: "/ewma-lb/status".into(),
             shadow: false,
         }
+    }
+}
+
+// The defaults of the tunables live with the code that uses them; the JSON form only changes units.
+impl Default for WeightsConfig {
+    fn default() -> Self {
+        let p = WeightParams::default();
+        WeightsConfig {
+            exponent: p.exponent,
+            min_share: p.min_share,
+            max_step_ratio: p.max_step_ratio,
+            slow_start_ms: ns_to_whole_ms(p.slow_start_ns),
+            slow_start_min_factor: p.slow_start_min_factor,
+        }
+    }
+}
+
+impl Default for OutlierConfig {
+    fn default() -> Self {
+        let p = OutlierParams::default();
+        OutlierConfig {
+            consecutive_failures: p.consecutive_failures,
+            base_ejection_ms: ns_to_whole_ms(p.base_ejection_ns),
+            max_ejection_ms: ns_to_whole_ms(p.max_ejection_ns),
+            max_ejection_share: p.max_ejection_share,
+        }
+    }
+}
+
+// === The runtime form ===
+
+/// The checked configuration the core runs on. Only [`Config::from_json`] makes one.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    override_header: String,
+    tick_period: Duration,
+    policy: Policy,
+    failure_penalty_ms: f64,
+    pick: PickAlgorithm,
+    exploration_share: f64,
+    rules: Rules,
+    static_endpoints: BTreeMap<String, Vec<String>>,
+    status_path: String,
+    shadow: bool,
+}
+
+impl Config {
+    /// Parses and compiles the plugin configuration. An empty document means "all defaults".
+    pub fn from_json(bytes: &[u8]) -> Result<Config, ConfigError> {
+        PluginConfig::from_json(bytes)?.compile()
+    }
+
+    /// The header the plugin writes its pick into.
+    pub fn override_header(&self) -> &str {
+        &self.override_header
+    }
+
+    /// How often the host should call the tick.
+    pub fn tick_period(&self) -> Duration {
+        self.tick_period
+    }
+
+    /// What merging and refreshing shared state need.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// Latency a failed request counts as at least.
+    pub fn failure_penalty_ms(&self) -> f64 {
+        self.failure_penalty_ms
+    }
+
+    pub fn pick(&self) -> PickAlgorithm {
+        self.pick
+    }
+
+    pub fn exploration_share(&self) -> f64 {
+        self.exploration_share
+    }
+
+    pub fn rules(&self) -> &Rules {
+        &self.rules
+    }
+
+    /// Static endpoints of `cluster`, empty when it has none.
+    pub fn static_endpoints(&self, cluster: &str) -> &[String] {
+        self.static_endpoints.get(cluster).map_or(&[], Vec::as_slice)
+    }
+
+    /// Clusters with static endpoints.
+    pub fn static_clusters(&self) -> impl Iterator<Item = &str> {
+        self.static_endpoints.keys().map(String::as_str)
+    }
+
+    pub fn status_path(&self) -> &str {
+        &self.status_path
+    }
+
+    pub fn shadow(&self) -> bool {
+        self.shadow
     }
 }
 
@@ -103,130 +234,150 @@ fn err(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
     ConfigError { field: field.into(), message: message.into() }
 }
 
-fn in_range<T: PartialOrd + fmt::Display>(field: &str, value: T, lo: T, hi: T) -> Result<(), ConfigError> {
+fn in_range<T: PartialOrd + fmt::Display>(field: &str, value: T, lo: T, hi: T) -> Result<T, ConfigError> {
     if value >= lo && value <= hi {
-        Ok(())
+        Ok(value)
     } else {
         Err(err(field, format!("must be in [{lo}, {hi}], got {value}")))
     }
 }
 
-impl Config {
-    /// Parses and validates. An empty document means "all defaults".
-    pub fn from_json(bytes: &[u8]) -> Result<Config, ConfigError> {
+impl PluginConfig {
+    /// Parses the JSON form; checks only what serde checks (types, unknown fields).
+    pub fn from_json(bytes: &[u8]) -> Result<PluginConfig, ConfigError> {
         if bytes.iter().all(u8::is_ascii_whitespace) {
-            return Ok(Config::default());
+            return Ok(PluginConfig::default());
         }
         if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
             return Err(err("config", "must be a JSON object"));
         }
         let mut de = serde_json::Deserializer::from_slice(bytes);
-        let config: Config = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        serde_path_to_error::deserialize(&mut de).map_err(|e| {
             let path = e.path().to_string();
             let field = if path == "." { "config".to_owned() } else { path };
             err(field, strip_position(&e.into_inner().to_string()))
-        })?;
-        config.validate()?;
-        Ok(config)
+        })
     }
 
-    pub fn validate(&self) -> Result<(), ConfigError> {
-        let header = &self.override_header;
+    /// Checks every bound and compiles the runtime form.
+    pub fn compile(self) -> Result<Config, ConfigError> {
+        let header = self.override_header;
         if header.is_empty()
             || !header.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
         {
-            return Err(err(
-                "override_header",
-                format!("must be a lowercase HTTP header name, got {header:?}"),
-            ));
+            return Err(err("override_header", format!("must be a lowercase HTTP header name, got {header:?}")));
         }
-        in_range("tick_period_ms", self.tick_period_ms, 10, 60_000)?;
-        in_range("refresh_interval_ms", self.refresh_interval_ms, self.tick_period_ms, 600_000)?;
-        validate_smoother(&self.smoothing)?;
-        let w = &self.weights;
-        in_range("weights.exponent", w.exponent, 0.1, 8.0)?;
-        in_range("weights.min_share", w.min_share, 0.0, 0.5)?;
-        in_range("weights.max_step_ratio", w.max_step_ratio, 1.0, 1000.0)?;
-        in_range("weights.slow_start_ms", w.slow_start_ms, 0, 600_000)?;
-        in_range("weights.slow_start_min_factor", w.slow_start_min_factor, 0.01, 1.0)?;
-        in_range("failure_penalty_ms", self.failure_penalty_ms, 0, 600_000)?;
-        in_range("exploration_share", self.exploration_share, 0.0, 0.5)?;
-        in_range("host_ttl_ms", self.host_ttl_ms, self.refresh_interval_ms, 86_400_000)?;
-        in_range("max_hosts_per_cluster", self.max_hosts_per_cluster, 1, 1024)?;
-        let o = &self.outlier_detection;
-        in_range("outlier_detection.consecutive_failures", o.consecutive_failures, 0, 10_000)?;
-        in_range("outlier_detection.base_ejection_ms", o.base_ejection_ms, 1, 3_600_000)?;
-        in_range("outlier_detection.max_ejection_ms", o.max_ejection_ms, o.base_ejection_ms, 3_600_000)?;
-        in_range("outlier_detection.max_ejection_share", o.max_ejection_share, 0.0, 1.0)?;
-        for (name, cluster) in &self.clusters {
-            if name.is_empty() {
-                return Err(err("clusters", "cluster names must not be empty"));
-            }
-            if cluster.endpoints.len() > self.max_hosts_per_cluster {
-                return Err(err(
-                    format!("clusters.{name}.endpoints"),
-                    format!("{} endpoints, more than max_hosts_per_cluster ({})", cluster.endpoints.len(), self.max_hosts_per_cluster),
-                ));
-            }
-            for (i, endpoint) in cluster.endpoints.iter().enumerate() {
-                if endpoint.parse::<SocketAddr>().is_err() {
-                    return Err(err(
-                        format!("clusters.{name}.endpoints[{i}]"),
-                        format!("must be IP:port, got {endpoint:?}"),
-                    ));
-                }
-            }
-        }
-        if !self.status_path.starts_with('/') || normalize(&self.status_path) != self.status_path {
+        let tick_period_ms = in_range("tick_period_ms", self.tick_period_ms, 10, 60_000)?;
+        let refresh_interval_ms = in_range("refresh_interval_ms", self.refresh_interval_ms, tick_period_ms, 600_000)?;
+        let smoother = check_smoother(self.smoothing)?;
+        let weights = self.weights.compile()?;
+        let failure_penalty_ms = in_range("failure_penalty_ms", self.failure_penalty_ms, 0, 600_000)?;
+        let exploration_share = in_range("exploration_share", self.exploration_share, 0.0, 0.5)?;
+        let host_ttl_ms = in_range("host_ttl_ms", self.host_ttl_ms, refresh_interval_ms, 86_400_000)?;
+        let max_hosts = in_range("max_hosts_per_cluster", self.max_hosts_per_cluster, 1, 1024)?;
+        let outlier = self.outlier_detection.compile()?;
+        let static_endpoints = compile_clusters(self.clusters, max_hosts)?;
+        let status_path = self.status_path;
+        if !status_path.starts_with('/') || normalize(&status_path) != status_path {
             return Err(err(
                 "status_path",
-                format!("must be a normalised absolute path such as /ewma-lb/status, got {:?}", self.status_path),
+                format!("must be a normalised absolute path such as /ewma-lb/status, got {status_path:?}"),
             ));
         }
-        self.rules()?;
-        Ok(())
-    }
-
-    /// The path rules, compiled.
-    pub fn rules(&self) -> Result<Rules, ConfigError> {
-        Rules::compile(&self.health_paths, &self.management, &self.excluded_paths).map_err(|e| err(e.field, e.message))
-    }
-
-    /// The part of the configuration that merging and refreshing shared state need.
-    pub fn policy(&self) -> Policy {
-        Policy {
-            smoother: self.smoothing,
-            weights: self.weights.clone(),
-            outlier: self.outlier_detection.clone(),
-            refresh_interval_ns: self.refresh_interval_ms.saturating_mul(1_000_000),
-            host_ttl_ns: self.host_ttl_ms.saturating_mul(1_000_000),
-            max_hosts: self.max_hosts_per_cluster,
-        }
-    }
-
-    /// Static endpoints of `cluster`, empty when it has none.
-    pub fn static_endpoints(&self, cluster: &str) -> &[String] {
-        self.clusters.get(cluster).map_or(&[], |c| c.endpoints.as_slice())
+        let rules = Rules::compile(&self.health_paths, &self.management, &self.excluded_paths)
+            .map_err(|e| err(e.field, e.message))?;
+        Ok(Config {
+            override_header: header,
+            tick_period: Duration::from_millis(tick_period_ms),
+            policy: Policy {
+                smoother,
+                weights,
+                outlier,
+                refresh_interval_ns: ms_to_ns(refresh_interval_ms),
+                host_ttl_ns: ms_to_ns(host_ttl_ms),
+                max_hosts,
+            },
+            failure_penalty_ms: failure_penalty_ms as f64,
+            pick: self.pick,
+            exploration_share,
+            rules,
+            static_endpoints,
+            status_path,
+            shadow: self.shadow,
+        })
     }
 }
 
-fn validate_smoother(smoother: &Smoother) -> Result<(), ConfigError> {
-    const TAU_MAX_MS: u64 = 600_000;
-    match *smoother {
-        Smoother::Ewma { alpha } if !(alpha > 0.0 && alpha <= 1.0) => {
-            Err(err("smoothing.alpha", format!("must be in (0, 1], got {alpha}")))
+impl WeightsConfig {
+    fn compile(self) -> Result<WeightParams, ConfigError> {
+        Ok(WeightParams {
+            exponent: in_range("weights.exponent", self.exponent, 0.1, 8.0)?,
+            min_share: in_range("weights.min_share", self.min_share, 0.0, 0.5)?,
+            max_step_ratio: in_range("weights.max_step_ratio", self.max_step_ratio, 1.0, 1000.0)?,
+            slow_start_ns: ms_to_ns(in_range("weights.slow_start_ms", self.slow_start_ms, 0, 600_000)?),
+            slow_start_min_factor: in_range("weights.slow_start_min_factor", self.slow_start_min_factor, 0.01, 1.0)?,
+        })
+    }
+}
+
+impl OutlierConfig {
+    fn compile(self) -> Result<OutlierParams, ConfigError> {
+        const HOUR_MS: u64 = 3_600_000;
+        let base_ms = in_range("outlier_detection.base_ejection_ms", self.base_ejection_ms, 1, HOUR_MS)?;
+        Ok(OutlierParams {
+            consecutive_failures: in_range("outlier_detection.consecutive_failures", self.consecutive_failures, 0, 10_000)?,
+            base_ejection_ns: ms_to_ns(base_ms),
+            max_ejection_ns: ms_to_ns(in_range("outlier_detection.max_ejection_ms", self.max_ejection_ms, base_ms, HOUR_MS)?),
+            max_ejection_share: in_range("outlier_detection.max_ejection_share", self.max_ejection_share, 0.0, 1.0)?,
+        })
+    }
+}
+
+fn compile_clusters(
+    clusters: BTreeMap<String, ClusterConfig>,
+    max_hosts: usize,
+) -> Result<BTreeMap<String, Vec<String>>, ConfigError> {
+    for (name, cluster) in &clusters {
+        if name.is_empty() {
+            return Err(err("clusters", "cluster names must not be empty"));
         }
-        Smoother::Ewma { .. } => Ok(()),
-        Smoother::DecayEwma { tau_ms } | Smoother::PeakEwma { tau_ms } => {
-            in_range("smoothing.tau_ms", tau_ms, 1, TAU_MAX_MS)
+        if cluster.endpoints.len() > max_hosts {
+            return Err(err(
+                format!("clusters.{name}.endpoints"),
+                format!("{} endpoints, more than max_hosts_per_cluster ({max_hosts})", cluster.endpoints.len()),
+            ));
         }
-        Smoother::Sma { window } => in_range("smoothing.window", window, 1, MAX_SMA_WINDOW),
-        Smoother::BiasCorrectedEwma { beta } => in_range("smoothing.beta", beta, 0.0, 0.999_999),
-        Smoother::DualEwma { short_tau_ms, long_tau_ms } => {
-            in_range("smoothing.short_tau_ms", short_tau_ms, 1, TAU_MAX_MS)?;
-            in_range("smoothing.long_tau_ms", long_tau_ms, short_tau_ms, TAU_MAX_MS)
+        for (i, endpoint) in cluster.endpoints.iter().enumerate() {
+            if endpoint.parse::<SocketAddr>().is_err() {
+                return Err(err(format!("clusters.{name}.endpoints[{i}]"), format!("must be IP:port, got {endpoint:?}")));
+            }
         }
     }
+    Ok(clusters.into_iter().map(|(name, c)| (name, c.endpoints)).collect())
+}
+
+fn check_smoother(smoother: Smoother) -> Result<Smoother, ConfigError> {
+    const TAU_MAX_MS: u64 = 600_000;
+    match smoother {
+        Smoother::Ewma { alpha } if !(alpha > 0.0 && alpha <= 1.0) => {
+            return Err(err("smoothing.alpha", format!("must be in (0, 1], got {alpha}")))
+        }
+        Smoother::Ewma { .. } => {}
+        Smoother::DecayEwma { tau_ms } | Smoother::PeakEwma { tau_ms } => {
+            in_range("smoothing.tau_ms", tau_ms, 1, TAU_MAX_MS)?;
+        }
+        Smoother::Sma { window } => {
+            in_range("smoothing.window", window, 1, MAX_SMA_WINDOW)?;
+        }
+        Smoother::BiasCorrectedEwma { beta } => {
+            in_range("smoothing.beta", beta, 0.0, 0.999_999)?;
+        }
+        Smoother::DualEwma { short_tau_ms, long_tau_ms } => {
+            in_range("smoothing.short_tau_ms", short_tau_ms, 1, TAU_MAX_MS)?;
+            in_range("smoothing.long_tau_ms", long_tau_ms, short_tau_ms, TAU_MAX_MS)?;
+        }
+    }
+    Ok(smoother)
 }
 
 /// serde_json appends " at line L column C"; the field path already says where.

@@ -13,6 +13,9 @@ pub mod rules;
 pub mod smoothing;
 pub mod state;
 pub mod status;
+pub mod sync;
+pub mod telemetry;
+pub mod units;
 pub mod weights;
 pub mod worker;
 

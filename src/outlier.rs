@@ -1,22 +1,23 @@
 //! Passive health: eject a host after consecutive failures, for a time that grows on repeated
 //! ejections and shrinks back while the host stays healthy.
 //!
-//! Modelled on nginx's `max_fails=3 fail_timeout=30s` (seed 000) and Envoy's outlier detection
+//! Modelled on nginx's `max_fails=3 fail_timeout=30s` and Envoy's outlier detection
 //! (`consecutive_5xx`, `base_ejection_time`, `max_ejection_percent`): never eject so much of a
 //! cluster that the rest is overloaded; past that share, spreading load beats piling it up.
 
 use serde::{Deserialize, Serialize};
 
-/// `outlier_detection` in the plugin configuration.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+use crate::units::ms_to_ns;
+
+/// `outlier_detection` in the plugin configuration (which gives the times in ms).
+#[derive(Clone, Debug, PartialEq)]
 pub struct OutlierParams {
     /// Consecutive failures that eject a host; 0 turns ejection off.
     pub consecutive_failures: u32,
     /// First ejection time; the n-th consecutive ejection lasts n times as long.
-    pub base_ejection_ms: u64,
+    pub base_ejection_ns: u64,
     /// Cap on one ejection's time.
-    pub max_ejection_ms: u64,
+    pub max_ejection_ns: u64,
     /// Largest share of a cluster's hosts ejected at once (at least one host of two or more).
     pub max_ejection_share: f64,
 }
@@ -25,8 +26,8 @@ impl Default for OutlierParams {
     fn default() -> Self {
         OutlierParams {
             consecutive_failures: 3,
-            base_ejection_ms: 30_000,
-            max_ejection_ms: 300_000,
+            base_ejection_ns: ms_to_ns(30_000),
+            max_ejection_ns: ms_to_ns(300_000),
             max_ejection_share: 0.5,
         }
     }
@@ -67,18 +68,18 @@ impl Health {
 
     pub fn eject(&mut self, params: &OutlierParams, now_ns: u64) {
         self.ejections_in_a_row = self.ejections_in_a_row.saturating_add(1);
-        let ms = params
-            .base_ejection_ms
+        let ejection_ns = params
+            .base_ejection_ns
             .saturating_mul(u64::from(self.ejections_in_a_row))
-            .min(params.max_ejection_ms.max(params.base_ejection_ms));
-        self.ejected_until_ns = now_ns.saturating_add(ms.saturating_mul(1_000_000)).max(1);
+            .min(params.max_ejection_ns.max(params.base_ejection_ns));
+        self.ejected_until_ns = now_ns.saturating_add(ejection_ns).max(1);
         self.consecutive_failures = 0;
     }
 
     /// Ends an elapsed ejection (returns true when it did) and lets the ejection count decay by
     /// one for every base ejection time served without a new ejection.
     pub fn tick(&mut self, params: &OutlierParams, now_ns: u64) -> bool {
-        let base_ns = params.base_ejection_ms.saturating_mul(1_000_000).max(1);
+        let base_ns = params.base_ejection_ns.max(1);
         if self.ejected_until_ns != 0 && !self.is_ejected(now_ns) {
             self.ejected_until_ns = 0;
             self.consecutive_failures = 0;

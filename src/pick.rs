@@ -4,6 +4,8 @@
 //! and a binary search: O(log n), no allocation. Randomness is a parameter, so tests and the
 //! bench simulator are reproducible.
 
+use std::rc::Rc;
+
 use serde::{Deserialize, Serialize};
 
 /// How a host is chosen from the table; `pick` in the plugin configuration.
@@ -21,10 +23,11 @@ pub enum PickAlgorithm {
     LowestLatency,
 }
 
-/// Cumulative shares of a cluster's pickable hosts, ready for sampling.
+/// Cumulative shares of a cluster's pickable hosts, ready for sampling. Host addresses are
+/// shared (`Rc<str>`), so a pick hands one out without allocating.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PickTable {
-    hosts: Vec<String>,
+    hosts: Vec<Rc<str>>,
     weights: Vec<f64>,
     cumulative: Vec<f64>,
 }
@@ -37,7 +40,7 @@ impl PickTable {
         for (host, share) in entries {
             if share > 0.0 && share.is_finite() {
                 total += share;
-                table.hosts.push(host.to_owned());
+                table.hosts.push(Rc::from(host));
                 table.weights.push(share);
                 table.cumulative.push(total);
             }
@@ -53,12 +56,12 @@ impl PickTable {
         self.hosts.len()
     }
 
-    pub fn host(&self, index: usize) -> Option<&str> {
-        self.hosts.get(index).map(String::as_str)
+    pub fn host(&self, index: usize) -> Option<&Rc<str>> {
+        self.hosts.get(index)
     }
 
     pub fn hosts(&self) -> impl Iterator<Item = &str> {
-        self.hosts.iter().map(String::as_str)
+        self.hosts.iter().map(|h| &**h)
     }
 
     /// Weighted random draw: host `i` is chosen with probability `weight_i / Σ weight`.

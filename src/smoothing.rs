@@ -1,8 +1,9 @@
 //! Smoothers: turn a host's noisy latency samples into one steady estimate.
 //!
-//! Balancing on raw, instantaneous latency sends traffic back and forth between hosts (seed 000's
-//! "倒来倒去"). Smoothing is the first of the three gates against that; the weight table's timed
-//! refresh (`weights`) and the weighted random pick (`pick`) are the other two.
+//! Balancing on raw, instantaneous latency sends traffic back and forth between hosts. Three gates
+//! stop that, and each alone is not enough: smooth every host's samples (this module), recompute
+//! the weight table on a timer rather than per request (`state`, `weights`), and pick by weighted
+//! random rather than "always the fastest" (`pick`).
 //!
 //! Samples reach a smoother in batches: each worker VM collects the samples of one tick and merges
 //! them into shared state at once. A batch is summarised by its count and mean, and every
@@ -14,6 +15,8 @@
 use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
+
+use crate::units::ms_to_ns_f64;
 
 /// Upper bound on `sma.window`: the window lives in shared state, once per host.
 pub const MAX_SMA_WINDOW: usize = 64;
@@ -44,7 +47,7 @@ impl Batch {
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(try_from = "SmoothingSpec", into = "SmoothingSpec")]
 pub enum Smoother {
-    /// Per-sample EWMA `v = α·x + (1−α)·v` (seed 000; TCP's SRTT is α = 1/8).
+    /// Per-sample EWMA `v = α·x + (1−α)·v` (α 0.2-0.3 is typical; TCP's SRTT is α = 1/8).
     Ewma { alpha: f64 },
     /// Continuous-time EWMA: a sample's weight grows with the time since the last update, so the
     /// estimate forgets at the same speed whatever the request rate.
@@ -212,7 +215,7 @@ fn decay(dt_ns: u64, tau_ms: u64) -> f64 {
     if tau_ms == 0 {
         return 0.0;
     }
-    (-(dt_ns as f64) / (tau_ms as f64 * 1e6)).exp()
+    (-(dt_ns as f64) / ms_to_ns_f64(tau_ms as f64)).exp()
 }
 
 /// `keep·old + (1−keep)·new`.
@@ -227,7 +230,7 @@ impl Smoother {
         let dt_ns = now_ns.saturating_sub(est.updated_ns);
         let n = i32::try_from(batch.count).unwrap_or(i32::MAX);
         let value = match (*self, est.value_ms) {
-            // Seed 000 starts from the first sample.
+            // The classic form starts from the first sample.
             (Smoother::Ewma { .. } | Smoother::DecayEwma { .. }, None) => mean,
             // n steps of α; exact when the batch's samples are equal.
             (Smoother::Ewma { alpha }, Some(v)) => blend(v, mean, (1.0 - alpha).powi(n)),

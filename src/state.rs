@@ -1,10 +1,10 @@
-//! Shared state: one record per cluster that every worker VM merges its samples into, and the
-//! compact, versioned encoding it is stored under in proxy-wasm shared data.
+//! Shared state: the record of one cluster that every worker VM merges its samples into, and
+//! what merging and refreshing do to it.
 //!
 //! Merging happens on ticks, never per request. Whoever merges when a refresh is due also
 //! recomputes the weight table and bumps `table_version`; the compare-and-swap around the write
-//! (in the adapter) makes that one VM per refresh. Decoding never trusts its input: bytes from
-//! another version of the plugin, truncated or random, give an error and the state is rebuilt.
+//! (`sync`) makes that one VM per refresh. How the record is stored, keyed and encoded is
+//! `sync`'s business too.
 
 use std::collections::BTreeMap;
 
@@ -12,12 +12,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::outlier::{ejection_budget, Health, OutlierParams};
 use crate::smoothing::{Batch, Estimate, Smoother};
+use crate::units::NS_PER_SEC;
 use crate::weights::{self, HostInput, WeightParams};
-
-/// Leading bytes of every encoded record; a different prefix means "not ours".
-pub const MAGIC: &[u8; 4] = b"EWLB";
-/// Bumped whenever the encoded layout changes; records of another version are rebuilt.
-pub const FORMAT_VERSION: u8 = 1;
 
 /// What one worker observed of one host since its last successful merge.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -72,8 +68,8 @@ pub struct ClusterState {
     pub hosts: Vec<HostState>,
 }
 
-/// Everything merge and refresh need to know of the configuration.
-#[derive(Clone, Debug, Default, PartialEq)]
+/// Everything merge and refresh need to know of the configuration; `Config::policy`.
+#[derive(Clone, Debug, PartialEq)]
 pub struct Policy {
     pub smoother: Smoother,
     pub weights: WeightParams,
@@ -83,49 +79,7 @@ pub struct Policy {
     pub max_hosts: usize,
 }
 
-/// Why a record could not be decoded.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DecodeError {
-    NotOurs,
-    OtherVersion(u8),
-    Corrupt(String),
-}
-
-impl std::fmt::Display for DecodeError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            DecodeError::NotOurs => write!(f, "not an ewma-lb record"),
-            DecodeError::OtherVersion(v) => write!(f, "record format {v}, expected {FORMAT_VERSION}"),
-            DecodeError::Corrupt(why) => write!(f, "corrupt record: {why}"),
-        }
-    }
-}
-
 impl ClusterState {
-    pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(64 + self.hosts.len() * 96);
-        out.extend_from_slice(MAGIC);
-        out.push(FORMAT_VERSION);
-        // Encoding plain data into a Vec cannot fail; an empty body would decode as corrupt.
-        if let Ok(body) = postcard::to_allocvec(self) {
-            out.extend_from_slice(&body);
-        }
-        out
-    }
-
-    pub fn decode(bytes: &[u8], max_hosts: usize) -> Result<Self, DecodeError> {
-        let body = bytes.strip_prefix(MAGIC.as_slice()).ok_or(DecodeError::NotOurs)?;
-        let (&version, body) = body.split_first().ok_or(DecodeError::NotOurs)?;
-        if version != FORMAT_VERSION {
-            return Err(DecodeError::OtherVersion(version));
-        }
-        let state: ClusterState = postcard::from_bytes(body).map_err(|e| DecodeError::Corrupt(e.to_string()))?;
-        if state.hosts.len() > max_hosts {
-            return Err(DecodeError::Corrupt(format!("{} hosts, limit {max_hosts}", state.hosts.len())));
-        }
-        Ok(state)
-    }
-
     pub fn host(&self, address: &str) -> Option<&HostState> {
         self.hosts.iter().find(|h| h.address == address)
     }
@@ -248,4 +202,4 @@ impl ClusterState {
 }
 
 /// Time constant of the operator-facing error rate.
-const ERROR_RATE_TAU_NS: f64 = 10e9;
+const ERROR_RATE_TAU_NS: f64 = (10 * NS_PER_SEC) as f64;

@@ -3,6 +3,7 @@
 use serde::Serialize;
 
 use crate::state::{ClusterState, HostState};
+use crate::units::ns_to_whole_ms;
 
 #[derive(Serialize)]
 pub struct Status<'a> {
@@ -70,7 +71,7 @@ impl<'a> ClusterStatus<'a> {
         ClusterStatus {
             cluster,
             table_version: state.table_version,
-            refreshed_ms_ago: (state.table_version > 0).then(|| now_ns.saturating_sub(state.refreshed_ns) / 1_000_000),
+            refreshed_ms_ago: (state.table_version > 0).then(|| ns_to_whole_ms(now_ns.saturating_sub(state.refreshed_ns))),
             hosts: state
                 .hosts
                 .iter()
@@ -82,7 +83,7 @@ impl<'a> ClusterStatus<'a> {
                     error_rate: h.error_rate,
                     state: HostPhase::of(h, now_ns, slow_start_ns),
                     consecutive_failures: h.health.consecutive_failures,
-                    ejected_for_ms: h.health.ejected_until_ns.saturating_sub(now_ns) / 1_000_000,
+                    ejected_for_ms: ns_to_whole_ms(h.health.ejected_until_ns.saturating_sub(now_ns)),
                     in_flight: in_flight(&h.address),
                 })
                 .collect(),

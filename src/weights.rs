@@ -2,7 +2,7 @@
 //!
 //! A share is `score^-exponent`, normalised, then shaped by four rules that keep the table calm:
 //! - cold start: a host without samples is scored at the cluster's median, not 0 (it would be
-//!   flooded) nor infinity (it would starve); seed 000;
+//!   flooded) nor infinity (it would starve);
 //! - slow start: a new or returning host's share ramps up linearly over `slow_start`;
 //! - damping: a share moves at most by a factor `max_step_ratio` per refresh (the anti-flap bound);
 //! - floor: every live host keeps at least `min_share`, so a slow host keeps being probed and can
@@ -10,11 +10,10 @@
 //!
 //! Ejected hosts get nothing; they are excluded before any of the rules apply.
 
-use serde::{Deserialize, Serialize};
+use crate::units::ms_to_ns;
 
-/// The tunables of [`shares`]; `config.weights` in the plugin configuration.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+/// The tunables of [`shares`]; `weights` in the plugin configuration (which gives the ramp in ms).
+#[derive(Clone, Debug, PartialEq)]
 pub struct WeightParams {
     /// Share ∝ score^-exponent. 1 is "inverse latency"; 2 makes a 10x slower host 100x less loaded.
     pub exponent: f64,
@@ -22,8 +21,8 @@ pub struct WeightParams {
     pub min_share: f64,
     /// Largest factor by which one refresh may raise or lower a host's share.
     pub max_step_ratio: f64,
-    /// Ramp-up time of a new or returning host, in ms; 0 turns slow start off.
-    pub slow_start_ms: u64,
+    /// Ramp-up time of a new or returning host; 0 turns slow start off.
+    pub slow_start_ns: u64,
     /// Share factor a host starts its ramp at.
     pub slow_start_min_factor: f64,
 }
@@ -34,7 +33,7 @@ impl Default for WeightParams {
             exponent: 2.0,
             min_share: 0.002,
             max_step_ratio: 2.0,
-            slow_start_ms: 5_000,
+            slow_start_ns: ms_to_ns(5_000),
             slow_start_min_factor: 0.1,
         }
     }
@@ -134,10 +133,10 @@ const BISECTION_STEPS: usize = 44;
 const MIN_SCORE_MS: f64 = 0.1;
 
 fn ramp(active_for_ns: u64, params: &WeightParams) -> f64 {
-    if params.slow_start_ms == 0 {
+    if params.slow_start_ns == 0 {
         return 1.0;
     }
-    let progress = active_for_ns as f64 / (params.slow_start_ms as f64 * 1e6);
+    let progress = active_for_ns as f64 / params.slow_start_ns as f64;
     progress.clamp(params.slow_start_min_factor.clamp(0.0, 1.0), 1.0)
 }
 

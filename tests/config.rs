@@ -5,15 +5,16 @@
 #[cfg(target_arch = "wasm32")]
 use wasm_bindgen_test::wasm_bindgen_test;
 
-use ewma_lb::config::Config;
+use ewma_lb::config::{Config, PluginConfig};
 use ewma_lb::pick::PickAlgorithm;
 use ewma_lb::smoothing::Smoother;
 
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn empty_and_braces_mean_all_defaults() {
-    assert_eq!(Config::from_json(b""), Ok(Config::default()));
-    assert_eq!(Config::from_json(b" {} "), Ok(Config::default()));
+    let defaults = PluginConfig::default().compile().unwrap_or_else(|e| panic!("the defaults must compile: {e}"));
+    assert_eq!(Config::from_json(b""), Ok(defaults.clone()));
+    assert_eq!(Config::from_json(b" {} "), Ok(defaults));
 }
 
 #[test]
@@ -34,10 +35,16 @@ fn a_full_configuration_parses() {
         "clusters": {"backend": {"endpoints": ["127.0.0.1:8081", "[::1]:8082"]}}
     }"#;
     let c = Config::from_json(json).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(c.smoothing, Smoother::Ewma { alpha: 0.3 });
-    assert_eq!(c.pick, PickAlgorithm::WeightedP2c);
+    // Compiled into the core's units: durations in ns, latency in ms.
+    assert_eq!(c.policy().smoother, Smoother::Ewma { alpha: 0.3 });
+    assert_eq!(c.pick(), PickAlgorithm::WeightedP2c);
     assert_eq!(c.static_endpoints("backend").len(), 2);
     assert_eq!(c.policy().refresh_interval_ns, 2_000_000_000);
+    assert_eq!(c.policy().host_ttl_ns, 30_000_000_000);
+    assert_eq!(c.policy().weights.slow_start_ns, 0);
+    assert_eq!(c.policy().outlier.base_ejection_ns, 10_000_000_000);
+    assert_eq!(c.failure_penalty_ms(), 2000.0);
+    assert_eq!(c.tick_period().as_millis(), 100);
 }
 
 #[test]

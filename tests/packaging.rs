@@ -22,9 +22,10 @@ use ewma_bench::backend::{Backend, BackendSpec};
 use ewma_bench::envoy::{Envoy, EnvoyOptions};
 use ewma_bench::latency::Latency;
 use ewma_bench::ports::free_port;
-use ewma_lb::config::{ClusterConfig, Config};
+use ewma_lb::config::{ClusterConfig, Config, PluginConfig};
 use ewma_lb::pick::PickAlgorithm;
 use ewma_lb::smoothing::Smoother;
+use ewma_lb::telemetry::Metric;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -73,7 +74,7 @@ fn assert_accepted(what: &str, config: &Value) {
 }
 
 fn default_json() -> Value {
-    serde_json::to_value(Config::default()).unwrap()
+    serde_json::to_value(PluginConfig::default()).unwrap()
 }
 
 /// Every smoother, once. The `match` makes a new algorithm a compile error here until it is
@@ -191,11 +192,11 @@ fn the_schema_documents_exactly_the_fields_of_the_config() {
     // The defaults, plus what the defaults leave empty: a cluster with endpoints, and every
     // smoothing algorithm with its parameters.
     compare_fields(&root, &root, &default_json(), "config", &mut visited);
-    let mut rich = Config::default();
+    let mut rich = PluginConfig::default();
     rich.clusters.insert("backend".into(), ClusterConfig { endpoints: vec!["127.0.0.1:8081".into(), "[::1]:8082".into()] });
     compare_fields(&root, &root, &serde_json::to_value(&rich).unwrap(), "config", &mut visited);
     for smoother in all_smoothers() {
-        let config = Config { smoothing: smoother, ..Config::default() };
+        let config = PluginConfig { smoothing: smoother, ..PluginConfig::default() };
         compare_fields(&root, &root, &serde_json::to_value(&config).unwrap(), "config", &mut visited);
     }
     assert!(visited.contains("config.clusters.backend"), "the cluster entry was not compared: {visited:?}");
@@ -220,7 +221,7 @@ fn the_schema_documents_exactly_the_fields_of_the_config() {
 fn the_defaults_in_the_schema_are_the_real_defaults() {
     let root = schema();
     let defaults = default_json();
-    assert!(schema_errors(&defaults).is_empty(), "Config::default() fails the schema: {:?}", schema_errors(&defaults));
+    assert!(schema_errors(&defaults).is_empty(), "PluginConfig::default() fails the schema: {:?}", schema_errors(&defaults));
     for (field, value) in defaults.as_object().unwrap() {
         let node = &root["properties"][field];
         assert_eq!(&node["default"], value, "default of {field}");
@@ -239,7 +240,7 @@ fn the_defaults_in_the_schema_are_the_real_defaults() {
         let name = branch["properties"]["algorithm"]["const"].clone();
         let config = Config::from_json(json!({ "smoothing": { "algorithm": name } }).to_string().as_bytes())
             .unwrap_or_else(|e| panic!("{name}: {e}"));
-        let parsed = serde_json::to_value(config.smoothing).unwrap();
+        let parsed = serde_json::to_value(config.policy().smoother).unwrap();
         for (param, spec) in branch["properties"].as_object().unwrap() {
             if param != "algorithm" {
                 assert_eq!(spec["default"], parsed[param], "default of smoothing {name}.{param}");
@@ -418,7 +419,7 @@ fn every_istio_wasmplugin_is_well_formed_and_its_plugin_config_valid() {
         let config = spec.get("pluginConfig").cloned().unwrap_or_else(|| json!({}));
         assert_accepted(file, &config);
         let configured = Config::from_json(config.to_string().as_bytes()).unwrap();
-        assert_eq!(configured.override_header, header, "{file}: the plugin's header must be the one the EnvoyFilter's override_host reads");
+        assert_eq!(configured.override_header(), header, "{file}: the plugin's header must be the one the EnvoyFilter's override_host reads");
     }
     assert_eq!(schemes, BTreeSet::from(["oci".to_string(), "file".to_string()]), "both an oci:// and a file:// WasmPlugin");
     // The complete example really is complete: every field of the configuration is spelled out.
@@ -660,7 +661,6 @@ fn the_oci_image_holds_only_plugin_wasm_in_one_layer() {
 #[test]
 fn the_dashboard_queries_metrics_the_plugin_defines() {
     let dashboard: Value = serde_json::from_str(&read("envoy-config/grafana/ewma-lb-dashboard.json")).unwrap();
-    let sources: String = ["src/filter/http.rs", "src/filter/root.rs"].iter().map(|f| read(f)).collect();
     let mut exprs = Vec::new();
     for panel in dashboard["panels"].as_array().unwrap() {
         for t in panel["targets"].as_array().into_iter().flatten() {
@@ -675,9 +675,20 @@ fn the_dashboard_queries_metrics_the_plugin_defines() {
         }
     }
     assert!(used.len() >= 6, "the dashboard should chart the plugin's metrics, uses {used:?}");
+    let defined: BTreeSet<&str> = Metric::ALL.iter().map(|m| m.name()).collect();
     for name in &used {
-        assert!(sources.contains(&format!("\"{name}\"")), "the dashboard queries {name}, which the plugin does not define");
+        assert!(defined.contains(name.as_str()), "the dashboard queries {name}, which the plugin does not define ({defined:?})");
     }
     let provisioned = yaml("envoy-config/grafana/provisioning/datasources/prometheus.yml");
     assert_eq!(provisioned["datasources"][0]["url"], "http://127.0.0.1:9090");
+}
+
+#[test]
+fn the_readme_documents_every_metric_with_its_labels() {
+    let readme = read("README.md");
+    for metric in Metric::ALL {
+        let labels = std::iter::once(ewma_lb::telemetry::CLUSTER_LABEL).chain(metric.label()).map(|l| format!("`{l}`")).collect::<Vec<_>>().join(", ");
+        let row = format!("| `{}` | {labels} |", metric.name());
+        assert!(readme.contains(&row), "README's metrics table lacks the row starting {row:?}");
+    }
 }

@@ -88,7 +88,7 @@ proptest! {
             for _ in 0..50 {
                 match table.pick(algorithm, &mut rng, |i| i as u32) {
                     Some(i) => {
-                        let host = table.host(i);
+                        let host = table.host(i).map(|h| &**h);
                         prop_assert!(host.is_some());
                         let original = names.iter().position(|n| Some(n.as_str()) == host).unwrap_or(usize::MAX);
                         prop_assert!(shares[original] > 0.0);

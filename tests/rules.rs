@@ -9,7 +9,7 @@ use ewma_lb::config::Config;
 use ewma_lb::rules::{normalize, PathClass, Rules};
 
 fn rules(json: &str) -> Rules {
-    Config::from_json(json.as_bytes()).and_then(|c| c.rules()).unwrap_or_else(|e| panic!("{e}"))
+    Config::from_json(json.as_bytes()).map(|c| c.rules().clone()).unwrap_or_else(|e| panic!("{e}"))
 }
 
 #[test]

@@ -9,14 +9,15 @@ use wasm_bindgen_test::wasm_bindgen_test;
 use std::collections::BTreeMap;
 
 use ewma_lb::config::Config;
-use ewma_lb::state::{Accumulator, ClusterState, DecodeError, Policy, FORMAT_VERSION, MAGIC};
+use ewma_lb::state::{Accumulator, ClusterState, Policy};
+use ewma_lb::sync::{decode, encode, DecodeError, FORMAT_VERSION, MAGIC};
 #[cfg(not(target_arch = "wasm32"))]
 use proptest::prelude::*;
 
 const SEC: u64 = 1_000_000_000;
 
 fn policy() -> Policy {
-    Config::default().policy()
+    Config::from_json(b"{}").unwrap().policy().clone()
 }
 
 fn samples(entries: &[(&str, &[f64], bool)]) -> BTreeMap<String, Accumulator> {
@@ -46,15 +47,15 @@ fn steady_state() -> ClusterState {
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn round_trip() {
     let state = steady_state();
-    let bytes = state.encode();
+    let bytes = encode(&state);
     assert!(bytes.starts_with(MAGIC));
-    assert_eq!(ClusterState::decode(&bytes, 256), Ok(state));
+    assert_eq!(decode(&bytes, 256), Ok(state));
 }
 
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn foreign_bytes_are_rejected_with_a_reason() {
-    let good = steady_state().encode();
+    let good = encode(&steady_state());
     let mut other_version = good.clone();
     other_version[4] = FORMAT_VERSION + 1;
     type Case = (&'static str, Vec<u8>, fn(&DecodeError) -> bool);
@@ -65,31 +66,31 @@ fn foreign_bytes_are_rejected_with_a_reason() {
         ("truncated", good[..good.len() / 2].to_vec(), |e| matches!(e, DecodeError::Corrupt(_))),
     ];
     for (name, bytes, expected) in cases {
-        match ClusterState::decode(&bytes, 256) {
+        match decode(&bytes, 256) {
             Err(e) => assert!(expected(&e), "{name}: unexpected error {e}"),
             Ok(s) => panic!("{name}: decoded {s:?}"),
         }
     }
-    assert!(matches!(ClusterState::decode(&good, 1), Err(DecodeError::Corrupt(_))), "host limit");
+    assert!(matches!(decode(&good, 1), Err(DecodeError::Corrupt(_))), "host limit");
 }
 
 #[cfg(not(target_arch = "wasm32"))]
 proptest! {
     #[test]
     fn decoding_arbitrary_bytes_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
-        let _ = ClusterState::decode(&bytes, 256);
+        let _ = decode(&bytes, 256);
         let mut framed = MAGIC.to_vec();
         framed.push(FORMAT_VERSION);
         framed.extend_from_slice(&bytes);
-        let _ = ClusterState::decode(&framed, 256);
+        let _ = decode(&framed, 256);
     }
 
     #[test]
     fn flipping_bytes_of_a_real_record_never_panics(index in any::<prop::sample::Index>(), value in any::<u8>()) {
-        let mut bytes = steady_state().encode();
+        let mut bytes = encode(&steady_state());
         let i = index.index(bytes.len());
         bytes[i] = value;
-        let _ = ClusterState::decode(&bytes, 256);
+        let _ = decode(&bytes, 256);
     }
 }
 
@@ -139,7 +140,7 @@ fn consecutive_failures_eject_and_the_host_returns_later() {
     // Still ejected one refresh later, back after the base ejection time, ramping up.
     state.refresh(now + SEC, &p, &[]);
     assert_eq!(state.host("10.0.0.1:80").map(|h| h.share), Some(0.0));
-    let back = now + p.outlier.base_ejection_ms * 1_000_000 + 1;
+    let back = now + p.outlier.base_ejection_ns + 1;
     state.refresh(back, &p, &[]);
     let host = state.host("10.0.0.1:80").cloned().unwrap_or_default();
     assert!(!host.health.is_ejected(back) && host.share > 0.0 && host.active_since_ns == back);

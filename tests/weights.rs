@@ -16,7 +16,7 @@ fn host(score_ms: Option<f64>) -> HostInput {
 }
 
 fn params() -> WeightParams {
-    WeightParams { slow_start_ms: 0, ..WeightParams::default() }
+    WeightParams { slow_start_ns: 0, ..WeightParams::default() }
 }
 
 #[test]
@@ -52,7 +52,7 @@ fn a_host_without_samples_is_scored_at_the_median() {
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn slow_start_ramps_a_new_host_in() {
-    let p = WeightParams { slow_start_ms: 10_000, slow_start_min_factor: 0.1, min_share: 0.0, ..params() };
+    let p = WeightParams { slow_start_ns: 10 * SEC, slow_start_min_factor: 0.1, min_share: 0.0, ..params() };
     let new = |age_s: u64| HostInput { active_for_ns: age_s * SEC, ..host(Some(50.0)) };
     let s = shares(&[host(Some(50.0)), new(0)], &p);
     assert!((s[1] - 0.1 / 1.1).abs() < 1e-9, "starts at the minimum factor: {s:?}");

@@ -13,7 +13,9 @@ use std::rc::Rc;
 use ewma_lb::config::Config;
 use ewma_lb::outcome::Outcome;
 use ewma_lb::state::ClusterState;
-use ewma_lb::worker::{shared_key, Decision, FallbackReason, Finished, Request, SharedStore, StoreError, Worker};
+use ewma_lb::sync::{self, SharedStore, StoreError};
+use ewma_lb::telemetry::{Change, Metric, Update};
+use ewma_lb::worker::{Decision, FallbackReason, Finished, Pick, Request, Worker};
 
 const SEC: u64 = 1_000_000_000;
 const CLUSTER: &str = "backend";
@@ -56,13 +58,23 @@ impl SharedStore for Shared {
 
 impl Shared {
     fn state(&self) -> ClusterState {
-        let bytes = self.0.borrow().data.get(&shared_key(CLUSTER)).map(|(b, _)| b.clone()).unwrap_or_default();
-        ClusterState::decode(&bytes, 256).unwrap_or_default()
+        let bytes = self.0.borrow().data.get(&sync::key(CLUSTER)).map(|(b, _)| b.clone()).unwrap_or_default();
+        sync::decode(&bytes, 256).unwrap_or_default()
     }
 }
 
 fn config(json: &str) -> Config {
     Config::from_json(json.as_bytes()).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn defaults() -> Config {
+    config("{}")
+}
+
+fn header_value(pick: &Pick) -> String {
+    let mut out = String::new();
+    pick.write_header_value(&mut out);
+    out
 }
 
 /// A worker with `cfg` and a store it has ticked once, so the configured endpoints form a table.
@@ -82,7 +94,7 @@ fn finish_ok(w: &mut Worker, host: &str, ms: f64) {
 fn no_sample_is_lost_under_contention() {
     let store = Shared::default();
     store.0.borrow_mut().lose_every = Some(3);
-    let mut workers: Vec<Worker> = (0..3).map(|i| Worker::new(Config::default(), i)).collect();
+    let mut workers: Vec<Worker> = (0..3).map(|i| Worker::new(defaults(), i)).collect();
     let mut recorded = 0u64;
     for t in 1..=50u64 {
         for (i, w) in workers.iter_mut().enumerate() {
@@ -125,7 +137,7 @@ fn one_refresh_per_interval_whoever_ticks() {
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn every_worker_adopts_the_same_table() {
     let store = Shared::default();
-    let mut workers: Vec<Worker> = (0..2).map(|i| Worker::new(Config::default(), i)).collect();
+    let mut workers: Vec<Worker> = (0..2).map(|i| Worker::new(defaults(), i)).collect();
     // Both see a first request before any table exists.
     for w in &mut workers {
         assert_eq!(w.pick(CLUSTER), Decision::Fallback(FallbackReason::TableNotReady));
@@ -140,8 +152,8 @@ fn every_worker_adopts_the_same_table() {
     // Worker 1 never served a request but steers from the table worker 0's samples built.
     let mut counts: HashMap<String, u32> = HashMap::new();
     for _ in 0..2000 {
-        if let Decision::Override { host, .. } = workers[1].pick(CLUSTER) {
-            *counts.entry(host).or_default() += 1;
+        if let Decision::Override(pick) = workers[1].pick(CLUSTER) {
+            *counts.entry(pick.host.to_string()).or_default() += 1;
         }
     }
     let fast = counts.get("10.0.0.1:80").copied().unwrap_or(0);
@@ -156,8 +168,9 @@ fn in_flight_counts_go_up_on_pick_and_down_once_on_finish() {
     let store = Shared::default();
     let mut w = Worker::new(config(r#"{"exploration_share": 0, "clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}}"#), 1);
     w.tick(SEC, &mut store.clone());
-    let Decision::Override { host, header_value } = w.pick(CLUSTER) else { panic!("no table") };
-    assert_eq!((host.as_str(), header_value.as_str()), ("10.0.0.1:80", "10.0.0.1:80"));
+    let Decision::Override(pick) = w.pick(CLUSTER) else { panic!("no table") };
+    assert_eq!((&*pick.host, header_value(&pick).as_str()), ("10.0.0.1:80", "10.0.0.1:80"));
+    let host = pick.host.to_string();
     w.pick(CLUSTER);
     assert_eq!(w.in_flight(CLUSTER, &host), 2);
     let reset = Finished { picked: Some(&host), served_by: Some(&host), attempts: 1, latency_ms: 10.0, outcome: Some(Outcome::Reset) };
@@ -175,10 +188,11 @@ fn the_header_names_a_different_host_for_the_retry() {
     let cfg = r#"{"exploration_share": 0, "clusters": {"backend": {"endpoints": ["10.0.0.1:80", "10.0.0.2:80"]}}}"#;
     let (_, mut w) = ticked(cfg, 1);
     for _ in 0..100 {
-        let Decision::Override { host, header_value } = w.pick(CLUSTER) else { panic!("no table") };
-        let parts: Vec<&str> = header_value.split(',').collect();
-        assert_eq!(parts.len(), 2, "{header_value}");
-        assert_eq!(parts[0], host);
+        let Decision::Override(pick) = w.pick(CLUSTER) else { panic!("no table") };
+        let value = header_value(&pick);
+        let parts: Vec<&str> = value.split(',').collect();
+        assert_eq!(parts.len(), 2, "{value}");
+        assert_eq!(parts[0], &*pick.host);
         assert_ne!(parts[0], parts[1]);
     }
 }
@@ -196,8 +210,8 @@ fn the_exploration_share_is_left_to_the_fallback() {
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn a_foreign_record_is_rebuilt() {
     let store = Shared::default();
-    store.0.borrow_mut().data.insert(shared_key(CLUSTER), (b"garbage from another plugin".to_vec(), 7));
-    let mut w = Worker::new(Config::default(), 1);
+    store.0.borrow_mut().data.insert(sync::key(CLUSTER), (b"garbage from another plugin".to_vec(), 7));
+    let mut w = Worker::new(defaults(), 1);
     finish_ok(&mut w, "10.0.0.1:80", 5.0);
     let report = w.tick(SEC, &mut store.clone());
     assert!(report.errors.is_empty());
@@ -252,7 +266,7 @@ fn routes_follow_the_path_rules() {
         assert_eq!(&w.route(&request(path), || Some(source.to_string())), want, "{path} from {source}");
     }
     let business = w.route(&request("/orders/1"), || panic!("the client address is read for guarded paths only"));
-    assert!(matches!(business, Decision::Override { .. }));
+    assert!(matches!(business, Decision::Override(_)));
     let no_cluster = Request { path: "/orders/1", ..Request::default() };
     assert_eq!(w.route(&no_cluster, || None), Decision::Fallback(FallbackReason::NoCluster));
 }
@@ -295,4 +309,79 @@ fn the_status_document_is_guarded_and_describes_the_table() {
     assert!(hosts[1]["latency_ms"].is_null());
     let total: f64 = hosts.iter().map(|h| h["weight"].as_f64().unwrap()).sum();
     assert!((total - 1.0).abs() < 1e-9);
+}
+
+/// The counter and gauge changes of a tick, as `(metric, label, change)`.
+fn changes(report: &ewma_lb::worker::TickReport) -> Vec<(Metric, Option<String>, Change)> {
+    report.metrics.iter().map(|Update { metric, label, change, .. }| (*metric, label.clone(), *change)).collect()
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn decisions_are_counted_and_handed_over_once() {
+    let cfg = r#"{"exploration_share": 0, "management": {"allowed_cidrs": ["10.1.0.0/16"]},
+                 "clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}}"#;
+    let (store, mut w) = ticked(cfg, 1);
+    let business = Request { path: "/orders", cluster: Some(CLUSTER) };
+    for _ in 0..3 {
+        w.route(&business, || None);
+    }
+    w.route(&Request { path: "/health", cluster: Some(CLUSTER) }, || None);
+    w.route(&Request { path: "/actuator/env", cluster: Some(CLUSTER) }, || Some("192.0.2.1:1".into()));
+    w.route(&Request { path: "/orders", cluster: None }, || None);
+    // A pick the host refused to apply is neither steered nor in flight.
+    let Decision::Override(refused) = w.route(&business, || None) else { panic!("no table") };
+    w.cancel(CLUSTER, &refused);
+    let report = w.tick(2 * SEC, &mut store.clone());
+    let counters: Vec<(Metric, String, Option<String>, Change)> = report
+        .metrics
+        .iter()
+        .filter(|u| u.metric.kind() == ewma_lb::telemetry::MetricKind::Counter)
+        .map(|u| (u.metric, u.cluster.clone(), u.label.clone(), u.change))
+        .collect();
+    let want = vec![
+        (Metric::SteeredRequests, CLUSTER.to_string(), None, Change::Add(3)),
+        (Metric::ManagementDeniedRequests, CLUSTER.to_string(), None, Change::Add(1)),
+        (Metric::FallbackRequests, CLUSTER.to_string(), Some("health_path".to_string()), Change::Add(1)),
+        (Metric::FallbackRequests, "none".to_string(), Some("no_cluster".to_string()), Change::Add(1)),
+    ];
+    assert_eq!(counters, want);
+    let again = w.tick(3 * SEC, &mut store.clone());
+    assert!(again.metrics.iter().all(|u| u.metric.kind() != ewma_lb::telemetry::MetricKind::Counter), "{:?}", again.metrics);
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn the_in_flight_gauge_moves_by_this_workers_change_since_the_last_tick() {
+    let cfg = r#"{"exploration_share": 0, "clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}}"#;
+    let (store, mut w) = ticked(cfg, 1);
+    let in_flight = |report: &ewma_lb::worker::TickReport| -> Vec<Change> {
+        changes(report).into_iter().filter(|(m, _, _)| *m == Metric::HostInFlight).map(|(_, _, c)| c).collect()
+    };
+    w.pick(CLUSTER);
+    w.pick(CLUSTER);
+    assert_eq!(in_flight(&w.tick(2 * SEC, &mut store.clone())), vec![Change::Add(2)]);
+    w.finish(CLUSTER, &Finished { picked: Some("10.0.0.1:80"), ..Finished::default() });
+    assert_eq!(in_flight(&w.tick(3 * SEC, &mut store.clone())), vec![Change::Add(-1)]);
+    assert_eq!(in_flight(&w.tick(4 * SEC, &mut store.clone())), vec![], "nothing changed");
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn adopting_a_table_sets_every_hosts_gauges() {
+    let cfg = r#"{"clusters": {"backend": {"endpoints": ["10.0.0.1:80", "10.0.0.2:80"]}}}"#;
+    let store = Shared::default();
+    let mut w = Worker::new(config(cfg), 1);
+    let report = w.tick(SEC, &mut store.clone());
+    assert_eq!(report.adopted, vec![(CLUSTER.to_string(), 1)]);
+    let weights: Vec<u64> = changes(&report)
+        .into_iter()
+        .filter_map(|(m, _, c)| match (m, c) {
+            (Metric::HostWeight, Change::Set(ppm)) => Some(ppm),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(weights, vec![500_000, 500_000]);
+    let ejected = changes(&report).into_iter().filter(|(m, _, _)| *m == Metric::HostEjected).count();
+    assert_eq!(ejected, 2);
 }

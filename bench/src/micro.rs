@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use ewma_lb::config::Config;
 use ewma_lb::pick::PickTable;
 use ewma_lb::state::{Accumulator, ClusterState};
+use ewma_lb::sync;
 use ewma_lb::weights::{shares, HostInput, WeightParams};
 use serde::Serialize;
 
@@ -62,7 +63,7 @@ fn latency_ms(i: usize) -> f64 {
 
 /// A cluster state with `n` hosts that each have a few samples.
 fn state_with(n: usize) -> (ClusterState, ewma_lb::state::Policy) {
-    let mut policy = Config::default().policy();
+    let mut policy = Config::from_json(b"{}").map(|c| c.policy().clone()).unwrap_or_else(|e| panic!("defaults: {e}"));
     policy.max_hosts = n;
     policy.host_ttl_ns = u64::MAX;
     let mut samples = BTreeMap::new();
@@ -109,12 +110,10 @@ pub fn run(quick: bool) -> Vec<MicroResult> {
             black_box(shares(black_box(&inputs), &params));
         }));
 
-        let encoded = state.encode();
-        push("ClusterState::encode+decode", n, time_it(budget, 1_000_000, || {
-            let bytes = black_box(state.encode());
-            black_box(ClusterState::decode(&bytes, n).ok());
+        push("sync::encode+decode", n, time_it(budget, 1_000_000, || {
+            let bytes = black_box(sync::encode(&state));
+            black_box(sync::decode(&bytes, n).ok());
         }));
-        let _ = encoded;
 
         let table = PickTable::new(state.hosts.iter().map(|h| (h.address.as_str(), h.share)));
         let mut rng = fastrand::Rng::with_seed(7);

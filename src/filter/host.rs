@@ -4,7 +4,7 @@
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{MapType, Status};
 
-use crate::worker::{SharedStore, StoreError};
+use crate::sync::{SharedStore, StoreError};
 
 /// Host time in ns since the epoch; 0 if the host cannot tell (samples then look instant).
 pub fn now_ns() -> u64 {

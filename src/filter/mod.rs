@@ -1,8 +1,10 @@
 //! The adapter between the host-free core and the proxy-wasm host: the only module that makes
-//! host calls. Every host call goes through `host`, which turns host errors into values; nothing
-//! here may panic, since a panic fails the request (and, with FAIL_CLOSED, the worker for good).
+//! host calls. It maps host calls to core calls and host errors to values and logs; every
+//! decision is the core's. Nothing here may panic, since a panic fails the request (and, with
+//! FAIL_CLOSED, the worker for good).
 
 mod host;
 mod http;
 mod metrics;
 pub mod root;
+mod vm;

@@ -2,27 +2,18 @@
 
 use std::cell::RefCell;
 use std::rc::Rc;
-use std::time::Duration;
 
 use log::{debug, error, info, warn};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::{BufferType, ContextType, MetricType};
+use proxy_wasm::types::{BufferType, ContextType};
 
 use super::host::{self, SharedData};
 use super::http::Http;
-use super::metrics::{Key, Metrics};
+use super::vm::Vm;
 use crate::config::Config;
-use crate::state::ClusterState;
-use crate::status::HostPhase;
+use crate::units::ns_to_whole_ms;
 use crate::worker::Worker;
-
-/// Everything one VM keeps: its balancer and its metric ids. Shared by the root context and the
-/// VM's request contexts (one thread, so `Rc<RefCell>`).
-pub struct Vm {
-    pub worker: Worker,
-    pub metrics: Metrics,
-}
 
 #[derive(Default)]
 pub struct Root {
@@ -48,41 +39,33 @@ impl RootContext for Root {
                 return false;
             }
         };
-        if hostcalls::set_tick_period(Duration::from_millis(config.tick_period_ms)).is_err() {
-            error!("ewma-lb: the host refused tick_period_ms {}", config.tick_period_ms);
+        if hostcalls::set_tick_period(config.tick_period()).is_err() {
+            error!("ewma-lb: the host refused tick_period_ms {}", config.tick_period().as_millis());
             return false;
         }
+        let policy = config.policy();
         info!(
             "ewma-lb: configured: smoothing {}, pick {:?}, refresh every {} ms{}",
-            config.smoothing.name(),
-            config.pick,
-            config.refresh_interval_ms,
-            if config.shadow { ", shadow mode (never overrides)" } else { "" }
+            policy.smoother.name(),
+            config.pick(),
+            ns_to_whole_ms(policy.refresh_interval_ns),
+            if config.shadow() { ", shadow mode (never overrides)" } else { "" }
         );
-        let worker = Worker::new(config, random_seed());
-        self.vm = Some(Rc::new(RefCell::new(Vm { worker, metrics: Metrics::default() })));
+        self.vm = Some(Rc::new(RefCell::new(Vm::new(Worker::new(config, random_seed())))));
         true
     }
 
     fn on_tick(&mut self) {
         let Some(vm) = &self.vm else { return };
         let Ok(mut vm) = vm.try_borrow_mut() else { return };
-        let Vm { worker, metrics } = &mut *vm;
-        let now_ns = host::now_ns();
-        let report = worker.tick(now_ns, &mut SharedData);
-        for (cluster, count) in &report.ejections {
-            let key = Key { name: "ewma_lb_ejections_total", kind: MetricType::Counter, cluster, label: None };
-            metrics.add(key, *count as i64);
+        let Vm { worker, metrics, .. } = &mut *vm;
+        let report = worker.tick(host::now_ns(), &mut SharedData);
+        for update in &report.metrics {
+            metrics.apply(update);
         }
-        let slow_start_ns = worker.config().weights.slow_start_ms.saturating_mul(1_000_000);
-        for (cluster, version) in &report.adopted {
-            let Some(state) = worker.snapshots().find(|(name, _)| name == cluster).map(|(_, s)| s) else {
-                continue;
-            };
-            export_table(metrics, cluster, state, now_ns, slow_start_ns);
-            if log::log_enabled!(log::Level::Debug) {
-                let shares: Vec<String> = state.hosts.iter().map(|h| format!("{}={:.4}", h.address, h.share)).collect();
-                debug!("ewma-lb: adopted table v{version} for cluster {cluster}: {}", shares.join(" "));
+        if log::log_enabled!(log::Level::Debug) {
+            for (cluster, version) in &report.adopted {
+                debug!("ewma-lb: adopted table v{version} for cluster {cluster}: {}", worker.table_summary(cluster));
             }
         }
         for (cluster, e) in &report.errors {
@@ -98,19 +81,6 @@ impl RootContext for Root {
 
     fn get_type(&self) -> Option<ContextType> {
         Some(ContextType::HttpContext)
-    }
-}
-
-/// Per-host gauges from a weight table. Every VM adopts the same table, so they all set the
-/// same values.
-fn export_table(metrics: &mut Metrics, cluster: &str, state: &ClusterState, now_ns: u64, slow_start_ns: u64) {
-    for h in &state.hosts {
-        let gauge = |name| Key { name, kind: MetricType::Gauge, cluster, label: Some(("host", h.address.as_str())) };
-        metrics.set(gauge("ewma_lb_host_weight_ppm"), (h.share * 1e6).round() as u64);
-        let latency_us = h.latency.value_ms().map_or(0, |ms| (ms * 1e3).round() as u64);
-        metrics.set(gauge("ewma_lb_host_latency_microseconds"), latency_us);
-        let ejected = HostPhase::of(h, now_ns, slow_start_ns) == HostPhase::Ejected;
-        metrics.set(gauge("ewma_lb_host_ejected"), u64::from(ejected));
     }
 }
 

@@ -1,0 +1,18 @@
+//! What one VM keeps, shared by its root context and its request contexts (one thread, so
+//! `Rc<RefCell>`).
+
+use super::metrics::Metrics;
+use crate::worker::Worker;
+
+pub struct Vm {
+    pub worker: Worker,
+    pub metrics: Metrics,
+    /// Reused for every override header value, so a steered request allocates none.
+    pub header_value: String,
+}
+
+impl Vm {
+    pub fn new(worker: Worker) -> Self {
+        Vm { worker, metrics: Metrics::default(), header_value: String::new() }
+    }
+}
