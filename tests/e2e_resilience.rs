@@ -11,21 +11,21 @@ use std::net::TcpStream;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{latency, share, within, Stack};
-use ewma_bench::backend::BackendSpec;
-use ewma_bench::http;
+use common::share;
+use harness::config::LISTENER;
+use harness::{http, within, BackendSpec, Stack};
 
 fn three(spec: &str) -> Vec<BackendSpec> {
-    ["a", "b", "c"].iter().map(|n| BackendSpec::new(*n, latency(spec))).collect()
+    ["a", "b", "c"].iter().map(|n| BackendSpec::new(*n, spec.parse().unwrap())).collect()
 }
 
 #[test]
 fn health_probes_are_never_steered_nor_sampled() {
     // b's health endpoint is slow (800 ms), its business answers are fast.
     let mut specs = three("uniform:40-60");
-    specs[1] = BackendSpec::new("b", latency("uniform:40-60")).health_latency(latency("fixed:800"));
-    let stack = Stack::start(specs, None);
-    stack.load(100.0, 4);
+    specs[1] = BackendSpec::new("b", "uniform:40-60".parse().unwrap()).health_latency("fixed:800".parse().unwrap());
+    let stack = Stack::start(specs).unwrap();
+    stack.load(100.0, 4).unwrap();
     let probes = 30;
     let handles: Vec<_> = (0..probes)
         .map(|i| {
@@ -33,7 +33,7 @@ fn health_probes_are_never_steered_nor_sampled() {
             thread::spawn(move || http::get(&url, &[]).map(|r| (r.status, r.header("x-seen-override").map(str::to_string))))
         })
         .collect();
-    stack.load(100.0, 3);
+    stack.load(100.0, 3).unwrap();
     for h in handles {
         let (status, seen) = h.join().unwrap().unwrap();
         assert_eq!(status, 200);
@@ -45,7 +45,7 @@ fn health_probes_are_never_steered_nor_sampled() {
     let counted = within(Duration::from_secs(2), || stack.prometheus(series) == Some(probes as f64));
     assert!(counted.is_some(), "{series} = {:?}, want {probes}", stack.prometheus(series));
     std::thread::sleep(Duration::from_millis(1200));
-    let b = stack.host_status("b");
+    let b = stack.host_status("b").unwrap();
     let latency_ms = b["latency_ms"].as_f64().unwrap_or(f64::NAN);
     assert!(latency_ms < 150.0, "slow probes polluted b's latency: {b}");
     assert!(share(&stack.served(), "b") > 0.2, "b lost traffic to its slow probes: {:?}", stack.served());
@@ -54,7 +54,7 @@ fn health_probes_are_never_steered_nor_sampled() {
 #[test]
 fn management_paths_are_open_to_the_allowlist_only() {
     let denied_cfg = r#"{"management": {"allowed_cidrs": ["10.0.0.0/8"]}}"#;
-    let stack = Stack::start(three("fixed:5"), Some(denied_cfg));
+    let stack = Stack::with_plugin_config(three("fixed:5"), denied_cfg).unwrap();
     let get = |path: &str, headers: &[(&str, &str)]| http::get(&format!("{}{path}", stack.url), headers).unwrap();
     for path in ["/actuator/prometheus", "/actuator/env", "/Actuator/%65nv", "/x/../actuator/metrics", "/ewma-lb/status"] {
         let r = get(path, &[]);
@@ -74,15 +74,19 @@ fn management_paths_are_open_to_the_allowlist_only() {
 
     // One trusted proxy in front (Envoy's xff_num_trusted_hops): the address it appended counts,
     // whatever the client wrote to the left of it.
-    let trust_one = [("use_remote_address: true", "use_remote_address: true\n          xff_num_trusted_hops: 1".to_string())];
-    let stack = Stack::start_with(three("fixed:5"), Some(denied_cfg), &trust_one);
+    let stack = Stack::start_with(three("fixed:5"), |config| {
+        config.plugin()?.set_plugin_config(denied_cfg)?;
+        config.listener(LISTENER)?.http()?.set_xff_num_trusted_hops(1)?;
+        Ok(())
+    })
+    .unwrap();
     let get = |path: &str, headers: &[(&str, &str)]| http::get(&format!("{}{path}", stack.url), headers).unwrap();
     assert_eq!(get("/actuator/prometheus", &[("x-forwarded-for", "10.1.2.3")]).status, 200);
     assert_eq!(get("/actuator/prometheus", &[("x-forwarded-for", "10.1.2.3, 203.0.113.9")]).status, 403);
     drop(stack);
 
     // The default allowlist has loopback in it.
-    let stack = Stack::start(three("fixed:5"), None);
+    let stack = Stack::start(three("fixed:5")).unwrap();
     let r = http::get(&format!("{}/actuator/prometheus", stack.url), &[]).unwrap();
     assert_eq!(r.status, 200, "{r:?}");
     assert_eq!(stack.backends.iter().map(|b| b.served_path("/actuator/prometheus")).sum::<u64>(), 1);
@@ -93,16 +97,16 @@ fn a_killed_backend_is_ejected_and_ramps_back_after_restart() {
     // Stated bounds: ejected within 2 s of the kill; back to at least 25 % of the traffic
     // (fair is 33 %) within 20 s of its restart. Ejection lasts 5 s here, slow start 5 s.
     let cfg = r#"{"outlier_detection": {"base_ejection_ms": 5000}}"#;
-    let stack = Stack::start(three("uniform:40-60"), Some(cfg));
-    stack.load(100.0, 4);
+    let stack = Stack::with_plugin_config(three("uniform:40-60"), cfg).unwrap();
+    stack.load(100.0, 4).unwrap();
     let started = Instant::now();
     let load = stack.load_in_background(100.0, 32);
     thread::sleep(Duration::from_secs(3));
-    let c = stack.backend("c");
+    let c = stack.backend("c").unwrap();
     let killed_at = started.elapsed();
     c.stop();
-    let ejected = within(Duration::from_secs(2), || stack.host_status("c")["state"] == "ejected");
-    assert!(ejected.is_some(), "c not ejected within 2 s: {}", stack.host_status("c"));
+    let ejected = within(Duration::from_secs(2), || stack.host_status("c").unwrap()["state"] == "ejected");
+    assert!(ejected.is_some(), "c not ejected within 2 s: {}", stack.host_status("c").unwrap());
     thread::sleep(Duration::from_secs(3));
     c.restart().unwrap();
     let restarted_at = started.elapsed();
@@ -110,7 +114,7 @@ fn a_killed_backend_is_ejected_and_ramps_back_after_restart() {
     stack.reset_counts();
     thread::sleep(Duration::from_secs(5));
     let late = stack.served();
-    let records = load.join().unwrap();
+    let records = load.join().unwrap().unwrap();
     assert!(share(&late, "c") >= 0.25, "c did not regain its share within 20 s of its restart at {restarted_at:?}: {late:?}");
     // Only requests already on their way to c may fail: those in flight when it died, and those
     // Envoy wrote to a pooled connection in the instant before it saw the close (HTTP/1.1
@@ -181,7 +185,7 @@ fn hostile_request(rng: &mut fastrand::Rng) -> Vec<u8> {
 #[test]
 fn ten_thousand_hostile_requests_never_break_the_filter() {
     // Loopback is not allowlisted here, so management paths take the local-reply path too.
-    let stack = Stack::start(three("fixed:1"), Some(r#"{"management": {"allowed_cidrs": ["10.0.0.0/8"]}}"#));
+    let stack = Stack::with_plugin_config(three("fixed:1"), r#"{"management": {"allowed_cidrs": ["10.0.0.0/8"]}}"#).unwrap();
     let addr = stack.url.trim_start_matches("http://").to_string();
     let workers: Vec<_> = (0..4u64)
         .map(|seed| {

@@ -10,27 +10,26 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use common::{latency, share, within, Stack};
-use ewma_bench::backend::BackendSpec;
-use ewma_bench::http;
+use common::share;
+use harness::{http, within, BackendSpec, Stack};
 
 /// Seed 002's cluster: two backends at 50-100 ms and one at 500-2000 ms.
 fn seed_backends() -> Vec<BackendSpec> {
     vec![
-        BackendSpec::new("fast1", latency("uniform:50-100")),
-        BackendSpec::new("fast2", latency("uniform:50-100")),
-        BackendSpec::new("slow", latency("uniform:500-2000")),
+        BackendSpec::new("fast1", "uniform:50-100".parse().unwrap()),
+        BackendSpec::new("fast2", "uniform:50-100".parse().unwrap()),
+        BackendSpec::new("slow", "uniform:500-2000".parse().unwrap()),
     ]
 }
 
 #[test]
 fn traffic_leaves_the_slow_backend_but_keeps_probing_it() {
-    let stack = Stack::start(seed_backends(), None);
-    stack.load(100.0, 5); // warm-up: the table forms from the first seconds of traffic
+    let stack = Stack::start(seed_backends()).unwrap();
+    stack.load(100.0, 5).unwrap(); // warm-up: the table forms from the first seconds of traffic
     stack.reset_counts();
     // 3,000 requests: the floor (0.2 %) and exploration (0.2 %, a third of it to the slow host)
     // make about 8 probes expected; none at all would be a 1-in-3,000 event.
-    let records = stack.load(200.0, 15);
+    let records = stack.load(200.0, 15).unwrap();
     let counts = stack.served();
     let slow = share(&counts, "slow");
     assert!(slow <= 0.05, "at least 95 % must reach the fast two, served: {counts:?}");
@@ -44,14 +43,14 @@ fn a_recovered_backend_earns_its_share_back() {
     // Stated bound: once the slow backend turns fast, its share of a 2 s window reaches 20 %
     // (fair is 33 %) within 30 s.
     const BOUND: Duration = Duration::from_secs(30);
-    let stack = Stack::start(seed_backends(), None);
-    stack.load(100.0, 8);
-    let slow = stack.backend("slow");
+    let stack = Stack::start(seed_backends()).unwrap();
+    stack.load(100.0, 8).unwrap();
+    let slow = stack.backend("slow").unwrap();
     stack.reset_counts();
     let load = stack.load_in_background(100.0, BOUND.as_secs() + 5);
     std::thread::sleep(Duration::from_secs(2));
     assert!(share(&stack.served(), "slow") < 0.05, "still avoided before it recovers: {:?}", stack.served());
-    slow.set_latency(latency("uniform:50-100"));
+    slow.set_latency("uniform:50-100".parse().unwrap());
     let mut last = stack.served();
     let took = within(BOUND, || {
         std::thread::sleep(Duration::from_millis(1750));
@@ -60,15 +59,15 @@ fn a_recovered_backend_earns_its_share_back() {
         last = now;
         share(&window, "slow") >= 0.20
     });
-    load.join().ok();
+    load.join().unwrap().unwrap();
     assert!(took.is_some(), "the recovered backend did not reach 20 % within {BOUND:?}: {:?}", stack.served());
     eprintln!("recovered backend back to >= 20 % after {:?}", took.unwrap_or_default());
 }
 
 #[test]
 fn a_client_supplied_override_header_never_decides_the_host() {
-    let stack = Stack::start(seed_backends(), None);
-    let slow = stack.backend("slow").addr().to_string();
+    let stack = Stack::start(seed_backends()).unwrap();
+    let slow = stack.backend("slow").unwrap().addr().to_string();
     let admin = stack.envoy.admin_addr().to_string();
     let forged = |value: &str| {
         let r = http::get(&format!("{}/work", stack.url), &[("x-ewma-lb-host", value)]).unwrap_or_else(|e| panic!("{e}"));
@@ -80,7 +79,7 @@ fn a_client_supplied_override_header_never_decides_the_host() {
     let early: Vec<(String, Option<String>)> = (0..30).map(|_| forged(&slow)).collect();
     assert!(early.iter().filter(|(b, _)| b == "slow").count() < 20, "{early:?}");
     assert!(early.iter().all(|(_, seen)| seen.as_deref() != Some(slow.as_str())), "the client's copy reached a backend");
-    stack.load(100.0, 6);
+    stack.load(100.0, 6).unwrap();
     let mut served: BTreeMap<String, usize> = BTreeMap::new();
     for _ in 0..100 {
         let (backend, seen) = forged(&slow);
@@ -95,9 +94,9 @@ fn a_client_supplied_override_header_never_decides_the_host() {
 
 #[test]
 fn both_workers_steer_from_one_shared_table() {
-    let stack = Stack::start(seed_backends(), None);
+    let stack = Stack::start(seed_backends()).unwrap();
     // Many connections so both workers take requests.
-    stack.load(150.0, 8);
+    stack.load(150.0, 8).unwrap();
     let log = stack.envoy.log();
     // "[time][thread][debug][wasm] ... adopted table v7 for cluster backend: a=0.49 b=0.49 c=0.005"
     let mut threads_by_table: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
@@ -110,6 +109,6 @@ fn both_workers_steer_from_one_shared_table() {
     assert!(shared >= 3, "no table (version and shares) was adopted by two workers: {threads_by_table:#?}");
     // And the load both workers steered avoided the slow backend alike.
     stack.reset_counts();
-    stack.load(150.0, 5);
+    stack.load(150.0, 5).unwrap();
     assert!(share(&stack.served(), "slow") <= 0.05, "{:?}", stack.served());
 }

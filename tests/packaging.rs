@@ -18,10 +18,7 @@ use std::path::{Component, Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use ewma_bench::backend::{Backend, BackendSpec};
-use ewma_bench::envoy::{Envoy, EnvoyOptions};
-use ewma_bench::latency::Latency;
-use ewma_bench::ports::free_port;
+use harness::{free_port, repo_root, Backend, BackendSpec, Envoy, EnvoyOptions, Latency};
 use ewma_lb::config::{ClusterConfig, Config, PluginConfig};
 use ewma_lb::pick::PickAlgorithm;
 use ewma_lb::smoothing::Smoother;
@@ -29,12 +26,8 @@ use ewma_lb::telemetry::Metric;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
 fn read(rel: &str) -> String {
-    let path = repo().join(rel);
+    let path = repo_root().join(rel);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
@@ -338,7 +331,7 @@ fn wasm_filters(v: &Value, out: &mut Vec<Value>) {
 }
 
 fn istio_manifests() -> Vec<(String, Value)> {
-    let dir = repo().join("envoy-config/istio");
+    let dir = repo_root().join("envoy-config/istio");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
         .flatten()
@@ -349,7 +342,7 @@ fn istio_manifests() -> Vec<(String, Value)> {
     files
         .iter()
         .flat_map(|p| {
-            let rel = p.strip_prefix(repo()).unwrap().to_string_lossy().to_string();
+            let rel = p.strip_prefix(repo_root()).unwrap().to_string_lossy().to_string();
             yaml_docs(&rel).into_iter().map(move |d| (rel.clone(), d))
         })
         .collect()
@@ -505,12 +498,12 @@ fn the_istio_cluster_patch_makes_envoy_obey_the_plugin_header() {
     let url = format!("http://127.0.0.1:{listen}/work");
     let target = backends[1].addr().to_string();
     for _ in 0..12 {
-        let r = ewma_bench::http::get(&url, &[(header.as_str(), target.as_str())]).unwrap_or_else(|e| panic!("{url}: {e}"));
+        let r = harness::http::get(&url, &[(header.as_str(), target.as_str())]).unwrap_or_else(|e| panic!("{url}: {e}"));
         assert_eq!(r.status, 200, "{r:?}");
     }
     assert_eq!(backends[1].served(), 12, "override_host did not send every request to {target}: served {:?}", backends.iter().map(Backend::served).collect::<Vec<_>>());
     // A host that is not in the cluster is ignored: the fallback serves the request.
-    let r = ewma_bench::http::get(&url, &[(header.as_str(), "127.0.0.1:1")]).unwrap();
+    let r = harness::http::get(&url, &[(header.as_str(), "127.0.0.1:1")]).unwrap();
     assert_eq!(r.status, 200, "{r:?}");
     assert_eq!(backends.iter().map(Backend::served).sum::<u64>(), 13);
     drop(envoy);
@@ -547,14 +540,14 @@ fn mounts(service: &Value) -> Vec<(PathBuf, String)> {
             let mut parts = v.split(':');
             let host = parts.next().unwrap_or_default();
             let container = parts.next().unwrap_or_default().to_string();
-            (normalize(&repo().join("envoy-config").join(host)), container)
+            (normalize(&repo_root().join("envoy-config").join(host)), container)
         })
         .collect()
 }
 
 fn local_envoy_version() -> String {
-    let shim = repo().join(".venv/bin/envoy");
-    let bin = if shim.exists() { shim } else { ewma_bench::envoy::envoy_binary().unwrap_or_else(|| panic!("no envoy binary: see test.sh")) };
+    let shim = repo_root().join(".venv/bin/envoy");
+    let bin = if shim.exists() { shim } else { harness::envoy::envoy_binary().unwrap_or_else(|| panic!("no envoy binary: see test.sh")) };
     let out = Command::new(&bin).arg("--version").output().unwrap_or_else(|e| panic!("{}: {e}", bin.display()));
     let text = String::from_utf8_lossy(&out.stdout).to_string();
     // "PATH  version: <sha>/1.40.0/Clean/RELEASE/BoringSSL"
@@ -574,7 +567,7 @@ fn docker_compose_runs_the_tested_envoy_config_and_plugin() {
 
     let envoy_mounts = mounts(envoy);
     let find = |host: &str| {
-        let want = repo().join(host);
+        let want = repo_root().join(host);
         envoy_mounts.iter().find(|(h, _)| *h == want).map(|(_, c)| c.clone()).unwrap_or_else(|| panic!("envoy does not mount {host}: {envoy_mounts:?}"))
     };
     let config_in_container = find("envoy-config/envoy.yaml");
@@ -619,7 +612,7 @@ fn docker_compose_runs_the_tested_envoy_config_and_plugin() {
     assert_eq!(job["metrics_path"], "/stats/prometheus");
     assert_eq!(job["static_configs"][0]["targets"][0], admin.as_str(), "Prometheus must scrape Envoy's admin");
     let prom_mounts = mounts(&compose["services"]["prometheus"]);
-    assert!(prom_mounts.iter().any(|(h, _)| *h == repo().join("envoy-config/prometheus.yml")), "prometheus must mount prometheus.yml");
+    assert!(prom_mounts.iter().any(|(h, _)| *h == repo_root().join("envoy-config/prometheus.yml")), "prometheus must mount prometheus.yml");
     for (host, _) in mounts(&compose["services"]["grafana"]) {
         assert!(host.exists(), "grafana mounts {} which does not exist", host.display());
     }
@@ -630,7 +623,7 @@ fn docker_compose_runs_the_tested_envoy_config_and_plugin() {
         .unwrap_or_else(|| panic!("docker-compose is not installed; install it with: apt-get install -y docker-compose (./test.sh does)"));
     let out = Command::new(tool)
         .args(["-f", "envoy-config/docker-compose.yml", "config", "-q"])
-        .current_dir(repo())
+        .current_dir(repo_root())
         .output()
         .unwrap_or_else(|e| panic!("docker-compose: {e}"));
     assert!(out.status.success(), "docker-compose config rejects envoy-config/docker-compose.yml:\n{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));

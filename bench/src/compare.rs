@@ -6,28 +6,25 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use serde::Serialize;
 
-use crate::backend::Backend;
-use crate::envoy::{Envoy, EnvoyOptions};
-use crate::load::{self, LoadSpec, Record};
+use harness::config::LISTENER;
+use harness::load::{self, LoadSpec, Record};
+use harness::summary::{shares_per_second, SecondShares, Summary};
+use harness::{Backend, Envoy, EnvoyOptions};
+
 use crate::metrics::{flapping, recovery_seconds, window_share, Flapping};
 use crate::plot;
-use crate::policy::{EnvoyConfig, Policy};
+use crate::policy::{plugin_module, Policy};
 use crate::scenario::Scenario;
-use crate::summary::{shares_per_second, SecondShares, Summary};
-
-/// Where the plugin is built by ./wasm-build.sh.
-pub fn default_wasm() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join("dist").join("ewma_lb.wasm")
-}
 
 /// How to run a comparison.
 #[derive(Clone, Debug)]
 pub struct CompareOptions {
     pub out_dir: PathBuf,
-    pub wasm: PathBuf,
+    /// The plugin module; `None`: the one ./wasm-build.sh leaves in dist/.
+    pub wasm: Option<PathBuf>,
     pub plots: bool,
     /// Overrides the scenario's `rounds`.
     pub rounds: Option<u32>,
@@ -81,11 +78,10 @@ pub fn compare(s: &Scenario, opts: &CompareOptions) -> Result<Report> {
     if opts.plots {
         plot::ensure_font()?;
     }
-    let wasm = opts.wasm.canonicalize().unwrap_or_else(|_| opts.wasm.clone());
+    // Envoy's own policies run without the plugin: its module is only looked for when needed.
+    let mut wasm = PathBuf::from(harness::paths::PLUGIN_WASM);
     if s.policies.iter().any(|p| p.uses_plugin()) {
-        if !wasm.is_file() {
-            bail!("plugin {} not found: run ./wasm-build.sh first (or pass --wasm)", wasm.display());
-        }
+        wasm = plugin_module(opts.wasm.as_deref())?;
         for p in s.policies.iter().filter(|p| p.uses_plugin()) {
             if let Some(pc) = p.plugin_config(&s.plugin_config) {
                 ewma_lb::config::Config::from_json(serde_json::to_string(&pc)?.as_bytes())
@@ -170,8 +166,9 @@ fn run_policy(
     by_addr: &HashMap<String, String>,
     names: &[String],
 ) -> Result<PolicyRun> {
-    let cfg = EnvoyConfig::for_policy(policy, &s.plugin_config, wasm, endpoints, s.route_timeout)?;
-    let yaml = cfg.render()?;
+    let mut config = policy.envoy_config(&s.plugin_config, wasm, endpoints, s.route_timeout)?;
+    let port = config.listener(LISTENER)?.port()?;
+    let yaml = config.to_yaml()?;
     let options = EnvoyOptions {
         concurrency: s.concurrency,
         log_level: "warn".into(),
@@ -180,7 +177,7 @@ fn run_policy(
     };
     let envoy = Envoy::start(options).with_context(|| format!("starting Envoy for {policy}"))?;
     let spec = LoadSpec {
-        url: format!("http://127.0.0.1:{}/", cfg.listen_port),
+        url: format!("http://127.0.0.1:{port}/"),
         rate_per_s: s.rate,
         duration: s.duration,
         max_in_flight: s.max_in_flight,

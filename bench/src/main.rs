@@ -5,13 +5,14 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
-use ewma_bench::backend::{parse_backend_arg, Backend};
-use ewma_bench::compare::{default_wasm, markdown_table, CompareOptions};
+use ewma_bench::backend_arg::parse_backend_arg;
+use ewma_bench::compare::{markdown_table, CompareOptions};
 use ewma_bench::overhead::OverheadOptions;
 use ewma_bench::scenario::Scenario;
-use ewma_bench::latency::parse_duration;
-use ewma_bench::load::{run_observed, LoadSpec, Record};
-use ewma_bench::summary::{format_shares, Summary};
+use harness::latency::parse_duration;
+use harness::load::{run_observed, LoadSpec, Record};
+use harness::summary::{format_shares, Summary};
+use harness::Backend;
 
 #[derive(Parser)]
 #[command(name = "ewma-bench", about = "Backends and load for ewma-lb tests and benchmarks (127.0.0.1 only)")]
@@ -251,7 +252,7 @@ fn bench_out(name: &str) -> PathBuf {
 fn compare(args: CompareArgs) -> Result<()> {
     let scenario = if args.smoke { Scenario::load_smoke(&args.scenario)? } else { Scenario::load(&args.scenario)? };
     let out = args.out.unwrap_or_else(|| bench_out(&scenario.name));
-    let opts = CompareOptions { out_dir: out.clone(), wasm: args.wasm.unwrap_or_else(default_wasm), plots: !args.no_plots, rounds: args.rounds };
+    let opts = CompareOptions { out_dir: out.clone(), wasm: args.wasm, plots: !args.no_plots, rounds: args.rounds };
     let report = ewma_bench::compare::compare(&scenario, &opts)?;
     println!("\n{}", markdown_table(&report));
     println!("written to {}: {}", out.display(), report.files.join(", "));
@@ -260,7 +261,7 @@ fn compare(args: CompareArgs) -> Result<()> {
 
 fn overhead(args: OverheadArgs) -> Result<()> {
     let out = args.out.unwrap_or_else(|| bench_out("overhead"));
-    let mut opts = OverheadOptions::new(out.clone(), args.wasm.unwrap_or_else(default_wasm));
+    let mut opts = OverheadOptions::new(out.clone(), args.wasm);
     opts.noop_wasm = args.noop_wasm;
     opts.rounds = args.rounds.clamp(1, 10);
     if args.smoke {

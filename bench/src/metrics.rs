@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use crate::summary::SecondShares;
+use harness::summary::SecondShares;
 
 /// Flapping index and its noise floor, in percentage points.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]

@@ -11,13 +11,13 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
-use crate::backend::{Backend, BackendSpec};
-use crate::envoy::{Envoy, EnvoyOptions};
-use crate::latency::Latency;
-use crate::load::{self, LoadSpec};
+use harness::config::{EnvoyLb, CLUSTER, LISTENER};
+use harness::load::{self, LoadSpec};
+use harness::summary::Summary;
+use harness::{Backend, BackendSpec, Envoy, EnvoyConfig, EnvoyOptions, Latency};
+
 use crate::micro::{self, MicroResult};
-use crate::policy::{EnvoyConfig, Policy, WasmFilter};
-use crate::summary::Summary;
+use crate::policy::{plugin_module, Policy};
 
 /// What sits in front of the router.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -44,7 +44,8 @@ impl Variant {
 #[derive(Clone, Debug)]
 pub struct OverheadOptions {
     pub out_dir: PathBuf,
-    pub wasm: PathBuf,
+    /// The plugin module; `None`: the one ./wasm-build.sh leaves in dist/.
+    pub wasm: Option<PathBuf>,
     /// The no-op filter; built from bench/noop-filter when `None`.
     pub noop_wasm: Option<PathBuf>,
     pub rounds: u32,
@@ -60,7 +61,7 @@ pub struct OverheadOptions {
 }
 
 impl OverheadOptions {
-    pub fn new(out_dir: PathBuf, wasm: PathBuf) -> Self {
+    pub fn new(out_dir: PathBuf, wasm: Option<PathBuf>) -> Self {
         OverheadOptions {
             out_dir,
             wasm,
@@ -139,31 +140,40 @@ pub fn build_noop() -> Result<PathBuf> {
     Ok(wasm)
 }
 
-fn config_for(variant: Variant, o: &OverheadOptions, noop: &Path, endpoint: std::net::SocketAddr) -> Result<EnvoyConfig> {
+/// The shipped config (through [`Policy::envoy_config`], as `compare` runs it) with what sits in
+/// front of the router swapped: nothing and least request (Envoy's own balancer), the no-op module
+/// in the plugin's place and least request, or ewma-lb as shipped.
+fn config_for(variant: Variant, wasm: &Path, noop: &Path, endpoint: std::net::SocketAddr) -> Result<EnvoyConfig> {
     let timeout = Duration::from_secs(5);
-    let mut cfg = EnvoyConfig::for_policy(Policy::LeastRequest, &serde_json::json!({}), &o.wasm, &[endpoint], timeout)?;
+    let no_plugin_config = serde_json::json!({});
     match variant {
-        Variant::NoFilter => {}
+        Variant::NoFilter => Policy::LeastRequest.envoy_config(&no_plugin_config, wasm, &[endpoint], timeout),
         Variant::NoopWasm => {
-            cfg.wasm = Some(WasmFilter { name: "noop".into(), file: noop.to_path_buf(), config_json: String::new() });
+            let mut config = Policy::EwmaLb.envoy_config(&no_plugin_config, noop, &[endpoint], timeout)?;
+            config.cluster(CLUSTER)?.use_envoy_lb(EnvoyLb::LeastRequest)?;
+            let mut filter = config.plugin()?;
+            filter.set_plugin_config("")?;
+            for id in ["typed_config.config.name", "typed_config.config.root_id", "typed_config.config.vm_config.vm_id"] {
+                filter.set(id, "noop")?;
+            }
+            Ok(config)
         }
-        Variant::EwmaLb => {
-            cfg = EnvoyConfig::for_policy(Policy::EwmaLb, &serde_json::json!({}), &o.wasm, &[endpoint], timeout)?;
-        }
+        Variant::EwmaLb => Policy::EwmaLb.envoy_config(&no_plugin_config, wasm, &[endpoint], timeout),
     }
-    Ok(cfg)
 }
 
-fn measure(variant: Variant, round: u32, o: &OverheadOptions, noop: &Path, backend: &Backend) -> Result<OverheadRun> {
-    let cfg = config_for(variant, o, noop, backend.addr())?;
+fn measure(variant: Variant, round: u32, o: &OverheadOptions, modules: (&Path, &Path), backend: &Backend) -> Result<OverheadRun> {
+    let (wasm, noop) = modules;
+    let mut config = config_for(variant, wasm, noop, backend.addr())?;
+    let port = config.listener(LISTENER)?.port()?;
     let options = EnvoyOptions {
         concurrency: o.concurrency,
         log_level: "warn".into(),
         component_log_level: "wasm:info".into(),
-        ..EnvoyOptions::new(cfg.render()?)
+        ..EnvoyOptions::new(config.to_yaml()?)
     };
     let _envoy = Envoy::start(options).with_context(|| format!("starting Envoy ({})", variant.name()))?;
-    let url = format!("http://127.0.0.1:{}/", cfg.listen_port);
+    let url = format!("http://127.0.0.1:{port}/");
     let closed = |d: Duration| LoadSpec {
         closed_loop_workers: Some(o.workers),
         timeout: Duration::from_secs(5),
@@ -189,9 +199,7 @@ fn measure(variant: Variant, round: u32, o: &OverheadOptions, noop: &Path, backe
 
 /// Runs the overhead measurement and writes results.md / results.json into `o.out_dir`.
 pub fn run(o: &OverheadOptions) -> Result<OverheadReport> {
-    if !o.wasm.is_file() {
-        bail!("plugin {} not found: run ./wasm-build.sh first (or pass --wasm)", o.wasm.display());
-    }
+    let wasm = plugin_module(o.wasm.as_deref())?;
     let noop = match &o.noop_wasm {
         Some(p) => p.clone(),
         None => build_noop()?,
@@ -206,7 +214,7 @@ pub fn run(o: &OverheadOptions) -> Result<OverheadReport> {
         }
         for v in order {
             eprint!("round {round} {:<18} ... ", v.name());
-            let r = measure(v, round, o, &noop, &backend)?;
+            let r = measure(v, round, o, (&wasm, &noop), &backend)?;
             eprintln!(
                 "{:.0} req/s at saturation; at {} req/s p50 {:.2} ms p99 {:.2} ms",
                 r.saturation_rps, o.rate, r.fixed_rate.p50_ms, r.fixed_rate.p99_ms
@@ -241,13 +249,13 @@ pub fn run(o: &OverheadOptions) -> Result<OverheadReport> {
             "saturation_s": o.saturation_time.as_secs_f64(),
             "fixed_rate_per_s": o.rate,
             "fixed_rate_s": o.rate_time.as_secs_f64(),
-            "plugin": o.wasm.display().to_string(),
+            "plugin": wasm.display().to_string(),
             "noop": noop.display().to_string(),
         }),
         results,
         runs,
         micro,
-        plugin_bytes: size(&o.wasm),
+        plugin_bytes: size(&wasm),
         noop_bytes: size(&noop),
     };
     std::fs::write(o.out_dir.join("results.md"), markdown(&report, o)).context("writing results.md")?;

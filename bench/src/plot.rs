@@ -8,7 +8,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use crate::summary::SecondShares;
+use harness::summary::SecondShares;
 
 /// Set to a .ttf file to choose the plots' font.
 pub const FONT_ENV: &str = "EWMA_BENCH_FONT";

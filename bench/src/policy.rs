@@ -1,5 +1,6 @@
-//! The load-balancing policies a benchmark compares, and the Envoy config of each, rendered from
-//! the templates in `bench/templates/`.
+//! The load-balancing policies a benchmark compares, and the Envoy config of each: the shipped
+//! envoy-config/envoy.yaml with the policy's edits (harness::config), so what the bench measures
+//! is what ships.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -8,17 +9,11 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use harness::config::{EnvoyLb, CLUSTER, LISTENER};
+use harness::load::UPSTREAM_HOST_HEADER;
+use harness::{free_port, EnvoyConfig};
 use serde::{Deserialize, Serialize};
-
-use crate::template::render;
-
-const ENVOY_TEMPLATE: &str = include_str!("../templates/envoy.yaml");
-const WASM_FILTER_TEMPLATE: &str = include_str!("../templates/wasm-filter.yaml");
-const OVERRIDE_HOST_TEMPLATE: &str = include_str!("../templates/lb-override-host.yaml");
-const ENDPOINT_TEMPLATE: &str = include_str!("../templates/endpoint.yaml");
-
-/// Header the plugin sets by default (`override_header` in its configuration).
-pub const DEFAULT_OVERRIDE_HEADER: &str = "x-ewma-lb-host";
+use serde_json::Value;
 
 /// One way of choosing the upstream host.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -30,7 +25,8 @@ pub enum Policy {
     Random,
     /// Envoy's `lb_policy: LEAST_REQUEST` (power of two choices by active requests).
     LeastRequest,
-    /// The plugin with the scenario's configuration, as envoy-config/envoy.yaml runs it.
+    /// The plugin with the scenario's configuration, as envoy-config/envoy.yaml runs it (it is
+    /// that file, see [`Policy::envoy_config`]).
     EwmaLb,
     /// The plugin with `"pick": "lowest_latency"`: always the host of lowest EWMA (the naive
     /// balancer the seeds warn about).
@@ -56,24 +52,47 @@ impl Policy {
         matches!(self, Policy::EwmaLb | Policy::EwmaLowest)
     }
 
-    fn lb_policy(self) -> Option<&'static str> {
+    /// Envoy's own balancer this policy is, `None` for the plugin's.
+    pub fn envoy_lb(self) -> Option<EnvoyLb> {
         match self {
-            Policy::RoundRobin => Some("ROUND_ROBIN"),
-            Policy::Random => Some("RANDOM"),
-            Policy::LeastRequest => Some("LEAST_REQUEST"),
+            Policy::RoundRobin => Some(EnvoyLb::RoundRobin),
+            Policy::Random => Some(EnvoyLb::Random),
+            Policy::LeastRequest => Some(EnvoyLb::LeastRequest),
             Policy::EwmaLb | Policy::EwmaLowest => None,
         }
     }
 
+    /// The Envoy config this policy runs: envoy-config/envoy.yaml as it ships, in front of
+    /// `endpoints` on a free port, with
+    /// - Envoy's own policies: the policy swap (the cluster's `lb_policy`, no plugin);
+    /// - the plugin's: the plugin configuration [`Policy::plugin_config`] makes of the scenario's,
+    ///   the module `wasm`, and `override_host` reading the header that configuration names;
+    /// - every policy: the bench's observation edits ([`observe`]).
+    pub fn envoy_config(self, scenario_config: &Value, wasm: &Path, endpoints: &[SocketAddr], route_timeout: Duration) -> Result<EnvoyConfig> {
+        let mut config = EnvoyConfig::local(free_port()?, wasm)?;
+        config.cluster(CLUSTER)?.set_endpoints(endpoints)?;
+        if let Some(lb) = self.envoy_lb() {
+            config.use_envoy_lb(CLUSTER, lb)?;
+        }
+        if let Some(plugin_config) = self.plugin_config(scenario_config) {
+            config.plugin()?.set_plugin_config(&serde_json::to_string(&plugin_config)?)?;
+            if let Some(header) = plugin_config.get("override_header").and_then(Value::as_str) {
+                config.cluster(CLUSTER)?.set_override_header(header)?;
+            }
+        }
+        observe(&mut config, route_timeout)?;
+        Ok(config)
+    }
+
     /// The plugin configuration this policy runs with: the scenario's, plus the naive pick for
     /// [`Policy::EwmaLowest`]. `None` for Envoy's own policies.
-    pub fn plugin_config(self, scenario_config: &serde_json::Value) -> Option<serde_json::Value> {
+    pub fn plugin_config(self, scenario_config: &Value) -> Option<Value> {
         match self {
             Policy::EwmaLb => Some(scenario_config.clone()),
             Policy::EwmaLowest => {
                 let mut c = scenario_config.clone();
                 if let Some(map) = c.as_object_mut() {
-                    map.insert("pick".into(), serde_json::Value::String("lowest_latency".into()));
+                    map.insert("pick".into(), Value::String("lowest_latency".into()));
                 }
                 Some(c)
             }
@@ -99,133 +118,72 @@ impl FromStr for Policy {
     }
 }
 
-/// A wasm filter to put in front of the router.
-#[derive(Clone, Debug)]
-pub struct WasmFilter {
-    /// Plugin name, root id and vm id.
-    pub name: String,
-    pub file: PathBuf,
-    /// The plugin configuration (JSON text).
-    pub config_json: String,
+/// `--wasm FILE`, else the plugin ./wasm-build.sh leaves; an error naming the fix when it is
+/// missing.
+pub fn plugin_module(given: Option<&Path>) -> Result<PathBuf> {
+    match given {
+        None => harness::plugin_wasm(),
+        Some(file) if file.is_file() => Ok(file.canonicalize().unwrap_or_else(|_| file.to_path_buf())),
+        Some(file) => bail!("plugin {} (--wasm) not found", file.display()),
+    }
 }
 
-/// Everything that varies between the rendered Envoy configs.
-#[derive(Clone, Debug)]
-pub struct EnvoyConfig {
-    pub admin_port: u16,
-    pub listen_port: u16,
-    pub route_timeout: Duration,
-    pub endpoints: Vec<SocketAddr>,
-    /// Envoy's own `lb_policy`, or `None` for the plugin's override_host policy.
-    pub lb_policy: Option<&'static str>,
-    /// The header override_host reads (only with `lb_policy: None`).
-    pub override_header: String,
-    pub wasm: Option<WasmFilter>,
-}
-
-impl EnvoyConfig {
-    /// The config of `policy`: Envoy's `lb_policy` and no filter, or the plugin and override_host
-    /// exactly as envoy-config/envoy.yaml runs them.
-    pub fn for_policy(
-        policy: Policy,
-        plugin_config: &serde_json::Value,
-        wasm_file: &Path,
-        endpoints: &[SocketAddr],
-        route_timeout: Duration,
-    ) -> Result<EnvoyConfig> {
-        let mut cfg = EnvoyConfig {
-            admin_port: crate::free_port()?,
-            listen_port: crate::free_port()?,
-            route_timeout,
-            endpoints: endpoints.to_vec(),
-            lb_policy: policy.lb_policy(),
-            override_header: DEFAULT_OVERRIDE_HEADER.into(),
-            wasm: None,
-        };
-        if let Some(pc) = policy.plugin_config(plugin_config) {
-            if let Some(h) = pc.get("override_header").and_then(|h| h.as_str()) {
-                cfg.override_header = h.to_string();
-            }
-            cfg.wasm = Some(WasmFilter {
-                name: "ewma_lb".into(),
-                file: wasm_file.to_path_buf(),
-                config_json: serde_json::to_string(&pc)?,
-            });
-        }
-        Ok(cfg)
-    }
-
-    /// The bootstrap YAML.
-    pub fn render(&self) -> Result<String> {
-        let filters = match &self.wasm {
-            None => String::new(),
-            Some(w) => {
-                let file = w.file.to_str().context("wasm path is not UTF-8")?;
-                if file.contains(['"', '\n', '}', ',']) {
-                    bail!("wasm path {file:?} has characters the YAML template cannot carry");
-                }
-                render(
-                    WASM_FILTER_TEMPLATE,
-                    &[
-                        ("WASM_NAME", w.name.clone()),
-                        ("WASM_FILE", file.to_string()),
-                        // A JSON string literal is a valid YAML double-quoted scalar.
-                        ("PLUGIN_JSON", serde_json::to_string(&w.config_json)?),
-                    ],
-                )?
-            }
-        };
-        let lb = match self.lb_policy {
-            Some(p) => format!("    lb_policy: {p}\n"),
-            None => render(OVERRIDE_HOST_TEMPLATE, &[("OVERRIDE_HEADER", self.override_header.clone())])?,
-        };
-        let mut endpoints = String::new();
-        for ep in &self.endpoints {
-            if !ep.ip().is_loopback() {
-                bail!("endpoint {ep} is not loopback");
-            }
-            endpoints.push_str(&render(ENDPOINT_TEMPLATE, &[("PORT", ep.port().to_string())])?);
-        }
-        render(
-            ENVOY_TEMPLATE,
-            &[
-                ("ADMIN_PORT", self.admin_port.to_string()),
-                ("LISTEN_PORT", self.listen_port.to_string()),
-                ("ROUTE_TIMEOUT", format!("{:.3}s", self.route_timeout.as_secs_f64())),
-                ("HTTP_FILTERS", filters.trim_end_matches('\n').to_string()),
-                ("CLUSTER_LB", lb.trim_end_matches('\n').to_string()),
-                ("ENDPOINTS", endpoints.trim_end_matches('\n').to_string()),
-            ],
-        )
-    }
+/// The bench's own edits, the same for every policy: they change what is observed, not how a
+/// host is chosen.
+/// - the route timeout is the scenario's (seed-table's 1.64 s makes round robin's error rate the
+///   seed's 12 %);
+/// - responses name the upstream host (`x-upstream-host: %UPSTREAM_HOST%`), so a 504 Envoy sends
+///   on the route timeout still counts against the host that was too slow.
+pub fn observe(config: &mut EnvoyConfig, route_timeout: Duration) -> Result<()> {
+    let mut route = config.listener(LISTENER)?.http()?.route_to(CLUSTER)?;
+    route.set_timeout(route_timeout)?;
+    route.add_response_header(UPSTREAM_HOST_HEADER, "%UPSTREAM_HOST%")?;
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
+    use harness::config::LbPolicy;
+    use serde_json::json;
+
     use super::*;
 
     fn endpoints() -> Vec<SocketAddr> {
         vec!["127.0.0.1:8081".parse().unwrap(), "127.0.0.1:8082".parse().unwrap()]
     }
 
+    /// The config `policy` runs with for a scenario's plugin configuration.
+    fn config(policy: Policy, scenario_config: Value) -> EnvoyConfig {
+        policy.envoy_config(&scenario_config, Path::new("/d/ewma_lb.wasm"), &endpoints(), Duration::from_millis(1640)).unwrap()
+    }
+
     #[test]
-    fn envoy_policies_set_lb_policy_and_no_filter() {
-        let c = EnvoyConfig::for_policy(Policy::LeastRequest, &serde_json::json!({}), Path::new("/x.wasm"), &endpoints(), Duration::from_millis(1640)).unwrap();
-        let y = c.render().unwrap();
-        assert!(y.contains("lb_policy: LEAST_REQUEST"), "{y}");
-        assert!(!y.contains("envoy.filters.http.wasm"));
-        assert!(y.contains("timeout: 1.640s"), "{y}");
-        assert!(y.contains("port_value: 8081") && y.contains("port_value: 8082"));
+    fn envoy_policies_are_the_shipped_config_with_the_policy_swapped() {
+        let mut c = config(Policy::LeastRequest, json!({}));
+        assert_eq!(c.cluster(CLUSTER).unwrap().lb_policy().unwrap(), LbPolicy::Envoy(EnvoyLb::LeastRequest));
+        assert!(c.plugin().is_err(), "no plugin");
+        assert_eq!(c.cluster(CLUSTER).unwrap().endpoints().unwrap(), endpoints());
+        let route = c.listener(LISTENER).unwrap().http().unwrap().route_to(CLUSTER).unwrap().value().clone();
+        assert_eq!(route["route"]["timeout"], "1.64s");
+        assert_eq!(route["response_headers_to_add"], json!([{"header": {"key": "x-upstream-host", "value": "%UPSTREAM_HOST%"}}]));
+        // What ships with the plugin stays for every policy.
+        let hcm = c.listener(LISTENER).unwrap().http().unwrap().value().clone();
+        assert_eq!((hcm["use_remote_address"].clone(), hcm["normalize_path"].clone(), hcm["merge_slashes"].clone()), (json!(true), json!(true), json!(true)));
+        assert!(c.get("stats_config.stats_tags").is_ok());
+        assert_eq!(route["route"]["retry_policy"]["retry_on"], "connect-failure,reset-before-request");
     }
 
     #[test]
     fn plugin_policies_carry_the_scenario_config_and_override_host() {
-        let pc = serde_json::json!({"weights": {"exponent": 3.0}});
-        let c = EnvoyConfig::for_policy(Policy::EwmaLowest, &pc, Path::new("/d/ewma_lb.wasm"), &endpoints(), Duration::from_secs(2)).unwrap();
-        let y = c.render().unwrap();
-        assert!(y.contains("override_host") && y.contains("- header: x-ewma-lb-host"), "{y}");
-        assert!(y.contains(r#"value: "{\"pick\":\"lowest_latency\",\"weights\":{\"exponent\":3.0}}""#), "{y}");
-        assert!(!y.contains("lb_policy:"));
+        let mut c = config(Policy::EwmaLowest, json!({"weights": {"exponent": 3.0}}));
+        assert_eq!(c.plugin().unwrap().plugin_config().unwrap(), r#"{"pick":"lowest_latency","weights":{"exponent":3.0}}"#);
+        assert_eq!(c.plugin().unwrap().module_file().unwrap(), "/d/ewma_lb.wasm");
+        assert_eq!(
+            c.cluster(CLUSTER).unwrap().lb_policy().unwrap(),
+            LbPolicy::OverrideHost { header: "x-ewma-lb-host".into(), fallback: EnvoyLb::LeastRequest }
+        );
+        let mut c = config(Policy::EwmaLb, json!({"override_header": "x-other"}));
+        assert!(matches!(c.cluster(CLUSTER).unwrap().lb_policy().unwrap(), LbPolicy::OverrideHost { header, .. } if header == "x-other"));
     }
 
     #[test]

@@ -7,8 +7,9 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 
-use crate::backend::{BackendSpec, Phase};
-use crate::latency::{parse_duration, Latency};
+use harness::latency::parse_duration;
+use harness::BackendSpec;
+
 use crate::policy::Policy;
 
 /// Upper bound of one policy's run, so a typo cannot run for hours.
@@ -138,7 +139,7 @@ impl Scenario {
             spec.capacity = b.capacity;
             spec.fail_rate = b.fail.unwrap_or(0.0);
             for p in &b.phases {
-                spec.schedule.push(parse_phase(p).with_context(|| format!("backend {}", b.name))?);
+                spec.schedule.push(p.parse().with_context(|| format!("backend {}", b.name))?);
             }
             spec.validate()?;
             s.backends.push(spec);
@@ -209,17 +210,6 @@ impl Scenario {
             (b.name.clone(), end)
         })
     }
-}
-
-/// "FROM-TO@LATENCY".
-pub fn parse_phase(s: &str) -> Result<Phase> {
-    let (window, lat) = s.split_once('@').with_context(|| format!("phase {s:?}: expected FROM-TO@LATENCY"))?;
-    let (from, to) = window.split_once('-').with_context(|| format!("phase {s:?}: expected FROM-TO seconds"))?;
-    Ok(Phase {
-        from_s: from.trim().parse().with_context(|| format!("phase {s:?}: from"))?,
-        to_s: to.trim().parse().with_context(|| format!("phase {s:?}: to"))?,
-        latency: lat.parse::<Latency>()?,
-    })
 }
 
 #[cfg(test)]

@@ -24,6 +24,9 @@ use tokio::task::JoinSet;
 
 use crate::latency::Latency;
 
+mod spec;
+pub use spec::{BackendSpec, Phase};
+
 /// Response header naming the backend that answered.
 pub const BACKEND_HEADER: &str = "x-backend";
 /// Request header the filter sets to steer Envoy's host choice.
@@ -38,88 +41,6 @@ const OTHER_PATHS: &str = "<other>";
 /// Request bodies are drained (so keep-alive works) but never buffered beyond this.
 const MAX_BODY: usize = 1 << 20;
 const STOP_WAIT: Duration = Duration::from_secs(5);
-
-/// Overrides the latency profile during `[from_s, to_s)` seconds after the backend started.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Phase {
-    pub from_s: f64,
-    pub to_s: f64,
-    pub latency: Latency,
-}
-
-/// What a backend is and how it behaves.
-#[derive(Clone, Debug)]
-pub struct BackendSpec {
-    /// Sent back in `x-backend` and in the body.
-    pub name: String,
-    /// Delay of business requests (outside schedule phases).
-    pub latency: Latency,
-    /// `Some(k)`: only k requests are served at once and the rest queue, so latency grows with load.
-    pub capacity: Option<usize>,
-    /// Share of business requests answered 503 (after their delay, like a real overloaded service).
-    pub fail_rate: f64,
-    /// Time windows with a different latency; the first matching phase wins.
-    pub schedule: Vec<Phase>,
-    /// Delay of health-path requests; they bypass the worker queue.
-    pub health_latency: Latency,
-}
-
-impl BackendSpec {
-    /// A backend with this latency, unbounded capacity, no failures, no schedule.
-    pub fn new(name: impl Into<String>, latency: Latency) -> Self {
-        BackendSpec {
-            name: name.into(),
-            latency,
-            capacity: None,
-            fail_rate: 0.0,
-            schedule: Vec::new(),
-            health_latency: Latency::Fixed(0),
-        }
-    }
-
-    /// Sets the number of concurrent workers.
-    pub fn capacity(mut self, k: usize) -> Self {
-        self.capacity = Some(k);
-        self
-    }
-
-    /// Sets the share of 503 answers.
-    pub fn fail_rate(mut self, rate: f64) -> Self {
-        self.fail_rate = rate;
-        self
-    }
-
-    /// Adds a latency phase.
-    pub fn phase(mut self, from_s: f64, to_s: f64, latency: Latency) -> Self {
-        self.schedule.push(Phase { from_s, to_s, latency });
-        self
-    }
-
-    /// Sets the health-path delay.
-    pub fn health_latency(mut self, latency: Latency) -> Self {
-        self.health_latency = latency;
-        self
-    }
-
-    /// Checks the fields that would otherwise fail later, at request time.
-    pub fn validate(&self) -> Result<()> {
-        if self.name.is_empty() || HeaderValue::from_str(&self.name).is_err() {
-            bail!("backend name {:?} must be non-empty and valid in a header", self.name);
-        }
-        if !(0.0..=1.0).contains(&self.fail_rate) {
-            bail!("backend {}: fail rate {} must be within 0..=1", self.name, self.fail_rate);
-        }
-        if self.capacity == Some(0) {
-            bail!("backend {}: capacity must be >= 1", self.name);
-        }
-        for p in &self.schedule {
-            if !(p.from_s >= 0.0 && p.from_s < p.to_s) {
-                bail!("backend {}: phase {}-{} must have 0 <= from < to", self.name, p.from_s, p.to_s);
-            }
-        }
-        Ok(())
-    }
-}
 
 /// Health probes: light, counted apart, never queued behind business requests.
 pub fn is_health_path(path: &str) -> bool {
@@ -439,75 +360,9 @@ async fn handle(req: Request<Incoming>, sh: Arc<Shared>) -> Result<Response<Full
     Ok(resp)
 }
 
-/// Parses a CLI backend: `name=N,addr=IP:PORT,latency=L[,capacity=K][,fail=R][,health=L][,phase=FROM-TO@L]...`.
-/// A comma inside a value (as in `lognormal:80,0.5`) is kept when the next piece has no `=`.
-pub fn parse_backend_arg(s: &str) -> Result<(BackendSpec, String)> {
-    let mut pairs: Vec<(String, String)> = Vec::new();
-    for piece in s.split(',') {
-        match piece.split_once('=') {
-            Some((k, v)) => pairs.push((k.trim().to_string(), v.trim().to_string())),
-            None => match pairs.last_mut() {
-                Some((_, v)) => {
-                    v.push(',');
-                    v.push_str(piece.trim());
-                }
-                None => bail!("backend {s:?}: expected key=value pairs"),
-            },
-        }
-    }
-    let mut spec = BackendSpec::new("", Latency::Fixed(0));
-    let mut addr = "127.0.0.1:0".to_string();
-    for (k, v) in pairs {
-        match k.as_str() {
-            "name" => spec.name = v,
-            "addr" => addr = v,
-            "latency" => spec.latency = v.parse()?,
-            "capacity" => spec.capacity = Some(v.parse().with_context(|| format!("capacity {v:?}"))?),
-            "fail" => spec.fail_rate = v.parse().with_context(|| format!("fail {v:?}"))?,
-            "health" | "health_latency" => spec.health_latency = v.parse()?,
-            "phase" => {
-                let (window, lat) = v
-                    .split_once('@')
-                    .with_context(|| format!("phase {v:?}: expected FROM-TO@LATENCY, e.g. 10-20@fixed:500"))?;
-                let (from, to) = window
-                    .split_once('-')
-                    .with_context(|| format!("phase {v:?}: expected FROM-TO seconds"))?;
-                spec.schedule.push(Phase {
-                    from_s: from.trim().parse().with_context(|| format!("phase {v:?}: from"))?,
-                    to_s: to.trim().parse().with_context(|| format!("phase {v:?}: to"))?,
-                    latency: lat.parse()?,
-                });
-            }
-            other => bail!("backend {s:?}: unknown key {other:?}"),
-        }
-    }
-    spec.validate()?;
-    Ok((spec, addr))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parses_cli_backend_with_comma_inside_latency() {
-        let (spec, addr) =
-            parse_backend_arg("name=slow,addr=127.0.0.1:8083,latency=lognormal:80,0.5,capacity=8,fail=0.01,phase=10-20@fixed:500")
-                .unwrap();
-        assert_eq!(spec.name, "slow");
-        assert_eq!(addr, "127.0.0.1:8083");
-        assert_eq!(spec.latency, Latency::LogNormal { median_ms: 80.0, sigma: 0.5 });
-        assert_eq!(spec.capacity, Some(8));
-        assert_eq!(spec.fail_rate, 0.01);
-        assert_eq!(spec.schedule, vec![Phase { from_s: 10.0, to_s: 20.0, latency: Latency::Fixed(500) }]);
-    }
-
-    #[test]
-    fn rejects_bad_cli_backends() {
-        for bad in ["latency=fixed:1", "name=a,fail=2", "name=a,capacity=0", "name=a,color=red", "name=a,phase=5-1@fixed:1"] {
-            assert!(parse_backend_arg(bad).is_err(), "{bad:?} should be rejected");
-        }
-    }
 
     #[test]
     fn classifies_health_paths() {

@@ -2,9 +2,9 @@
 
 use std::time::{Duration, Instant};
 
-use ewma_bench::backend::{SEEN_OVERRIDE_HEADER, OVERRIDE_HEADER};
-use ewma_bench::http::{get, request};
-use ewma_bench::{Backend, BackendSpec, Latency};
+use harness::backend::{OVERRIDE_HEADER, SEEN_OVERRIDE_HEADER};
+use harness::http::{get, request};
+use harness::{Backend, BackendSpec, Latency};
 
 fn timed_get(url: &str) -> (u16, Duration) {
     let t = Instant::now();

@@ -2,9 +2,9 @@
 
 use std::time::Duration;
 
-use ewma_bench::load::{run, LoadSpec, Record};
-use ewma_bench::summary::shares_per_second;
-use ewma_bench::{Backend, BackendSpec, Latency, Summary};
+use harness::load::{run, LoadSpec, Record};
+use harness::summary::shares_per_second;
+use harness::{Backend, BackendSpec, Latency, Summary};
 
 #[test]
 fn open_loop_sends_rate_times_duration_and_summarises() {

@@ -6,11 +6,13 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 
 use crate::http;
+use crate::paths::repo_root;
+use crate::poll::poll;
 
 /// How long [`Envoy::start`] waits for `/ready` to say LIVE.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(20);
@@ -64,7 +66,7 @@ pub fn envoy_binary() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("ENVOY_BIN") {
         return Some(PathBuf::from(p));
     }
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(".venv");
+    let venv = repo_root().join(".venv");
     if let Ok(libs) = fs::read_dir(venv.join("lib")) {
         for lib in libs.flatten() {
             let real = lib.path().join("site-packages/envoy/_bin/envoy");
@@ -345,39 +347,41 @@ impl Drop for Envoy {
 
 /// Polls until admin `/ready` says LIVE; bounded by [`READY_TIMEOUT`].
 fn wait_live(child: &mut Child, dir: &Path) -> Result<SocketAddr> {
-    let deadline = Instant::now() + READY_TIMEOUT;
     let mut last = String::from("admin address not written yet");
-    while Instant::now() < deadline {
-        if let Some(status) = child.try_wait()? {
-            bail!("envoy exited early with code {}", exit_code(status));
-        }
-        if let Ok(text) = fs::read_to_string(dir.join("admin-address")) {
-            if let Ok(admin) = text.trim().parse::<SocketAddr>() {
-                if !admin.ip().is_loopback() {
-                    bail!("admin listens on {admin}; it must be on 127.0.0.1");
-                }
-                match http::request("GET", &format!("http://{admin}/ready"), &[], "", Duration::from_secs(1)) {
-                    Ok(r) if r.status == 200 && r.body.trim() == "LIVE" => return Ok(admin),
-                    Ok(r) => last = format!("/ready answered {} {:?}", r.status, r.body.trim()),
-                    Err(e) => last = format!("/ready: {e:#}"),
-                }
-            }
-        }
-        std::thread::sleep(POLL);
+    let mut outcome = None;
+    poll(READY_TIMEOUT, POLL, || {
+        outcome = match child.try_wait() {
+            Ok(Some(status)) => Some(Err(anyhow!("envoy exited early with code {}", exit_code(status)))),
+            Ok(None) => ready(dir, &mut last),
+            Err(e) => Some(Err(e.into())),
+        };
+        outcome.is_some()
+    });
+    outcome.unwrap_or_else(|| Err(anyhow!("not LIVE within {READY_TIMEOUT:?} (last: {last})")))
+}
+
+/// The admin address once `/ready` answers LIVE there; `None` (and why, in `last`) until then.
+fn ready(dir: &Path, last: &mut String) -> Option<Result<SocketAddr>> {
+    let admin: SocketAddr = fs::read_to_string(dir.join("admin-address")).ok()?.trim().parse().ok()?;
+    if !admin.ip().is_loopback() {
+        return Some(Err(anyhow!("admin listens on {admin}; it must be on 127.0.0.1")));
     }
-    Err(anyhow!("not LIVE within {READY_TIMEOUT:?} (last: {last})"))
+    match http::request("GET", &format!("http://{admin}/ready"), &[], "", Duration::from_secs(1)) {
+        Ok(r) if r.status == 200 && r.body.trim() == "LIVE" => return Some(Ok(admin)),
+        Ok(r) => *last = format!("/ready answered {} {:?}", r.status, r.body.trim()),
+        Err(e) => *last = format!("/ready: {e:#}"),
+    }
+    None
 }
 
 /// Waits for the process to exit, at most `limit`; None if it is still running.
 fn wait_exit(child: &mut Child, limit: Duration) -> Result<Option<ExitStatus>> {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if let Some(s) = child.try_wait()? {
-            return Ok(Some(s));
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Ok(None)
+    let mut outcome = Ok(None);
+    poll(limit, Duration::from_millis(50), || {
+        outcome = child.try_wait();
+        !matches!(outcome, Ok(None))
+    });
+    Ok(outcome?)
 }
 
 fn failure_report(dir: &Path) -> String {

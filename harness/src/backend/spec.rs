@@ -1,0 +1,119 @@
+//! What a test backend is: its name, latency profile (with time phases), capacity and failure
+//! rate, checked before it starts.
+
+use std::str::FromStr;
+
+use anyhow::{bail, Context, Result};
+use hyper::header::HeaderValue;
+
+use crate::latency::Latency;
+
+/// Overrides the latency profile during `[from_s, to_s)` seconds after the backend started.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Phase {
+    pub from_s: f64,
+    pub to_s: f64,
+    pub latency: Latency,
+}
+
+/// What a backend is and how it behaves.
+#[derive(Clone, Debug)]
+pub struct BackendSpec {
+    /// Sent back in `x-backend` and in the body.
+    pub name: String,
+    /// Delay of business requests (outside schedule phases).
+    pub latency: Latency,
+    /// `Some(k)`: only k requests are served at once and the rest queue, so latency grows with load.
+    pub capacity: Option<usize>,
+    /// Share of business requests answered 503 (after their delay, like a real overloaded service).
+    pub fail_rate: f64,
+    /// Time windows with a different latency; the first matching phase wins.
+    pub schedule: Vec<Phase>,
+    /// Delay of health-path requests; they bypass the worker queue.
+    pub health_latency: Latency,
+}
+
+impl BackendSpec {
+    /// A backend with this latency, unbounded capacity, no failures, no schedule.
+    pub fn new(name: impl Into<String>, latency: Latency) -> Self {
+        BackendSpec {
+            name: name.into(),
+            latency,
+            capacity: None,
+            fail_rate: 0.0,
+            schedule: Vec::new(),
+            health_latency: Latency::Fixed(0),
+        }
+    }
+
+    /// Sets the number of concurrent workers.
+    pub fn capacity(mut self, k: usize) -> Self {
+        self.capacity = Some(k);
+        self
+    }
+
+    /// Sets the share of 503 answers.
+    pub fn fail_rate(mut self, rate: f64) -> Self {
+        self.fail_rate = rate;
+        self
+    }
+
+    /// Adds a latency phase.
+    pub fn phase(mut self, from_s: f64, to_s: f64, latency: Latency) -> Self {
+        self.schedule.push(Phase { from_s, to_s, latency });
+        self
+    }
+
+    /// Sets the health-path delay.
+    pub fn health_latency(mut self, latency: Latency) -> Self {
+        self.health_latency = latency;
+        self
+    }
+
+    /// Checks the fields that would otherwise fail later, at request time.
+    pub fn validate(&self) -> Result<()> {
+        if self.name.is_empty() || HeaderValue::from_str(&self.name).is_err() {
+            bail!("backend name {:?} must be non-empty and valid in a header", self.name);
+        }
+        if !(0.0..=1.0).contains(&self.fail_rate) {
+            bail!("backend {}: fail rate {} must be within 0..=1", self.name, self.fail_rate);
+        }
+        if self.capacity == Some(0) {
+            bail!("backend {}: capacity must be >= 1", self.name);
+        }
+        for p in &self.schedule {
+            if !(p.from_s >= 0.0 && p.from_s < p.to_s) {
+                bail!("backend {}: phase {}-{} must have 0 <= from < to", self.name, p.from_s, p.to_s);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl FromStr for Phase {
+    type Err = anyhow::Error;
+
+    /// `FROM-TO@LATENCY`, seconds: `5-35@uniform:300-600`.
+    fn from_str(s: &str) -> Result<Phase> {
+        let (window, lat) = s.split_once('@').with_context(|| format!("phase {s:?}: expected FROM-TO@LATENCY, e.g. 10-20@fixed:500"))?;
+        let (from, to) = window.split_once('-').with_context(|| format!("phase {s:?}: expected FROM-TO seconds"))?;
+        Ok(Phase {
+            from_s: from.trim().parse().with_context(|| format!("phase {s:?}: from"))?,
+            to_s: to.trim().parse().with_context(|| format!("phase {s:?}: to"))?,
+            latency: lat.parse()?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_phases() {
+        assert_eq!("5-35@uniform:300-600".parse::<Phase>().unwrap(), Phase { from_s: 5.0, to_s: 35.0, latency: Latency::Uniform { lo_ms: 300, hi_ms: 600 } });
+        for bad in ["5-35", "5@fixed:1", "a-3@fixed:1", "1-2@gauss:1"] {
+            assert!(bad.parse::<Phase>().is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,28 @@
+//! One way to run ewma-lb outside a unit test, shared by the end-to-end tests and the benchmark:
+//! the shipped envoy-config/envoy.yaml with typed, checked edits ([`config`]), a real Envoy
+//! process ([`envoy`]), in-process backends ([`backend`]) with latency profiles ([`latency`]),
+//! load ([`load`], [`summary`]), a tiny HTTP client ([`http`]), free ports, bounded polling, and
+//! a [`Stack`] of all of them. Everything talks to 127.0.0.1 only.
+
+pub mod backend;
+pub mod config;
+pub mod envoy;
+pub mod http;
+pub mod latency;
+pub mod load;
+pub mod paths;
+pub mod poll;
+pub mod ports;
+pub mod stack;
+pub mod summary;
+
+pub use backend::{Backend, BackendSpec, Phase};
+pub use config::EnvoyConfig;
+pub use envoy::{Envoy, EnvoyOptions};
+pub use latency::Latency;
+pub use load::{LoadSpec, Record};
+pub use paths::{plugin_wasm, repo_root};
+pub use poll::{poll, within};
+pub use ports::free_port;
+pub use stack::Stack;
+pub use summary::{shares_per_second, Summary};

@@ -1,0 +1,88 @@
+//! A real Envoy starts from the shipped config, proxies to a backend, reports stats, and dies on
+//! drop. Without an Envoy binary these tests fail: they never skip.
+
+use std::time::Duration;
+
+use harness::config::{EnvoyLb, CLUSTER, LISTENER};
+use harness::http::get;
+use harness::{free_port, poll, Backend, BackendSpec, Envoy, EnvoyConfig, EnvoyOptions, Latency};
+
+/// The shipped config in front of one backend, balanced by Envoy alone (no plugin needed), on
+/// a free port.
+fn config(backend: &Backend) -> (EnvoyConfig, u16) {
+    let listen = free_port().unwrap();
+    let mut config = EnvoyConfig::shipped().unwrap();
+    config.set_admin_port(0).unwrap();
+    config.listener(LISTENER).unwrap().set_port(listen).unwrap();
+    config.cluster(CLUSTER).unwrap().set_endpoints(&[backend.addr()]).unwrap();
+    config.use_envoy_lb(CLUSTER, EnvoyLb::RoundRobin).unwrap();
+    (config, listen)
+}
+
+fn process_alive(pid: u32) -> bool {
+    // A reaped process has no /proc entry; a zombie would still have one, so this also checks the wait.
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+fn every_100ms(limit_s: u64, check: impl FnMut() -> bool) -> bool {
+    poll(Duration::from_secs(limit_s), Duration::from_millis(100), check).is_some()
+}
+
+#[test]
+fn proxies_a_request_reports_stats_and_is_killed_on_drop() {
+    let b = Backend::start_local(BackendSpec::new("only", Latency::Fixed(0))).unwrap();
+    let (config, listen) = config(&b);
+    let yaml = config.to_yaml().unwrap();
+    Envoy::validate(&yaml).unwrap();
+    let envoy = Envoy::start(EnvoyOptions::new(yaml)).unwrap();
+    let pid = envoy.pid();
+    assert!(process_alive(pid));
+
+    let r = get(&format!("http://127.0.0.1:{listen}/hello"), &[]).unwrap();
+    assert_eq!(r.status, 200, "{}", envoy.log());
+    assert_eq!(r.header("x-backend"), Some("only"));
+    assert_eq!(b.served_path("/hello"), 1);
+    assert!(every_100ms(5, || envoy.stat("cluster.backend.upstream_rq_200") == Some(1)));
+    assert!(envoy.admin_get("/clusters").unwrap().contains("backend::127.0.0.1"));
+    assert!(envoy.stat("no.such.stat").is_none());
+    assert!(!envoy.log().is_empty());
+
+    drop(envoy);
+    assert!(!process_alive(pid), "envoy {pid} still alive after drop");
+    assert!(get(&format!("http://127.0.0.1:{listen}/"), &[]).is_err());
+}
+
+#[test]
+fn a_stopped_backend_gives_503_through_envoy() {
+    let b = Backend::start_local(BackendSpec::new("gone", Latency::Fixed(0))).unwrap();
+    let (config, listen) = config(&b);
+    let envoy = Envoy::start(EnvoyOptions { concurrency: 1, ..EnvoyOptions::new(config.to_yaml().unwrap()) }).unwrap();
+    let url = format!("http://127.0.0.1:{listen}/");
+    assert_eq!(get(&url, &[]).unwrap().status, 200);
+    b.stop();
+    let r = get(&url, &[]).unwrap();
+    assert_eq!(r.status, 503, "{r:?}");
+    b.restart().unwrap();
+    assert!(every_100ms(5, || get(&url, &[]).map(|r| r.status == 200).unwrap_or(false)));
+    drop(envoy);
+}
+
+#[test]
+fn bad_configs_are_refused_with_envoys_reason() {
+    let bad = "static_resources: { clusters: [ { name: x, type: NOPE } ] }";
+    let err = Envoy::validate(bad).unwrap_err();
+    assert!(format!("{err:#}").contains("NOPE"), "{err:#}");
+
+    let (code, log) = Envoy::start_expect_failure(EnvoyOptions::new(bad)).unwrap();
+    assert_ne!(code, 0);
+    assert!(log.contains("NOPE"), "{log}");
+
+    let err = Envoy::start(EnvoyOptions::new(bad)).err().unwrap();
+    assert!(format!("{err:#}").contains("exited early"), "{err:#}");
+
+    let b = Backend::start_local(BackendSpec::new("x", Latency::Fixed(0))).unwrap();
+    let (mut open, _) = config(&b);
+    open.listener(LISTENER).unwrap().set("address.socket_address.address", "0.0.0.0").unwrap();
+    let err = Envoy::start(EnvoyOptions::new(open.to_yaml().unwrap())).err().unwrap();
+    assert!(format!("{err:#}").contains("all interfaces"), "{err:#}");
+}
