@@ -16,11 +16,13 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::locality::LocalityParams;
 use crate::outlier::OutlierParams;
 use crate::pick::PickAlgorithm;
 use crate::rules::{default_health_paths, normalize, ManagementConfig, PathSet, Rules};
 use crate::smoothing::{Smoother, MAX_SMA_WINDOW};
 use crate::state::Policy;
+use crate::sync::MAX_RECORD_HOSTS;
 use crate::units::{ms_to_ns, ns_to_whole_ms};
 use crate::weights::WeightParams;
 
@@ -49,6 +51,8 @@ pub struct PluginConfig {
     pub host_ttl_ms: u64,
     pub max_hosts_per_cluster: usize,
     pub outlier_detection: OutlierConfig,
+    /// Zone-aware steering: keep traffic in the proxy's zone while it serves well.
+    pub locality: LocalityConfig,
     /// Optional static endpoints per Envoy cluster name; others are learned from traffic.
     pub clusters: BTreeMap<String, ClusterConfig>,
     /// Health probes: passed untouched, never steered, never sampled.
@@ -91,6 +95,36 @@ pub struct OutlierConfig {
     pub max_ejection_share: f64,
 }
 
+/// `locality`: the JSON form of [`LocalityParams`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LocalityConfig {
+    pub enabled: bool,
+    pub spillover_latency_ratio: f64,
+    pub min_local_hosts: u32,
+}
+
+impl Default for LocalityConfig {
+    fn default() -> Self {
+        let p = LocalityParams::default();
+        LocalityConfig {
+            enabled: p.enabled,
+            spillover_latency_ratio: p.spillover_latency_ratio,
+            min_local_hosts: p.min_local_hosts,
+        }
+    }
+}
+
+impl LocalityConfig {
+    fn compile(self) -> Result<LocalityParams, ConfigError> {
+        Ok(LocalityParams {
+            enabled: self.enabled,
+            spillover_latency_ratio: in_range("locality.spillover_latency_ratio", self.spillover_latency_ratio, 1.0, 100.0)?,
+            min_local_hosts: in_range("locality.min_local_hosts", self.min_local_hosts, 1, 1000)?,
+        })
+    }
+}
+
 impl Default for PluginConfig {
     fn default() -> Self {
         PluginConfig {
@@ -103,8 +137,9 @@ impl Default for PluginConfig {
             pick: PickAlgorithm::default(),
             exploration_share: 0.002,
             host_ttl_ms: 60_000,
-            max_hosts_per_cluster: 256,
+            max_hosts_per_cluster: 1024,
             outlier_detection: OutlierConfig::default(),
+            locality: LocalityConfig::default(),
             clusters: BTreeMap::new(),
             health_paths: default_health_paths(),
             management: ManagementConfig::default(),
@@ -274,8 +309,9 @@ impl PluginConfig {
         let failure_penalty_ms = in_range("failure_penalty_ms", self.failure_penalty_ms, 0, 600_000)?;
         let exploration_share = in_range("exploration_share", self.exploration_share, 0.0, 0.5)?;
         let host_ttl_ms = in_range("host_ttl_ms", self.host_ttl_ms, refresh_interval_ms, 86_400_000)?;
-        let max_hosts = in_range("max_hosts_per_cluster", self.max_hosts_per_cluster, 1, 1024)?;
+        let max_hosts = in_range("max_hosts_per_cluster", self.max_hosts_per_cluster, 1, MAX_RECORD_HOSTS)?;
         let outlier = self.outlier_detection.compile()?;
+        let locality = self.locality.compile()?;
         let static_endpoints = compile_clusters(self.clusters, max_hosts)?;
         let status_path = self.status_path;
         if !status_path.starts_with('/') || normalize(&status_path) != status_path {
@@ -293,6 +329,7 @@ impl PluginConfig {
                 smoother,
                 weights,
                 outlier,
+                locality,
                 refresh_interval_ns: ms_to_ns(refresh_interval_ms),
                 host_ttl_ns: ms_to_ns(host_ttl_ms),
                 max_hosts,

@@ -5,7 +5,9 @@
 
 #![forbid(unsafe_code)]
 
+pub mod clock;
 pub mod config;
+pub mod locality;
 pub mod outcome;
 pub mod outlier;
 pub mod pick;

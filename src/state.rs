@@ -2,27 +2,40 @@
 //! what merging and refreshing do to it.
 //!
 //! Merging happens on ticks, never per request. Whoever merges when a refresh is due also
-//! recomputes the weight table and bumps `table_version`; the compare-and-swap around the write
-//! (`sync`) makes that one VM per refresh. How the record is stored, keyed and encoded is
-//! `sync`'s business too.
+//! recomputes the weight table; the compare-and-swap around the write (`sync`) makes that one VM
+//! per refresh. `table_version` moves only when the shares do, so a cluster with nothing new
+//! costs no VM a table rebuild. Times in the record are the record's own clock (`clock`), which
+//! no wall-clock step moves.
+//!
+//! The record knows the cluster as Envoy shows it through traffic: hosts from `upstream.address`
+//! (or static configuration), how many endpoints the cluster has from `upstream.num_endpoints`,
+//! each host's zone from `upstream.locality`. A host leaves when Envoy stops honouring picks of
+//! it (it left the cluster), when the cluster has fewer endpoints than the record has hosts (the
+//! least recently seen go), or after `host_ttl` of silence.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::locality::{self, LocalityParams, ZoneInput};
 use crate::outlier::{ejection_budget, Health, OutlierParams};
 use crate::smoothing::{Batch, Estimate, Smoother};
 use crate::units::NS_PER_SEC;
 use crate::weights::{self, HostInput, WeightParams};
 
 /// What one worker observed of one host since its last successful merge.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Accumulator {
     pub latency: Batch,
     pub failures: u32,
     /// Failures after the last success in this batch.
     pub trailing_failures: u32,
     pub had_success: bool,
+    /// Picks of this host that Envoy served elsewhere on the first attempt: the override was not
+    /// honoured, so the host is no longer (or not healthy) in the cluster.
+    pub not_honoured: u32,
+    /// `upstream.locality.zone`, once reported.
+    pub zone: Option<String>,
 }
 
 impl Accumulator {
@@ -39,6 +52,37 @@ impl Accumulator {
             self.had_success = true;
         }
     }
+
+    /// Whether there is anything to merge.
+    pub fn is_empty(&self) -> bool {
+        self.latency.count == 0 && self.not_honoured == 0
+    }
+
+    /// Empties the batch, keeping what never changes (the zone), so the next batch of this host
+    /// needs no allocation.
+    pub fn clear(&mut self) {
+        *self = Accumulator { zone: self.zone.take(), ..Accumulator::default() };
+    }
+}
+
+/// What one worker observed of one cluster since its last successful merge.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ClusterBatch {
+    pub hosts: BTreeMap<String, Accumulator>,
+    /// The latest `upstream.num_endpoints` seen.
+    pub num_endpoints: Option<u32>,
+}
+
+impl ClusterBatch {
+    pub fn is_empty(&self) -> bool {
+        self.num_endpoints.is_none() && self.hosts.values().all(Accumulator::is_empty)
+    }
+
+    /// Empties every host's batch (keeping the entries, see [`Accumulator::clear`]).
+    pub fn clear(&mut self) {
+        self.hosts.values_mut().for_each(Accumulator::clear);
+        self.num_endpoints = None;
+    }
 }
 
 /// The shared record of one upstream host.
@@ -46,8 +90,12 @@ impl Accumulator {
 pub struct HostState {
     /// `IP:port`, as Envoy reports it in `upstream.address` and accepts in the override header.
     pub address: String,
-    /// From the configuration: never dropped for silence.
+    /// Listed in the configuration: never dropped for silence.
     pub is_static: bool,
+    /// A static host Envoy did not honour picks of: out of the table until it serves again.
+    pub absent: bool,
+    /// `upstream.locality.zone`; empty until reported.
+    pub zone: String,
     pub last_seen_ns: u64,
     /// When the host joined or came back from ejection: the start of its slow-start ramp.
     pub active_since_ns: u64,
@@ -65,6 +113,15 @@ pub struct ClusterState {
     /// Bumped on every change of the shares; workers rebuild their pick table when it moves.
     pub table_version: u64,
     pub refreshed_ns: u64,
+    /// The record's clock: the latest time any VM merging into it has seen (see `clock`).
+    pub clock_ns: u64,
+    /// The cluster's endpoint count, as Envoy last reported it; 0 when unknown.
+    pub num_endpoints: u32,
+    /// Whether the record has known every endpoint at some point. Until then, a host found is an
+    /// old member of the cluster the plugin had not met yet, and gets no slow start; after, a new
+    /// host is new to the cluster too (a scale-out, a replaced pod) and ramps in.
+    pub complete: bool,
+    /// Sorted by address.
     pub hosts: Vec<HostState>,
 }
 
@@ -74,53 +131,90 @@ pub struct Policy {
     pub smoother: Smoother,
     pub weights: WeightParams,
     pub outlier: OutlierParams,
+    pub locality: LocalityParams,
     pub refresh_interval_ns: u64,
     pub host_ttl_ns: u64,
     pub max_hosts: usize,
 }
 
+/// What a merge did to the table.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Merged {
+    pub ejected: usize,
+    /// Hosts dropped because Envoy no longer honoured picks of them.
+    pub removed: usize,
+}
+
 impl ClusterState {
     pub fn host(&self, address: &str) -> Option<&HostState> {
-        self.hosts.iter().find(|h| h.address == address)
+        self.index(address).ok().and_then(|i| self.hosts.get(i))
+    }
+
+    fn index(&self, address: &str) -> Result<usize, usize> {
+        self.hosts.binary_search_by(|h| h.address.as_str().cmp(address))
     }
 
     pub fn refresh_due(&self, now_ns: u64, policy: &Policy) -> bool {
         self.table_version == 0 || now_ns.saturating_sub(self.refreshed_ns) >= policy.refresh_interval_ns
     }
 
-    /// Folds one worker's samples in. Returns how many hosts it ejected; an ejection changes the
-    /// table at once rather than at the next refresh. Hosts past `max_hosts` are not tracked.
-    pub fn merge(&mut self, samples: &BTreeMap<String, Accumulator>, now_ns: u64, policy: &Policy) -> usize {
-        for (address, acc) in samples {
-            let Some(host) = self.host_mut_or_insert(address, now_ns, false, policy.max_hosts) else {
+    /// How many endpoints of the cluster the record does not know: Envoy's count minus the hosts
+    /// known to be in it.
+    pub fn unknown_endpoints(&self) -> u32 {
+        let known = self.hosts.iter().filter(|h| !h.absent).count();
+        self.num_endpoints.saturating_sub(u32::try_from(known).unwrap_or(u32::MAX))
+    }
+
+    /// Folds one worker's batch in. An ejection or a host that left changes the table at once
+    /// rather than at the next refresh.
+    pub fn merge(&mut self, batch: &ClusterBatch, now_ns: u64, policy: &Policy) -> Merged {
+        if let Some(n) = batch.num_endpoints {
+            self.num_endpoints = n;
+        }
+        let mut removed = 0;
+        for (address, acc) in batch.hosts.iter().filter(|(_, acc)| !acc.is_empty()) {
+            if acc.latency.count == 0 {
+                // Only unhonoured picks: Envoy no longer has this host.
+                removed += usize::from(self.remove_absent(address));
                 continue;
-            };
+            }
+            let Some(host) = self.host_mut_or_insert(address, now_ns, false, policy.max_hosts) else { continue };
+            host.absent = false;
             host.last_seen_ns = now_ns;
+            if let Some(zone) = acc.zone.as_deref().filter(|z| *z != host.zone) {
+                host.zone = zone.to_owned();
+            }
             let dt_ns = now_ns.saturating_sub(host.latency.updated_ns());
             policy.smoother.observe(&mut host.latency, &acc.latency, now_ns);
-            if acc.latency.count > 0 {
-                let rate = f64::from(acc.failures) / f64::from(acc.latency.count);
-                let keep = (-(dt_ns as f64) / ERROR_RATE_TAU_NS).exp();
-                host.error_rate = keep * host.error_rate + (1.0 - keep) * rate;
-            }
+            let rate = f64::from(acc.failures) / f64::from(acc.latency.count);
+            let keep = (-(dt_ns as f64) / ERROR_RATE_TAU_NS).exp();
+            host.error_rate = keep * host.error_rate + (1.0 - keep) * rate;
             if !host.health.is_ejected(now_ns) {
                 host.health.record(acc.failures, acc.trailing_failures, acc.had_success);
             }
         }
-        self.eject_failing(now_ns, &policy.outlier)
+        if removed > 0 {
+            self.renormalise();
+        }
+        self.complete |= self.num_endpoints > 0 && self.unknown_endpoints() == 0;
+        Merged { ejected: self.eject_failing(now_ns, &policy.outlier), removed }
     }
 
-    /// Recomputes the shares: adds the static hosts, forgets silent learned ones, ends elapsed
-    /// ejections, and bumps `table_version`.
+    /// Recomputes the shares: adds the static hosts (and clears the flag of hosts no longer
+    /// listed), forgets learned hosts that are silent or surplus, ends elapsed ejections, and
+    /// bumps `table_version` when the shares changed. `local_zone` is the proxy's zone.
     /// Returns how many hosts it ejected (a failure count reached during a refresh-only tick).
-    pub fn refresh(&mut self, now_ns: u64, policy: &Policy, static_hosts: &[String]) -> usize {
+    pub fn refresh(&mut self, now_ns: u64, policy: &Policy, static_hosts: &[String], local_zone: Option<&str>) -> usize {
+        for host in &mut self.hosts {
+            host.is_static = static_hosts.contains(&host.address);
+        }
         for address in static_hosts {
             if let Some(host) = self.host_mut_or_insert(address, now_ns, true, policy.max_hosts) {
                 host.is_static = true;
             }
         }
-        self.hosts
-            .retain(|h| h.is_static || now_ns.saturating_sub(h.last_seen_ns) < policy.host_ttl_ns);
+        self.hosts.retain(|h| h.is_static || now_ns.saturating_sub(h.last_seen_ns) < policy.host_ttl_ns);
+        self.drop_surplus(now_ns, policy.refresh_interval_ns);
         for host in &mut self.hosts {
             if host.health.tick(&policy.outlier, now_ns) {
                 // Back from ejection: its old latency is the failures' penalty. Start afresh at
@@ -131,26 +225,35 @@ impl ClusterState {
             }
         }
         let ejected = self.eject_failing(now_ns, &policy.outlier);
-        self.reweigh(now_ns, &policy.weights);
+        self.reweigh(now_ns, policy, local_zone);
         self.refreshed_ns = now_ns;
         ejected
     }
 
-    fn reweigh(&mut self, now_ns: u64, params: &WeightParams) {
+    fn reweigh(&mut self, now_ns: u64, policy: &Policy, local_zone: Option<&str>) {
+        let out = |h: &HostState| h.absent || h.health.is_ejected(now_ns);
         let inputs: Vec<HostInput> = self
             .hosts
             .iter()
             .map(|h| HostInput {
                 score_ms: h.latency.value_ms(),
                 active_for_ns: now_ns.saturating_sub(h.active_since_ns),
-                ejected: h.health.is_ejected(now_ns),
+                ejected: out(h),
                 previous_share: (h.share > 0.0).then_some(h.share),
             })
             .collect();
-        for (host, share) in self.hosts.iter_mut().zip(weights::shares(&inputs, params)) {
+        let zones: Vec<ZoneInput> =
+            self.hosts.iter().map(|h| ZoneInput { zone: &h.zone, score_ms: h.latency.value_ms(), ejected: out(h) }).collect();
+        let split = locality::split(&zones, local_zone, &policy.locality);
+        let shares = weights::shares_within(&inputs, &policy.weights, split.as_ref());
+        let mut changed = self.table_version == 0;
+        for (host, share) in self.hosts.iter_mut().zip(shares) {
+            changed |= (host.share - share).abs() > SHARE_EPSILON;
             host.share = share;
         }
-        self.table_version = self.table_version.wrapping_add(1).max(1);
+        if changed {
+            self.bump_version();
+        }
     }
 
     /// Ejects hosts at their failure threshold while the cluster's ejection budget lasts;
@@ -171,35 +274,96 @@ impl ClusterState {
             }
         }
         if newly > 0 {
-            // Redistribute the ejected hosts' shares among the rest, proportionally.
-            let total: f64 = self.hosts.iter().map(|h| h.share).sum();
-            for host in &mut self.hosts {
-                host.share = if total > 0.0 { host.share / total } else { 0.0 };
-            }
-            self.table_version = self.table_version.wrapping_add(1).max(1);
+            self.renormalise();
         }
         newly
     }
 
+    /// Spreads the shares of hosts that just left the table over the rest, proportionally, and
+    /// publishes the result.
+    fn renormalise(&mut self) {
+        let total: f64 = self.hosts.iter().map(|h| h.share).sum();
+        for host in &mut self.hosts {
+            host.share = if total > 0.0 { host.share / total } else { 0.0 };
+        }
+        self.bump_version();
+    }
+
+    fn bump_version(&mut self) {
+        self.table_version = self.table_version.wrapping_add(1).max(1);
+    }
+
+    /// A host Envoy no longer honours picks of: a learned one is dropped, a static one is kept
+    /// out of the table until it serves again. Returns whether the table changed.
+    fn remove_absent(&mut self, address: &str) -> bool {
+        let Ok(i) = self.index(address) else { return false };
+        match self.hosts.get_mut(i) {
+            Some(h) if h.is_static => {
+                let changed = !h.absent;
+                h.absent = true;
+                h.share = 0.0;
+                changed
+            }
+            Some(_) => {
+                self.hosts.remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// When Envoy reports fewer endpoints than the record has hosts, some left: drop the learned
+    /// ones seen least recently, if they have been silent for `grace_ns` (a host still in the
+    /// cluster keeps being seen).
+    fn drop_surplus(&mut self, now_ns: u64, grace_ns: u64) {
+        let present = self.hosts.iter().filter(|h| !h.absent).count();
+        let surplus = present.saturating_sub(usize::try_from(self.num_endpoints).unwrap_or(usize::MAX));
+        if self.num_endpoints == 0 || surplus == 0 {
+            return;
+        }
+        let mut silent: Vec<(u64, String)> = self
+            .hosts
+            .iter()
+            .filter(|h| !h.is_static && now_ns.saturating_sub(h.last_seen_ns) >= grace_ns)
+            .map(|h| (h.last_seen_ns, h.address.clone()))
+            .collect();
+        silent.sort();
+        silent.truncate(surplus);
+        self.hosts.retain(|h| !silent.iter().any(|(_, a)| *a == h.address));
+    }
+
+    /// The host's entry, created when missing. A full record makes room by forgetting the learned
+    /// host seen least recently: the newest endpoints are never the ones left out.
     fn host_mut_or_insert(&mut self, address: &str, now_ns: u64, is_static: bool, max_hosts: usize) -> Option<&mut HostState> {
-        let index = match self.hosts.iter().position(|h| h.address == address) {
-            Some(i) => i,
-            None if self.hosts.len() < max_hosts => {
-                self.hosts.push(HostState {
+        let i = match self.index(address) {
+            Ok(i) => i,
+            Err(_) => {
+                if self.hosts.len() >= max_hosts {
+                    let oldest = self.hosts.iter().enumerate().filter(|(_, h)| !h.is_static).min_by_key(|(_, h)| h.last_seen_ns);
+                    let (victim, _) = oldest?;
+                    self.hosts.remove(victim);
+                }
+                let i = self.index(address).err()?;
+                let joined = is_static || self.complete || self.num_endpoints == 0;
+                let host = HostState {
                     address: address.to_owned(),
                     is_static,
                     last_seen_ns: now_ns,
-                    active_since_ns: now_ns,
+                    // 0: fully ramped from the start (see `complete`).
+                    active_since_ns: if joined { now_ns } else { 0 },
                     health: Health { healthy_since_ns: now_ns, ..Health::default() },
                     ..HostState::default()
-                });
-                self.hosts.len() - 1
+                };
+                self.hosts.insert(i, host);
+                i
             }
-            None => return None,
         };
-        self.hosts.get_mut(index)
+        self.hosts.get_mut(i)
     }
 }
+
+/// Share differences below this are rounding, not a new table.
+const SHARE_EPSILON: f64 = 1e-9;
 
 /// Time constant of the operator-facing error rate.
 const ERROR_RATE_TAU_NS: f64 = (10 * NS_PER_SEC) as f64;

@@ -9,6 +9,8 @@ use crate::units::ns_to_whole_ms;
 pub struct Status<'a> {
     /// True when the plugin computes everything but never overrides Envoy's choice.
     pub shadow: bool,
+    /// The proxy's own zone; `null` when the node has none.
+    pub local_zone: Option<&'a str>,
     pub clusters: Vec<ClusterStatus<'a>>,
 }
 
@@ -18,12 +20,18 @@ pub struct ClusterStatus<'a> {
     pub table_version: u64,
     /// Age of the weight table; `null` before the first refresh.
     pub refreshed_ms_ago: Option<u64>,
+    /// The cluster's endpoint count as Envoy last reported it; `null` when not reported.
+    pub endpoints: Option<u32>,
+    /// Endpoints the table does not know yet.
+    pub unknown_endpoints: u32,
     pub hosts: Vec<HostStatus<'a>>,
 }
 
 #[derive(Serialize)]
 pub struct HostStatus<'a> {
     pub host: &'a str,
+    /// `upstream.locality.zone`; `null` until reported.
+    pub zone: Option<&'a str>,
     /// Share of steered traffic, 0-1.
     pub weight: f64,
     /// Smoothed latency (failures count as the penalty latency); `null` before any sample.
@@ -46,11 +54,15 @@ pub enum HostPhase {
     Warming,
     Live,
     Ejected,
+    /// A configured host Envoy does not have (it did not honour picks of it).
+    Absent,
 }
 
 impl HostPhase {
     pub fn of(host: &HostState, now_ns: u64, slow_start_ns: u64) -> HostPhase {
-        if host.health.is_ejected(now_ns) {
+        if host.absent {
+            HostPhase::Absent
+        } else if host.health.is_ejected(now_ns) {
             HostPhase::Ejected
         } else if now_ns.saturating_sub(host.active_since_ns) < slow_start_ns {
             HostPhase::Warming
@@ -72,11 +84,14 @@ impl<'a> ClusterStatus<'a> {
             cluster,
             table_version: state.table_version,
             refreshed_ms_ago: (state.table_version > 0).then(|| ns_to_whole_ms(now_ns.saturating_sub(state.refreshed_ns))),
+            endpoints: (state.num_endpoints > 0).then_some(state.num_endpoints),
+            unknown_endpoints: state.unknown_endpoints(),
             hosts: state
                 .hosts
                 .iter()
                 .map(|h| HostStatus {
                     host: &h.address,
+                    zone: (!h.zone.is_empty()).then_some(h.zone.as_str()),
                     weight: h.share,
                     latency_ms: h.latency.value_ms(),
                     samples: h.latency.samples(),

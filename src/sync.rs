@@ -9,9 +9,8 @@
 //! Decoding never trusts its input: bytes of another plugin or another format version, truncated
 //! or random, give an error, never a panic.
 
-use std::collections::BTreeMap;
-
-use crate::state::{Accumulator, ClusterState, Policy};
+use crate::clock::RecordClock;
+use crate::state::{ClusterBatch, ClusterState, Policy};
 
 /// Shared data as proxy-wasm offers it: values with a version token for compare-and-swap.
 pub trait SharedStore {
@@ -27,17 +26,31 @@ pub enum StoreError {
 }
 
 /// The shared-data key of a cluster's record. One key per cluster keeps the key count bounded:
-/// proxy-wasm shared data has no reliable delete.
-pub fn key(cluster: &str) -> String {
-    format!("ewma_lb.v1.cluster.{cluster}")
+/// proxy-wasm shared data has no reliable delete. The key names the format version and a
+/// fingerprint of the settings that shape the record (`namespace`), so a listener with another
+/// configuration, or a plugin of another format version during an upgrade, keeps its own record
+/// instead of fighting over one.
+pub fn key(namespace: &str, cluster: &str) -> String {
+    format!("ewma_lb.v{FORMAT_VERSION}.{namespace}.cluster.{cluster}")
+}
+
+/// The namespace of records written under `policy`: a stable hash (FNV-1a, the same in every VM
+/// of a build) of every setting that changes what merging and refreshing do.
+pub fn namespace(policy: &Policy) -> String {
+    let text = format!("{policy:?}");
+    let hash = text.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    format!("{hash:016x}")
 }
 
 // === Codec ===
 
 /// Leading bytes of every encoded record; a different prefix means "not ours".
 pub const MAGIC: &[u8; 4] = b"EWLB";
-/// Bumped whenever the encoded layout changes; records of another version are rebuilt.
-pub const FORMAT_VERSION: u8 = 1;
+/// Bumped whenever the encoded layout changes; it is part of the key, so records of other
+/// versions live beside ours.
+pub const FORMAT_VERSION: u8 = 2;
+/// Most hosts a record may hold, whatever a configuration allows; more means it is not a record.
+pub const MAX_RECORD_HOSTS: usize = 16_384;
 
 /// Why a record could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,6 +84,7 @@ pub fn encode(state: &ClusterState) -> Vec<u8> {
 
 /// The record in `bytes`, if it is one of ours, of this format, with at most `max_hosts` hosts.
 pub fn decode(bytes: &[u8], max_hosts: usize) -> Result<ClusterState, DecodeError> {
+    let max_hosts = max_hosts.min(MAX_RECORD_HOSTS);
     let body = bytes.strip_prefix(MAGIC.as_slice()).ok_or(DecodeError::NotOurs)?;
     let (&version, body) = body.split_first().ok_or(DecodeError::NotOurs)?;
     if version != FORMAT_VERSION {
@@ -89,6 +103,14 @@ pub fn decode(bytes: &[u8], max_hosts: usize) -> Result<ClusterState, DecodeErro
 /// kept by the caller and merged on the next one.
 pub const MAX_CAS_ATTEMPTS: usize = 8;
 
+/// The version token a create-if-missing write carries. proxy-wasm ignores the token of a key
+/// that does not exist yet and requires a match for one that does, so a write with a token no
+/// record holds creates the key only if nobody else has: two VMs that find a cluster's key
+/// missing in the same tick never overwrite each other. (Envoy hands out tokens from a counter
+/// starting at 1: this one would be current only after four billion writes, and then only for
+/// one of them.)
+pub const CREATE_CAS: u32 = u32::MAX;
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SyncError {
     /// Every compare-and-swap attempt lost to another worker.
@@ -105,34 +127,61 @@ pub struct Synced {
     pub refreshed: bool,
     /// Hosts this worker ejected.
     pub ejected: usize,
+    /// Set when the stored bytes were not a record this configuration can read: they were
+    /// replaced by a fresh record, and the caller reports why.
+    pub replaced: Option<DecodeError>,
 }
 
-/// Folds `pending` into `cluster`'s record, refreshes it when due, and writes it back under
+/// What a sync needs to know besides the store and the batch.
+pub struct SyncContext<'a> {
+    pub key: &'a str,
+    pub static_hosts: &'a [String],
+    pub policy: &'a Policy,
+    /// The proxy's own zone.
+    pub local_zone: Option<&'a str>,
+    /// This VM's steady time (`clock::VmClock`).
+    pub steady_ns: u64,
+}
+
+/// Folds `batch` into the record at `ctx.key`, refreshes it when due, and writes it back under
 /// compare-and-swap, retrying on a lost swap. On `Ok` the samples are in shared state and the
-/// caller may drop them; on `Err` it must keep them for the next tick.
+/// caller may drop them; on `Err` it must keep them for the next tick. `clock` is this VM's view
+/// of the record's clock; every time written into the record is record time.
 pub fn sync_cluster(
     store: &mut dyn SharedStore,
-    cluster: &str,
-    pending: &BTreeMap<String, Accumulator>,
-    static_hosts: &[String],
-    policy: &Policy,
-    now_ns: u64,
+    ctx: &SyncContext,
+    batch: &ClusterBatch,
+    clock: &mut RecordClock,
 ) -> Result<Synced, SyncError> {
-    let key = key(cluster);
+    let policy = ctx.policy;
     for _ in 0..MAX_CAS_ATTEMPTS {
-        let (bytes, cas) = store.get(&key).map_err(|e| SyncError::Store(format!("{e:?}")))?;
-        // A record of another version, truncated or foreign is rebuilt from scratch.
-        let mut state = bytes.and_then(|b| decode(&b, policy.max_hosts).ok()).unwrap_or_default();
-        let mut ejected = state.merge(pending, now_ns, policy);
+        let (bytes, cas) = store.get(ctx.key).map_err(|e| SyncError::Store(format!("{e:?}")))?;
+        let (mut state, replaced) = match bytes.map(|b| decode(&b, policy.max_hosts)) {
+            Some(Ok(state)) => (state, None),
+            // Not a record this build can read in our own key: corrupt. Rebuilt, and reported.
+            Some(Err(e)) => (ClusterState::default(), Some(e)),
+            None => {
+                // Create the key empty first, so the merge below is always a compare-and-swap.
+                match store.set(ctx.key, &encode(&ClusterState::default()), Some(CREATE_CAS)) {
+                    Ok(()) | Err(StoreError::CasMismatch) => continue,
+                    Err(StoreError::Other(e)) => return Err(SyncError::Store(e)),
+                }
+            }
+        };
+        // A fresh record has no time yet: this VM's own clock starts it.
+        let now_ns = clock.now(ctx.steady_ns, (state.clock_ns > 0).then_some(state.clock_ns));
+        state.clock_ns = now_ns;
+        let merged = state.merge(batch, now_ns, policy);
+        let mut ejected = merged.ejected;
         let refreshed = state.refresh_due(now_ns, policy);
         if refreshed {
-            ejected += state.refresh(now_ns, policy, static_hosts);
+            ejected += state.refresh(now_ns, policy, ctx.static_hosts, ctx.local_zone);
         }
-        if pending.is_empty() && !refreshed && ejected == 0 {
-            return Ok(Synced { state, refreshed, ejected });
+        if batch.is_empty() && !refreshed && ejected == 0 && replaced.is_none() {
+            return Ok(Synced { state, refreshed, ejected, replaced });
         }
-        match store.set(&key, &encode(&state), cas) {
-            Ok(()) => return Ok(Synced { state, refreshed, ejected }),
+        match store.set(ctx.key, &encode(&state), cas) {
+            Ok(()) => return Ok(Synced { state, refreshed, ejected, replaced }),
             Err(StoreError::CasMismatch) => continue,
             Err(StoreError::Other(e)) => return Err(SyncError::Store(e)),
         }

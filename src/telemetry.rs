@@ -28,10 +28,14 @@ pub enum Metric {
     HostLatency,
     HostInFlight,
     HostEjected,
+    UnknownEndpoints,
+    CrossZoneRequests,
+    SharedRecordErrors,
+    MetricSeriesEvicted,
 }
 
 impl Metric {
-    pub const ALL: [Metric; 8] = [
+    pub const ALL: [Metric; 12] = [
         Metric::SteeredRequests,
         Metric::FallbackRequests,
         Metric::ManagementDeniedRequests,
@@ -40,6 +44,10 @@ impl Metric {
         Metric::HostLatency,
         Metric::HostInFlight,
         Metric::HostEjected,
+        Metric::UnknownEndpoints,
+        Metric::CrossZoneRequests,
+        Metric::SharedRecordErrors,
+        Metric::MetricSeriesEvicted,
     ];
 
     /// The Prometheus name, as `/stats/prometheus` shows it.
@@ -53,15 +61,27 @@ impl Metric {
             Metric::HostLatency => "ewma_lb_host_latency_microseconds",
             Metric::HostInFlight => "ewma_lb_host_in_flight_requests",
             Metric::HostEjected => "ewma_lb_host_ejected",
+            Metric::UnknownEndpoints => "ewma_lb_unknown_endpoints",
+            Metric::CrossZoneRequests => "ewma_lb_cross_zone_requests_total",
+            Metric::SharedRecordErrors => "ewma_lb_shared_record_errors_total",
+            Metric::MetricSeriesEvicted => "ewma_lb_metric_series_evicted_total",
         }
     }
 
     pub const fn kind(self) -> MetricKind {
         match self {
-            Metric::SteeredRequests | Metric::FallbackRequests | Metric::ManagementDeniedRequests | Metric::Ejections => {
-                MetricKind::Counter
-            }
-            Metric::HostWeight | Metric::HostLatency | Metric::HostInFlight | Metric::HostEjected => MetricKind::Gauge,
+            Metric::SteeredRequests
+            | Metric::FallbackRequests
+            | Metric::ManagementDeniedRequests
+            | Metric::Ejections
+            | Metric::CrossZoneRequests
+            | Metric::SharedRecordErrors
+            | Metric::MetricSeriesEvicted => MetricKind::Counter,
+            Metric::HostWeight
+            | Metric::HostLatency
+            | Metric::HostInFlight
+            | Metric::HostEjected
+            | Metric::UnknownEndpoints => MetricKind::Gauge,
         }
     }
 
@@ -70,7 +90,13 @@ impl Metric {
         match self {
             Metric::FallbackRequests => Some("reason"),
             Metric::HostWeight | Metric::HostLatency | Metric::HostInFlight | Metric::HostEjected => Some("host"),
-            Metric::SteeredRequests | Metric::ManagementDeniedRequests | Metric::Ejections => None,
+            Metric::SteeredRequests
+            | Metric::ManagementDeniedRequests
+            | Metric::Ejections
+            | Metric::UnknownEndpoints
+            | Metric::CrossZoneRequests
+            | Metric::SharedRecordErrors
+            | Metric::MetricSeriesEvicted => None,
         }
     }
 
@@ -84,6 +110,10 @@ impl Metric {
             Metric::HostLatency => "smoothed latency",
             Metric::HostInFlight => "steered requests not finished yet",
             Metric::HostEjected => "1 while ejected",
+            Metric::UnknownEndpoints => "endpoints of the cluster the table does not know yet (they get their share through the fallback)",
+            Metric::CrossZoneRequests => "sampled requests served by a host outside the proxy's zone",
+            Metric::SharedRecordErrors => "stored records that could not be read and were rebuilt",
+            Metric::MetricSeriesEvicted => "metric series this VM stopped updating to stay under its series cap (gauges zeroed first)",
         }
     }
 }

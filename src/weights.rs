@@ -10,6 +10,7 @@
 //!
 //! Ejected hosts get nothing; they are excluded before any of the rules apply.
 
+use crate::locality::Split;
 use crate::units::ms_to_ns;
 
 /// The tunables of [`shares`]; `weights` in the plugin configuration (which gives the ramp in ms).
@@ -54,8 +55,15 @@ pub struct HostInput {
 /// Computes the new shares, in the order of `hosts`. They sum to 1 unless every host is ejected
 /// (then all are 0) or `hosts` is empty.
 pub fn shares(hosts: &[HostInput], params: &WeightParams) -> Vec<f64> {
+    shares_within(hosts, params, None)
+}
+
+/// [`shares`] with the zones' split: local hosts share `split.local_share` of the traffic by
+/// their weights, remote ones the rest (`locality`). The floor and the damping bound still hold
+/// for every host, so a zone's traffic moves as gradually as a host's.
+pub fn shares_within(hosts: &[HostInput], params: &WeightParams, split: Option<&Split>) -> Vec<f64> {
     let median = median(hosts.iter().filter(|h| !h.ejected).filter_map(|h| h.score_ms));
-    let targets: Vec<f64> = hosts
+    let mut targets: Vec<f64> = hosts
         .iter()
         .map(|h| {
             if h.ejected {
@@ -65,6 +73,9 @@ pub fn shares(hosts: &[HostInput], params: &WeightParams) -> Vec<f64> {
             score.powf(-params.exponent) * ramp(h.active_for_ns, params)
         })
         .collect();
+    if let Some(split) = split {
+        apportion(&mut targets, split);
+    }
     let live = hosts.iter().filter(|h| !h.ejected).count();
     if live == 0 {
         return targets;
@@ -90,6 +101,19 @@ pub fn shares(hosts: &[HostInput], params: &WeightParams) -> Vec<f64> {
         limits = bounds(false);
     }
     fit(&targets, &limits)
+}
+
+/// Rescales the targets so the local ones sum to `local_share` and the remote ones to the rest,
+/// each side keeping its proportions.
+fn apportion(targets: &mut [f64], split: &Split) {
+    let sum = |local: bool| -> f64 { targets.iter().zip(&split.is_local).filter(|(_, l)| **l == local).map(|(t, _)| t).sum() };
+    let (local_sum, remote_sum) = (sum(true), sum(false));
+    if local_sum <= 0.0 || remote_sum <= 0.0 {
+        return;
+    }
+    for (t, local) in targets.iter_mut().zip(&split.is_local) {
+        *t *= if *local { split.local_share / local_sum } else { (1.0 - split.local_share) / remote_sum };
+    }
 }
 
 /// Scales `targets` by the one factor λ that makes `Σ clamp(λ·t, lo, hi) = 1`, found by
@@ -140,7 +164,8 @@ fn ramp(active_for_ns: u64, params: &WeightParams) -> f64 {
     progress.clamp(params.slow_start_min_factor.clamp(0.0, 1.0), 1.0)
 }
 
-fn median(scores: impl Iterator<Item = f64>) -> Option<f64> {
+/// The median of the finite scores; `None` when there is none.
+pub fn median(scores: impl Iterator<Item = f64>) -> Option<f64> {
     let mut v: Vec<f64> = scores.filter(|s| s.is_finite()).collect();
     if v.is_empty() {
         return None;

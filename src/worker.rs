@@ -9,20 +9,24 @@
 use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 
+use crate::clock::{RecordClock, VmClock};
 use crate::config::Config;
 use crate::outcome::Outcome;
 use crate::pick::PickTable;
 use crate::rules::{normalize, PathClass};
-use crate::state::{Accumulator, ClusterState};
+use crate::state::{ClusterBatch, ClusterState};
 use crate::status::{ClusterStatus, HostPhase, Status};
-use crate::sync::{sync_cluster, SharedStore, SyncError};
+use crate::sync::{self, sync_cluster, DecodeError, SharedStore, SyncContext, SyncError};
 use crate::telemetry::{Change, Metric, Update, NO_CLUSTER};
-use crate::units::{ms_to_whole_us, share_to_ppm};
+use crate::units::{ms_to_whole_us, share_to_ppm, NS_PER_SEC};
 
-/// Clusters one worker keeps state for; more are left to the fallback policy.
+/// Clusters one worker keeps state for at once; an idle one makes room (`Worker::tick`).
 pub const MAX_CLUSTERS: usize = 256;
 /// Hosts one worker accumulates samples for between ticks.
-const MAX_PENDING_HOSTS: usize = 1024;
+const MAX_PENDING_HOSTS: usize = 4096;
+/// The most a VM's clock may advance between two readings: a VM reads it on every request and
+/// every tick, so a larger gap is a step of the host's clock (`clock::VmClock`).
+const MIN_CLOCK_GAP_NS: u64 = NS_PER_SEC;
 
 /// What the filter does with a request.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -139,6 +143,11 @@ pub struct Finished<'a> {
     pub attempts: u32,
     pub latency_ms: f64,
     pub outcome: Option<Outcome>,
+    /// `upstream.num_endpoints`: the cluster's endpoint count (asked for once a tick, see
+    /// [`Worker::wants_endpoint_count`]).
+    pub num_endpoints: Option<u32>,
+    /// `upstream.locality.zone` of `served_by` (asked for once a host, see [`Worker::wants_zone`]).
+    pub zone: Option<&'a str>,
 }
 
 /// This worker's requests to one host that have not finished, and how many of them the metrics
@@ -154,20 +163,33 @@ struct InFlight {
 struct LocalCluster {
     table: PickTable,
     table_version: u64,
+    /// Share of requests left to the fallback: the configured exploration, or more while the
+    /// table does not know every endpoint of the cluster (they get their share through it).
+    explore_share: f64,
     /// Keyed by address so counts survive a table rebuild.
     in_flight: HashMap<Rc<str>, InFlight>,
-    pending: BTreeMap<String, Accumulator>,
+    /// This tick's samples. Entries are emptied, not removed, after a merge: the next tick's
+    /// samples of the same host need no allocation.
+    batch: ClusterBatch,
+    /// This VM's view of the record's clock.
+    clock: RecordClock,
     /// The last record read from shared data, for status and metrics.
     snapshot: ClusterState,
+    /// A request or a sample since the last tick.
+    used: bool,
+    /// Steady time of the last tick that saw it used.
+    last_used_ns: u64,
+    /// Reported that the stored record could not be read (reported once).
+    reported_bad_record: bool,
 }
 
 impl LocalCluster {
-    fn record(&mut self, host: &str, latency_ms: f64, failed: bool, penalty_ms: f64) {
-        if let Some(acc) = self.pending.get_mut(host) {
-            acc.record(latency_ms, failed, penalty_ms);
-        } else if self.pending.len() < MAX_PENDING_HOSTS {
-            self.pending.entry(host.to_owned()).or_default().record(latency_ms, failed, penalty_ms);
+    /// The batch of `host`, created while there is room.
+    fn host_batch(&mut self, host: &str) -> Option<&mut crate::state::Accumulator> {
+        if !self.batch.hosts.contains_key(host) && self.batch.hosts.len() < MAX_PENDING_HOSTS {
+            self.batch.hosts.insert(host.to_owned(), crate::state::Accumulator::default());
         }
+        self.batch.hosts.get_mut(host)
     }
 
     fn in_flight(&self, host: &str) -> u32 {
@@ -175,27 +197,44 @@ impl LocalCluster {
     }
 }
 
-/// Decisions taken since the last tick, for one `cluster_name`.
+/// What happened since the last tick, for one `cluster_name`.
 #[derive(Debug, Default)]
-struct DecisionCounts {
+struct Counts {
     steered: u64,
     denied: u64,
     fallback: [u64; FallbackReason::ALL.len()],
+    /// Finished requests served by a host outside the proxy's zone.
+    cross_zone: u64,
+    /// Stored records that could not be read and were rebuilt.
+    bad_records: u64,
 }
 
 /// One VM's balancer.
 pub struct Worker {
     config: Config,
+    /// Key namespace of this configuration's records (`sync::namespace`).
+    namespace: String,
     rng: fastrand::Rng,
+    clock: VmClock,
+    /// The proxy's zone (`xds.node` locality), once the adapter has read it.
+    local_zone: Option<String>,
     clusters: BTreeMap<String, LocalCluster>,
     /// By `cluster_name` label; bounded like `clusters`, plus [`NO_CLUSTER`].
-    counts: BTreeMap<String, DecisionCounts>,
+    counts: BTreeMap<String, Counts>,
 }
 
 impl Worker {
     pub fn new(config: Config, seed: u64) -> Self {
-        let mut worker =
-            Worker { config, rng: fastrand::Rng::with_seed(seed), clusters: BTreeMap::new(), counts: BTreeMap::new() };
+        let max_gap_ns = u64::try_from(config.tick_period().as_nanos()).unwrap_or(u64::MAX).saturating_mul(2);
+        let mut worker = Worker {
+            namespace: sync::namespace(config.policy()),
+            clock: VmClock::new(max_gap_ns.max(MIN_CLOCK_GAP_NS)),
+            config,
+            rng: fastrand::Rng::with_seed(seed),
+            local_zone: None,
+            clusters: BTreeMap::new(),
+            counts: BTreeMap::new(),
+        };
         // The main-thread VM never sees a request; configured clusters still get refreshed.
         let names: Vec<String> = worker.config.static_clusters().map(str::to_owned).collect();
         for name in names {
@@ -206,6 +245,26 @@ impl Worker {
 
     pub fn config(&self) -> &Config {
         &self.config
+    }
+
+    /// This VM's steady time (ns) at the host clock's reading `raw_ns`: never back, never a
+    /// jump (see `clock`). Latencies are differences of it.
+    pub fn clock(&mut self, raw_ns: u64) -> u64 {
+        self.clock.now(raw_ns)
+    }
+
+    /// Whether the adapter should read the proxy's zone (not known yet).
+    pub fn wants_local_zone(&self) -> bool {
+        self.local_zone.is_none()
+    }
+
+    /// The proxy's own zone, from `xds.node`'s locality; an empty zone means none is set.
+    pub fn set_local_zone(&mut self, zone: &str) {
+        self.local_zone = Some(zone.to_owned());
+    }
+
+    fn local_zone(&self) -> Option<&str> {
+        self.local_zone.as_deref().filter(|z| !z.is_empty())
     }
 
     /// Decides what happens to a request: the path rules first, then the pick. `source` gives
@@ -246,7 +305,9 @@ impl Worker {
             PathClass::Excluded => Decision::Fallback(FallbackReason::Excluded),
             PathClass::Business => match request.cluster {
                 Some(cluster) if self.config.shadow() => {
-                    local_entry(&mut self.clusters, cluster);
+                    if let Some(local) = local_entry(&mut self.clusters, cluster) {
+                        local.used = true;
+                    }
                     Decision::Fallback(FallbackReason::Shadow)
                 }
                 Some(cluster) => self.pick(cluster),
@@ -258,10 +319,14 @@ impl Worker {
     /// Chooses where a request to `cluster` goes. Per request: local data only.
     pub fn pick(&mut self, cluster: &str) -> Decision {
         let Worker { config, rng, clusters, .. } = self;
-        let Some(local) = local_entry(clusters, cluster).filter(|c| !c.table.is_empty()) else {
+        let Some(local) = local_entry(clusters, cluster) else {
             return Decision::Fallback(FallbackReason::TableNotReady);
         };
-        if config.exploration_share() > 0.0 && rng.f64() < config.exploration_share() {
+        local.used = true;
+        if local.table.is_empty() {
+            return Decision::Fallback(FallbackReason::TableNotReady);
+        }
+        if local.explore_share > 0.0 && rng.f64() < local.explore_share {
             return Decision::Fallback(FallbackReason::Exploring);
         }
         let in_flight = |i: usize| local.table.host(i).map_or(0, |h| local.in_flight(h));
@@ -292,43 +357,98 @@ impl Worker {
         }
     }
 
+    /// Whether the adapter should read `upstream.num_endpoints` for a request of `cluster`
+    /// finishing now: once a tick is enough.
+    pub fn wants_endpoint_count(&self, cluster: &str) -> bool {
+        self.clusters.get(cluster).is_some_and(|c| c.batch.num_endpoints.is_none())
+    }
+
+    /// Whether the adapter should read the zone of `host` (not known yet).
+    pub fn wants_zone(&self, cluster: &str, host: &str) -> bool {
+        let Some(local) = self.clusters.get(cluster) else { return false };
+        let batched = local.batch.hosts.get(host).is_some_and(|a| a.zone.is_some());
+        !batched && local.snapshot.host(host).is_none_or(|h| h.zone.is_empty())
+    }
+
     /// Records a sampled request's end. Called exactly once per request `route` sampled.
     pub fn finish(&mut self, cluster: &str, done: &Finished) {
         let penalty_ms = self.config.failure_penalty_ms();
+        let local_zone = self.local_zone.as_deref().filter(|z| !z.is_empty());
         let Some(local) = local_entry(&mut self.clusters, cluster) else { return };
+        local.used = true;
+        if let Some(n) = done.num_endpoints {
+            local.batch.num_endpoints = Some(n);
+        }
         if let Some(count) = done.picked.and_then(|p| local.in_flight.get_mut(p)) {
             count.now = count.now.saturating_sub(1);
         }
-        // The route retries only failed connections and resets before the request: a retried
-        // request that ended elsewhere means our pick failed, though Envoy reports the last host.
-        if let Some(picked) = done.picked.filter(|p| done.attempts > 1 && done.served_by != Some(*p)) {
-            local.record(picked, penalty_ms, true, penalty_ms);
+        if let (Some(picked), Some(served_by)) = (done.picked, done.served_by) {
+            if served_by != picked {
+                // The route retries only failed connections and resets before the request: a
+                // retried request that ended elsewhere means our pick failed, though Envoy
+                // reports the last host. On the first attempt, Envoy did not honour the pick at
+                // all: the host is not (or no longer healthy) in the cluster.
+                if let Some(acc) = local.host_batch(picked) {
+                    if done.attempts > 1 {
+                        acc.record(penalty_ms, true, penalty_ms);
+                    } else {
+                        acc.not_honoured = acc.not_honoured.saturating_add(1);
+                    }
+                }
+            }
         }
-        if let (Some(host), Some(outcome)) = (done.served_by, done.outcome) {
-            local.record(host, done.latency_ms.max(0.0), outcome.is_failure(), penalty_ms);
+        let (Some(host), Some(outcome)) = (done.served_by, done.outcome) else { return };
+        let remote = local_zone.is_some_and(|mine| {
+            let zone = done.zone.or_else(|| local.snapshot.host(host).map(|h| h.zone.as_str())).unwrap_or_default();
+            !zone.is_empty() && zone != mine
+        });
+        if let Some(acc) = local.host_batch(host) {
+            acc.record(done.latency_ms.max(0.0), outcome.is_failure(), penalty_ms);
+            if let Some(zone) = done.zone.filter(|z| acc.zone.as_deref() != Some(*z)) {
+                acc.zone = Some(zone.to_owned());
+            }
+        }
+        if remote {
+            if let Some(c) = counts_entry(&mut self.counts, cluster) {
+                c.cross_zone += 1;
+            }
         }
     }
 
     /// Merges this worker's samples into shared state, refreshes weights when due, adopts the
-    /// newest table, and collects what the metrics should say. Call on every tick.
-    pub fn tick(&mut self, now_ns: u64, store: &mut dyn SharedStore) -> TickReport {
+    /// newest table, and collects what the metrics should say. Call on every tick, with the host
+    /// clock's reading.
+    pub fn tick(&mut self, raw_now_ns: u64, store: &mut dyn SharedStore) -> TickReport {
+        let steady_ns = self.clock.now(raw_now_ns);
         let mut report = TickReport::default();
+        self.evict_idle(steady_ns);
+        let local_zone = self.local_zone.as_deref().filter(|z| !z.is_empty());
         let policy = self.config.policy();
         let slow_start_ns = policy.weights.slow_start_ns;
         for (name, local) in &mut self.clusters {
-            let statics = self.config.static_endpoints(name);
-            match sync_cluster(store, name, &local.pending, statics, policy, now_ns) {
+            let key = sync::key(&self.namespace, name);
+            let ctx = SyncContext { key: &key, static_hosts: self.config.static_endpoints(name), policy, local_zone, steady_ns };
+            match sync_cluster(store, &ctx, &local.batch, &mut local.clock) {
                 Ok(sync) => {
-                    local.pending.clear();
+                    local.batch.clear();
+                    local.batch.hosts.retain(|host, _| sync.state.host(host).is_some());
                     report.refreshed += usize::from(sync.refreshed);
                     if sync.ejected > 0 {
                         report.metrics.push(update(Metric::Ejections, name, None, Change::Add(sync.ejected as i64)));
                     }
+                    if let Some(e) = sync.replaced {
+                        if let Some(c) = counts_entry(&mut self.counts, name) {
+                            c.bad_records += 1;
+                        }
+                        if !local.reported_bad_record {
+                            local.reported_bad_record = true;
+                            report.bad_records.push((name.clone(), e));
+                        }
+                    }
                     if sync.state.table_version != local.table_version {
-                        local.table = PickTable::new(sync.state.hosts.iter().map(|h| (h.address.as_str(), h.share)));
-                        local.table_version = sync.state.table_version;
+                        adopt(local, &sync.state, self.config.exploration_share());
                         report.adopted.push((name.clone(), local.table_version));
-                        host_gauges(name, &sync.state, now_ns, slow_start_ns, &mut report.metrics);
+                        host_gauges(name, &local.snapshot, &sync.state, slow_start_ns, &mut report.metrics);
                     }
                     local.snapshot = sync.state;
                 }
@@ -337,20 +457,50 @@ impl Worker {
             in_flight_updates(name, local, &mut report.metrics);
         }
         for (cluster, counts) in &mut self.counts {
-            decision_updates(cluster, counts, &mut report.metrics);
+            count_updates(cluster, counts, &mut report.metrics);
         }
         report
     }
 
+    /// Forgets clusters this VM has not used for `host_ttl` (nothing in flight, not configured),
+    /// so a proxy that routed to many clusters once keeps room for the ones it uses now.
+    fn evict_idle(&mut self, steady_ns: u64) {
+        let idle_after_ns = self.config.policy().host_ttl_ns;
+        let config = &self.config;
+        let counts = &mut self.counts;
+        self.clusters.retain(|name, local| {
+            if std::mem::take(&mut local.used) {
+                local.last_used_ns = steady_ns;
+            }
+            let idle = steady_ns.saturating_sub(local.last_used_ns) >= idle_after_ns
+                && local.in_flight.values().all(|n| n.now == 0 && n.reported == 0)
+                && config.static_endpoints(name).is_empty();
+            if idle {
+                counts.remove(name.as_str());
+            }
+            !idle
+        });
+    }
+
+    /// The shared-data key of `cluster`'s record under this configuration.
+    pub fn record_key(&self, cluster: &str) -> String {
+        sync::key(&self.namespace, cluster)
+    }
+
     /// The status document, as JSON.
-    pub fn status_json(&self, now_ns: u64) -> String {
+    pub fn status_json(&self) -> String {
         let slow_start_ns = self.config.policy().weights.slow_start_ns;
+        let steady_ns = self.clock.last();
         let status = Status {
             shadow: self.config.shadow(),
+            local_zone: self.local_zone(),
             clusters: self
                 .clusters
                 .iter()
-                .map(|(name, local)| ClusterStatus::new(name, &local.snapshot, now_ns, slow_start_ns, |h| local.in_flight(h)))
+                .map(|(name, local)| {
+                    let now_ns = local.clock.estimate(steady_ns).unwrap_or(local.snapshot.clock_ns);
+                    ClusterStatus::new(name, &local.snapshot, now_ns, slow_start_ns, |h| local.in_flight(h))
+                })
                 .collect(),
         };
         serde_json::to_string_pretty(&status).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
@@ -373,15 +523,22 @@ impl Worker {
         self.clusters.get(cluster).map_or(0, |c| c.in_flight(host))
     }
 
-    /// The decision counters of `cluster` (`None`: requests without one), created on first sight
-    /// while there is room.
-    fn counts_of(&mut self, cluster: Option<&str>) -> Option<&mut DecisionCounts> {
-        let label = cluster.unwrap_or(NO_CLUSTER);
-        if !self.counts.contains_key(label) && self.counts.len() <= MAX_CLUSTERS {
-            self.counts.insert(label.to_owned(), DecisionCounts::default());
-        }
-        self.counts.get_mut(label)
+    /// The share of requests `cluster`'s table leaves to the fallback policy.
+    pub fn explore_share(&self, cluster: &str) -> Option<f64> {
+        self.clusters.get(cluster).map(|c| c.explore_share)
     }
+
+    fn counts_of(&mut self, cluster: Option<&str>) -> Option<&mut Counts> {
+        counts_entry(&mut self.counts, cluster.unwrap_or(NO_CLUSTER))
+    }
+}
+
+/// The counters of `label`, created on first sight while there is room.
+fn counts_entry<'a>(counts: &'a mut BTreeMap<String, Counts>, label: &str) -> Option<&'a mut Counts> {
+    if !counts.contains_key(label) && counts.len() <= MAX_CLUSTERS {
+        counts.insert(label.to_owned(), Counts::default());
+    }
+    counts.get_mut(label)
 }
 
 /// The local entry of `cluster`, created on first sight while there is room.
@@ -392,22 +549,37 @@ fn local_entry<'a>(clusters: &'a mut BTreeMap<String, LocalCluster>, cluster: &s
     clusters.get_mut(cluster)
 }
 
+/// Rebuilds this VM's pick table from a new version of the record.
+fn adopt(local: &mut LocalCluster, state: &ClusterState, exploration_share: f64) {
+    local.table = PickTable::new(state.hosts.iter().map(|h| (h.address.as_str(), h.share)));
+    local.table_version = state.table_version;
+    // Endpoints the record does not know get their share through the fallback: a table that
+    // knows one host of three must not send that host every steered request.
+    let unknown = if state.num_endpoints > 0 { f64::from(state.unknown_endpoints()) / f64::from(state.num_endpoints) } else { 0.0 };
+    local.explore_share = exploration_share.max(unknown).min(1.0);
+}
+
 fn update(metric: Metric, cluster: &str, label: Option<&str>, change: Change) -> Update {
     Update { metric, cluster: cluster.to_owned(), label: label.map(str::to_owned), change }
 }
 
-/// The per-host gauges of a newly adopted table. Every VM adopts the same table, so they all set
-/// the same values.
-fn host_gauges(cluster: &str, state: &ClusterState, now_ns: u64, slow_start_ns: u64, out: &mut Vec<Update>) {
-    for h in &state.hosts {
-        let ejected = HostPhase::of(h, now_ns, slow_start_ns) == HostPhase::Ejected;
+/// The per-host gauges of a newly adopted table, and zeros for the hosts that left it. Every VM
+/// adopts the same table, so they all set the same values.
+fn host_gauges(cluster: &str, old: &ClusterState, new: &ClusterState, slow_start_ns: u64, out: &mut Vec<Update>) {
+    const HOST_GAUGES: [Metric; 3] = [Metric::HostWeight, Metric::HostLatency, Metric::HostEjected];
+    for h in &new.hosts {
+        let ejected = HostPhase::of(h, new.clock_ns, slow_start_ns) == HostPhase::Ejected;
         let latency_us = h.latency.value_ms().map_or(0, ms_to_whole_us);
-        for (metric, value) in
-            [(Metric::HostWeight, share_to_ppm(h.share)), (Metric::HostLatency, latency_us), (Metric::HostEjected, u64::from(ejected))]
-        {
+        for (metric, value) in HOST_GAUGES.into_iter().zip([share_to_ppm(h.share), latency_us, u64::from(ejected)]) {
             out.push(update(metric, cluster, Some(&h.address), Change::Set(value)));
         }
     }
+    for gone in old.hosts.iter().filter(|h| new.host(&h.address).is_none()) {
+        for metric in HOST_GAUGES {
+            out.push(update(metric, cluster, Some(&gone.address), Change::Set(0)));
+        }
+    }
+    out.push(update(Metric::UnknownEndpoints, cluster, None, Change::Set(u64::from(new.unknown_endpoints()))));
 }
 
 /// Moves the shared in-flight gauge by this worker's change since the last tick, and forgets
@@ -424,20 +596,23 @@ fn in_flight_updates(cluster: &str, local: &mut LocalCluster, out: &mut Vec<Upda
     local.in_flight.retain(|host, n| n.now > 0 || snapshot.host(host).is_some());
 }
 
-/// The decision counters as counter increments, then zeroed.
-fn decision_updates(cluster: &str, counts: &mut DecisionCounts, out: &mut Vec<Update>) {
-    if counts.steered > 0 {
-        out.push(update(Metric::SteeredRequests, cluster, None, Change::Add(counts.steered as i64)));
-    }
-    if counts.denied > 0 {
-        out.push(update(Metric::ManagementDeniedRequests, cluster, None, Change::Add(counts.denied as i64)));
+/// The counters as counter increments, then zeroed.
+fn count_updates(cluster: &str, counts: &mut Counts, out: &mut Vec<Update>) {
+    let plain = [
+        (Metric::SteeredRequests, counts.steered),
+        (Metric::ManagementDeniedRequests, counts.denied),
+        (Metric::CrossZoneRequests, counts.cross_zone),
+        (Metric::SharedRecordErrors, counts.bad_records),
+    ];
+    for (metric, n) in plain.into_iter().filter(|(_, n)| *n > 0) {
+        out.push(update(metric, cluster, None, Change::Add(n as i64)));
     }
     for (reason, n) in FallbackReason::ALL.iter().zip(&counts.fallback) {
         if *n > 0 {
             out.push(update(Metric::FallbackRequests, cluster, Some(reason.label()), Change::Add(*n as i64)));
         }
     }
-    *counts = DecisionCounts::default();
+    *counts = Counts::default();
 }
 
 /// What a tick did, for logs and metrics.
@@ -449,6 +624,8 @@ pub struct TickReport {
     pub adopted: Vec<(String, u64)>,
     /// Clusters whose samples could not be merged this tick (they are kept).
     pub errors: Vec<(String, SyncError)>,
+    /// Clusters whose stored record could not be read and was rebuilt, the first time each.
+    pub bad_records: Vec<(String, DecodeError)>,
     /// What the metrics should say now.
     pub metrics: Vec<Update>,
 }

@@ -9,7 +9,7 @@ use wasm_bindgen_test::wasm_bindgen_test;
 use std::collections::BTreeMap;
 
 use ewma_lb::config::Config;
-use ewma_lb::state::{Accumulator, ClusterState, Policy};
+use ewma_lb::state::{Accumulator, ClusterBatch, ClusterState, Policy};
 use ewma_lb::sync::{decode, encode, DecodeError, FORMAT_VERSION, MAGIC};
 #[cfg(not(target_arch = "wasm32"))]
 use proptest::prelude::*;
@@ -20,8 +20,8 @@ fn policy() -> Policy {
     Config::from_json(b"{}").unwrap().policy().clone()
 }
 
-fn samples(entries: &[(&str, &[f64], bool)]) -> BTreeMap<String, Accumulator> {
-    entries
+fn samples(entries: &[(&str, &[f64], bool)]) -> ClusterBatch {
+    let hosts = entries
         .iter()
         .map(|(host, latencies, failed)| {
             let mut acc = Accumulator::default();
@@ -30,7 +30,8 @@ fn samples(entries: &[(&str, &[f64], bool)]) -> BTreeMap<String, Accumulator> {
             }
             (host.to_string(), acc)
         })
-        .collect()
+        .collect();
+    ClusterBatch { hosts, num_endpoints: None }
 }
 
 fn steady_state() -> ClusterState {
@@ -38,7 +39,7 @@ fn steady_state() -> ClusterState {
     let mut state = ClusterState::default();
     for t in 1..=20 {
         state.merge(&samples(&[("10.0.0.1:80", &[50.0, 60.0], false), ("10.0.0.2:80", &[2000.0], false)]), t * SEC, &p);
-        state.refresh(t * SEC, &p, &[]);
+        state.refresh(t * SEC, &p, &[], None);
     }
     state
 }
@@ -102,7 +103,7 @@ fn the_slow_host_ends_with_the_floor() {
     let slow = state.host("10.0.0.2:80").map(|h| h.share).unwrap_or(1.0);
     assert!((slow - policy().weights.min_share).abs() < 1e-9, "slow {slow}");
     assert!((fast + slow - 1.0).abs() < 1e-9);
-    assert_eq!(state.table_version, 20);
+    assert!((1..=20).contains(&state.table_version), "one version per refresh that changed the shares");
 }
 
 #[test]
@@ -132,16 +133,16 @@ fn consecutive_failures_eject_and_the_host_returns_later() {
     let p = policy();
     let mut state = steady_state();
     let now = 21 * SEC;
-    let ejected = state.merge(&samples(&[("10.0.0.1:80", &[5.0, 5.0, 5.0], true)]), now, &p);
-    assert_eq!(ejected, 1);
+    let merged = state.merge(&samples(&[("10.0.0.1:80", &[5.0, 5.0, 5.0], true)]), now, &p);
+    assert_eq!(merged.ejected, 1);
     let host = state.host("10.0.0.1:80").cloned().unwrap_or_default();
     assert!(host.health.is_ejected(now) && host.share == 0.0);
     assert!((state.host("10.0.0.2:80").map(|h| h.share).unwrap_or(0.0) - 1.0).abs() < 1e-9);
     // Still ejected one refresh later, back after the base ejection time, ramping up.
-    state.refresh(now + SEC, &p, &[]);
+    state.refresh(now + SEC, &p, &[], None);
     assert_eq!(state.host("10.0.0.1:80").map(|h| h.share), Some(0.0));
     let back = now + p.outlier.base_ejection_ns + 1;
-    state.refresh(back, &p, &[]);
+    state.refresh(back, &p, &[], None);
     let host = state.host("10.0.0.1:80").cloned().unwrap_or_default();
     assert!(!host.health.is_ejected(back) && host.share > 0.0 && host.active_since_ns == back);
     assert_eq!(host.latency.value_ms(), None, "scored at the median again, not at the penalty");
@@ -168,7 +169,7 @@ fn a_success_resets_the_failure_count() {
     for failed in [true, true, false, true, true] {
         acc.record(1.0, failed, 1000.0);
     }
-    state.merge(&BTreeMap::from([("a:1".to_string(), acc)]), SEC, &p);
+    state.merge(&ClusterBatch { hosts: BTreeMap::from([("a:1".to_string(), acc)]), num_endpoints: None }, SEC, &p);
     state.merge(&samples(&[("b:1", &[1.0], false)]), SEC, &p);
     assert_eq!(state.host("a:1").map(|h| h.health.consecutive_failures), Some(2));
     assert!(!state.host("a:1").is_some_and(|h| h.health.is_ejected(SEC)));
@@ -180,9 +181,9 @@ fn silent_learned_hosts_are_forgotten_static_ones_kept() {
     let p = policy();
     let mut state = ClusterState::default();
     state.merge(&samples(&[("learned:1", &[10.0], false)]), SEC, &p);
-    state.refresh(SEC, &p, &["static:1".to_string()]);
+    state.refresh(SEC, &p, &["static:1".to_string()], None);
     assert_eq!(state.hosts.len(), 2);
-    state.refresh(SEC + p.host_ttl_ns, &p, &["static:1".to_string()]);
+    state.refresh(SEC + p.host_ttl_ns, &p, &["static:1".to_string()], None);
     let left: Vec<&str> = state.hosts.iter().map(|h| h.address.as_str()).collect();
     assert_eq!(left, vec!["static:1"]);
 }

@@ -2,15 +2,15 @@
 //! A plain repeated-timing loop (`Instant` around batches, `black_box` on results); build with
 //! `--release` for numbers that mean anything.
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use ewma_lb::config::Config;
 use ewma_lb::pick::PickTable;
-use ewma_lb::state::{Accumulator, ClusterState};
-use ewma_lb::sync;
+use ewma_lb::clock::RecordClock;
+use ewma_lb::state::{Accumulator, ClusterBatch, ClusterState};
+use ewma_lb::sync::{self, SharedStore, StoreError, SyncContext};
 use ewma_lb::weights::{shares, HostInput, WeightParams};
 use serde::Serialize;
 
@@ -24,6 +24,9 @@ pub struct MicroResult {
     pub hosts: usize,
     pub ns_per_op: f64,
     pub iterations: u64,
+    /// For size measurements (the row's unit is bytes, not ns).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bytes: Option<u64>,
 }
 
 /// Runs `f` in batches until `budget` has passed (at least one batch, at most `max_iters` calls);
@@ -66,18 +69,44 @@ fn state_with(n: usize) -> (ClusterState, ewma_lb::state::Policy) {
     let mut policy = Config::from_json(b"{}").map(|c| c.policy().clone()).unwrap_or_else(|e| panic!("defaults: {e}"));
     policy.max_hosts = n;
     policy.host_ttl_ns = u64::MAX;
-    let mut samples = BTreeMap::new();
+    let batch = batch_of(n);
+    let mut state = ClusterState::default();
+    state.merge(&batch, 1_000_000_000, &policy);
+    state.refresh(2_000_000_000, &policy, &[], None);
+    (state, policy)
+}
+
+/// One tick's samples from every one of `n` hosts, four each.
+fn batch_of(n: usize) -> ClusterBatch {
+    let mut batch = ClusterBatch::default();
     for i in 0..n {
         let mut acc = Accumulator::default();
         for k in 0..4 {
             acc.record(latency_ms(i) + k as f64, false, 1000.0);
         }
-        samples.insert(address(i), acc);
+        batch.hosts.insert(address(i), acc);
     }
-    let mut state = ClusterState::default();
-    state.merge(&samples, 1_000_000_000, &policy);
-    state.refresh(2_000_000_000, &policy, &[]);
-    (state, policy)
+    batch.num_endpoints = u32::try_from(n).ok();
+    batch
+}
+
+/// proxy-wasm shared data in memory, as the plugin's tick sees it (one VM, no contention).
+#[derive(Default)]
+struct Memory(std::collections::HashMap<String, (Vec<u8>, u32)>);
+
+impl SharedStore for Memory {
+    fn get(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError> {
+        Ok(self.0.get(key).map_or((None, None), |(b, v)| (Some(b.clone()), Some(*v))))
+    }
+
+    fn set(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError> {
+        let current = self.0.get(key).map(|(_, v)| *v);
+        if current.is_some() && cas.is_some() && cas != current {
+            return Err(StoreError::CasMismatch);
+        }
+        self.0.insert(key.to_owned(), (value.to_vec(), current.unwrap_or(0) + 1));
+        Ok(())
+    }
 }
 
 /// Runs every micro-benchmark; `quick` shortens each to a few milliseconds (smoke).
@@ -85,14 +114,15 @@ pub fn run(quick: bool) -> Vec<MicroResult> {
     let budget = if quick { Duration::from_millis(5) } else { Duration::from_millis(400) };
     let counts: &[usize] = if quick { &HOST_COUNTS[..2] } else { &HOST_COUNTS };
     let mut out = Vec::new();
+    let mut sizes = Vec::new();
     let mut push = |op: &str, hosts: usize, (ns, iters): (f64, u64)| {
-        out.push(MicroResult { op: op.to_string(), hosts, ns_per_op: ns, iterations: iters });
+        out.push(MicroResult { op: op.to_string(), hosts, ns_per_op: ns, iterations: iters, bytes: None });
     };
     for &n in counts {
         let (mut state, policy) = state_with(n);
         let mut now = 3_000_000_000u64;
         push("ClusterState::refresh", n, time_it(budget, 1_000_000, || {
-            state.refresh(now, &policy, &[]);
+            state.refresh(now, &policy, &[], None);
             now += policy.refresh_interval_ns;
             black_box(state.table_version);
         }));
@@ -114,6 +144,20 @@ pub fn run(quick: bool) -> Vec<MicroResult> {
             let bytes = black_box(sync::encode(&state));
             black_box(sync::decode(&bytes, n).ok());
         }));
+        sizes.push(MicroResult { op: "record size (bytes)".into(), hosts: n, ns_per_op: 0.0, iterations: 0, bytes: Some(sync::encode(&state).len() as u64) });
+
+        // What one VM's tick costs for this cluster when every host had samples: read, decode,
+        // merge, refresh (one tick in four at the defaults), encode, write.
+        let mut store = Memory::default();
+        let batch = batch_of(n);
+        let mut clock = RecordClock::default();
+        let mut steady = 0u64;
+        let key = sync::key("micro", "backend");
+        push("sync::sync_cluster (one tick, all hosts sampled)", n, time_it(budget, 100_000, || {
+            steady += 100_000_000;
+            let ctx = SyncContext { key: &key, static_hosts: &[], policy: &policy, local_zone: None, steady_ns: steady };
+            black_box(sync::sync_cluster(&mut store, &ctx, &batch, &mut clock).ok());
+        }));
 
         let table = PickTable::new(state.hosts.iter().map(|h| (h.address.as_str(), h.share)));
         let mut rng = fastrand::Rng::with_seed(7);
@@ -125,6 +169,7 @@ pub fn run(quick: bool) -> Vec<MicroResult> {
             black_box(table.weighted_p2c(&mut rng, |i| in_flight.get(i).copied().unwrap_or(0)));
         }));
     }
+    out.extend(sizes);
     out
 }
 
@@ -152,6 +197,9 @@ pub fn markdown(results: &[MicroResult]) -> String {
         let _ = write!(t, "| `{op}` |");
         for c in &counts {
             match results.iter().find(|r| r.op == op && r.hosts == *c) {
+                Some(MicroResult { bytes: Some(b), .. }) => {
+                    let _ = write!(t, " {b} |");
+                }
                 Some(r) => {
                     let _ = write!(t, " {} |", human_ns(r.ns_per_op));
                 }

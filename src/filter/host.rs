@@ -1,21 +1,31 @@
 //! Host calls that cannot fail loudly: each returns an Option or a Result instead of panicking,
 //! unlike the SDK's `Context` helpers, which unwrap.
 
+use std::sync::OnceLock;
+use std::time::Instant;
+
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{MapType, Status};
 
 use crate::sync::{SharedStore, StoreError};
 
-/// Host time in ns since the epoch; 0 if the host cannot tell (samples then look instant).
-pub fn now_ns() -> u64 {
-    hostcalls::get_current_time()
-        .ok()
-        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+/// The host's monotonic clock in ns since this VM first read it. `Instant` reads WASI's
+/// `clock_time_get` with the monotonic clock, which Envoy serves from its own steady clock, so
+/// no wall-clock step reaches the plugin's timers (README, "Time").
+pub fn monotonic_ns() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    let elapsed = START.get_or_init(Instant::now).elapsed();
+    u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX)
 }
 
 fn property(path: &[&str]) -> Option<Vec<u8>> {
     hostcalls::get_property(path.to_vec()).ok().flatten()
+}
+
+/// A property that may legitimately be absent: `Ok(None)` when the host has none, `Err` when
+/// the host could not answer (try again later).
+pub fn optional_property_string(path: &[&str]) -> Result<Option<String>, Status> {
+    hostcalls::get_property(path.to_vec()).map(|b| b.map(|b| String::from_utf8_lossy(&b).into_owned()))
 }
 
 /// A string property, e.g. `xds.cluster_name` or `upstream.address`.

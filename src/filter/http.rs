@@ -73,10 +73,11 @@ impl HttpContext for Http {
         match decision {
             Decision::Deny => return local_reply(403, "text/plain", FORBIDDEN_BODY),
             Decision::Status => {
-                return local_reply(200, "application/json", worker.status_json(host::now_ns()).as_bytes())
+                worker.clock(host::monotonic_ns());
+                return local_reply(200, "application/json", worker.status_json().as_bytes());
             }
             d if d.is_sampled() => {
-                self.start_ns = host::now_ns();
+                self.start_ns = worker.clock(host::monotonic_ns());
                 self.sampled_cluster = cluster;
             }
             _ => {}
@@ -86,7 +87,9 @@ impl HttpContext for Http {
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         if self.sampled_cluster.is_some() && self.latency_ns.is_none() {
-            self.latency_ns = Some(host::now_ns().saturating_sub(self.start_ns));
+            if let Ok(mut vm) = self.vm.try_borrow_mut() {
+                self.latency_ns = Some(vm.worker.clock(host::monotonic_ns()).saturating_sub(self.start_ns));
+            }
         }
         Action::Continue
     }
@@ -99,7 +102,19 @@ impl HttpContext for Http {
         let flags = host::property_i64(&["response", "flags"]).map_or(0, |f| f as u64);
         let attempts = host::property_i64(&["upstream", "request_attempt_count"]).unwrap_or(1);
         // Without response headers (reset, timeout) the request's whole life is the sample.
-        let latency_ns = self.latency_ns.unwrap_or_else(|| host::now_ns().saturating_sub(self.start_ns));
+        let now_ns = vm.worker.clock(host::monotonic_ns());
+        let latency_ns = self.latency_ns.unwrap_or_else(|| now_ns.saturating_sub(self.start_ns));
+        // Facts that rarely change are read only when the worker lacks them.
+        let num_endpoints = vm
+            .worker
+            .wants_endpoint_count(&cluster)
+            .then(|| host::property_i64(&["upstream", "num_endpoints"]))
+            .flatten()
+            .and_then(|n| u32::try_from(n).ok());
+        let zone = served_by
+            .as_deref()
+            .filter(|h| vm.worker.wants_zone(&cluster, h))
+            .and_then(|_| host::property_string(&["upstream", "locality", "zone"]));
         vm.worker.finish(
             &cluster,
             &Finished {
@@ -108,6 +123,8 @@ impl HttpContext for Http {
                 attempts: u32::try_from(attempts).unwrap_or(1),
                 latency_ms: ns_to_ms(latency_ns),
                 outcome: Outcome::classify(code, flags),
+                num_endpoints,
+                zone: zone.as_deref(),
             },
         );
     }

@@ -6,21 +6,29 @@
 //! `/stats/prometheus` shows `NAME{label="value"}`.
 //!
 //! Additions are summed in this VM's memory and handed to the host once per tick (`flush`).
+//!
+//! The host keeps every series a VM defines, for good, and offers no delete. So a VM keeps at
+//! most `MAX_SERIES` in use: past that, the series updated least recently is evicted (a gauge is
+//! set to 0 first, so a forgotten host does not keep its last weight) and counted in
+//! `ewma_lb_metric_series_evicted_total`, and the new series takes its place.
 
 use std::collections::HashMap;
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
 
-use crate::telemetry::{Change, Metric, MetricKind, Update, CLUSTER_LABEL};
+use crate::telemetry::{Change, Metric, MetricKind, Update, CLUSTER_LABEL, NO_CLUSTER};
 
-/// Series one VM defines at most: the host keeps every one for good.
+/// Series one VM keeps updating at most (README, "Observability").
 const MAX_SERIES: usize = 4096;
 
 struct Series {
     id: u32,
+    kind: MetricKind,
     /// Added since the last flush.
     pending: i64,
+    /// When it was last updated, in updates applied by this VM.
+    last_used: u64,
 }
 
 /// `(metric, cluster, label value) -> series`.
@@ -29,6 +37,12 @@ type Index = HashMap<(Metric, String, String), Series>;
 #[derive(Default)]
 pub struct Metrics {
     series: Index,
+    /// Updates applied so far: the clock of `Series::last_used`.
+    applied: u64,
+    /// Evictions not yet handed to the host.
+    evicted: i64,
+    /// The eviction counter's own series (never evicted).
+    evicted_id: Option<u32>,
 }
 
 impl Metrics {
@@ -51,23 +65,61 @@ impl Metrics {
                 series.pending = 0;
             }
         }
+        if self.evicted > 0 {
+            let eviction = Update {
+                metric: Metric::MetricSeriesEvicted,
+                cluster: NO_CLUSTER.to_owned(),
+                label: None,
+                change: Change::Add(self.evicted),
+            };
+            let id = self.evicted_id.or_else(|| define(&eviction));
+            if let Some(id) = id {
+                let _ = hostcalls::increment_metric(id, self.evicted);
+                self.evicted_id = Some(id);
+                self.evicted = 0;
+            }
+        }
     }
 
     fn series_mut(&mut self, update: &Update) -> Option<&mut Series> {
+        self.applied += 1;
         let key = (update.metric, update.cluster.clone(), update.label.clone().unwrap_or_default());
         if !self.series.contains_key(&key) {
             if self.series.len() >= MAX_SERIES {
-                return None;
+                self.evict_least_recent();
             }
-            let kind = match update.metric.kind() {
-                MetricKind::Counter => MetricType::Counter,
-                MetricKind::Gauge => MetricType::Gauge,
-            };
-            let id = hostcalls::define_metric(kind, &encode(update)).ok()?;
-            self.series.insert(key.clone(), Series { id, pending: 0 });
+            let id = define(update)?;
+            let series = Series { id, kind: update.metric.kind(), pending: 0, last_used: self.applied };
+            self.series.insert(key.clone(), series);
         }
-        self.series.get_mut(&key)
+        let series = self.series.get_mut(&key)?;
+        series.last_used = self.applied;
+        Some(series)
     }
+
+    fn evict_least_recent(&mut self) {
+        let Some(key) = self.series.iter().min_by_key(|(_, s)| s.last_used).map(|(k, _)| k.clone()) else { return };
+        if let Some(series) = self.series.remove(&key) {
+            match series.kind {
+                MetricKind::Gauge => {
+                    let _ = hostcalls::record_metric(series.id, 0);
+                }
+                MetricKind::Counter if series.pending != 0 => {
+                    let _ = hostcalls::increment_metric(series.id, series.pending);
+                }
+                MetricKind::Counter => {}
+            }
+            self.evicted += 1;
+        }
+    }
+}
+
+fn define(update: &Update) -> Option<u32> {
+    let kind = match update.metric.kind() {
+        MetricKind::Counter => MetricType::Counter,
+        MetricKind::Gauge => MetricType::Gauge,
+    };
+    hostcalls::define_metric(kind, &encode(update)).ok()
 }
 
 /// `NAME.cluster_name=.=C;.;LABEL=.=V;.;`, with `;` in values replaced so a value cannot end its

@@ -59,7 +59,15 @@ impl RootContext for Root {
         let Some(vm) = &self.vm else { return };
         let Ok(mut vm) = vm.try_borrow_mut() else { return };
         let Vm { worker, metrics, .. } = &mut *vm;
-        let report = worker.tick(host::now_ns(), &mut SharedData);
+        if worker.wants_local_zone() {
+            // The node's zone (Istio sets it from the pod's locality); none is a valid answer.
+            if let Ok(zone) = host::optional_property_string(&["xds", "node", "locality", "zone"]) {
+                let zone = zone.unwrap_or_default();
+                info!("ewma-lb: local zone: {}", if zone.is_empty() { "none (locality off)" } else { zone.as_str() });
+                worker.set_local_zone(&zone);
+            }
+        }
+        let report = worker.tick(host::monotonic_ns(), &mut SharedData);
         for update in &report.metrics {
             metrics.apply(update);
         }
@@ -67,6 +75,9 @@ impl RootContext for Root {
             for (cluster, version) in &report.adopted {
                 debug!("ewma-lb: adopted table v{version} for cluster {cluster}: {}", worker.table_summary(cluster));
             }
+        }
+        for (cluster, e) in &report.bad_records {
+            warn!("ewma-lb: the shared record of cluster {cluster} could not be read ({e}); rebuilt it (counted in ewma_lb_shared_record_errors_total)");
         }
         for (cluster, e) in &report.errors {
             warn!("ewma-lb: samples for cluster {cluster} kept for the next tick: {e:?}");
@@ -90,6 +101,6 @@ fn random_seed() -> u64 {
     let mut bytes = [0u8; 8];
     match getrandom::fill(&mut bytes) {
         Ok(()) => u64::from_le_bytes(bytes),
-        Err(_) => host::now_ns(),
+        Err(_) => host::monotonic_ns(),
     }
 }

@@ -1,0 +1,334 @@
+//! Clusters as Kubernetes has them, over the in-memory store: endpoints the table does not know
+//! keep their share, endpoints that leave are dropped at once, shared records survive other
+//! configurations and races, idle clusters cost nothing, and no clock step moves a timer.
+
+#![allow(clippy::panic, clippy::indexing_slicing, clippy::unwrap_used)] // tests fail by panicking
+
+#[cfg(target_arch = "wasm32")]
+use wasm_bindgen_test::wasm_bindgen_test;
+
+mod store;
+
+use std::collections::BTreeMap;
+
+use ewma_lb::outcome::Outcome;
+use ewma_lb::state::{Accumulator, ClusterBatch, ClusterState};
+use ewma_lb::sync;
+use ewma_lb::telemetry::{Change, Metric};
+use ewma_lb::worker::{Decision, Finished, Worker};
+use store::{config, defaults, Shared, CLUSTER, MS, SEC};
+
+fn served(w: &mut Worker, host: &str, ms: f64, endpoints: u32) {
+    w.finish(
+        CLUSTER,
+        &Finished {
+            served_by: Some(host),
+            attempts: 1,
+            latency_ms: ms,
+            outcome: Some(Outcome::Success),
+            num_endpoints: Some(endpoints),
+            ..Finished::default()
+        },
+    );
+}
+
+fn host(i: usize) -> String {
+    format!("10.0.0.{i}:80")
+}
+
+/// Picks `n` times and counts what they became.
+fn picks(w: &mut Worker, n: usize) -> BTreeMap<String, usize> {
+    let mut out = BTreeMap::new();
+    for _ in 0..n {
+        let key = match w.pick(CLUSTER) {
+            Decision::Override(p) => p.host.to_string(),
+            Decision::Fallback(reason) => reason.label().to_string(),
+            other => format!("{other:?}"),
+        };
+        *out.entry(key).or_default() += 1;
+    }
+    out
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn endpoints_the_table_does_not_know_get_their_share_through_the_fallback() {
+    let store = Shared::default();
+    let mut w = Worker::new(config(r#"{"exploration_share": 0}"#), 1);
+    // The first tick saw one host of a three-endpoint cluster.
+    served(&mut w, &host(1), 50.0, 3);
+    w.tick(SEC, &mut store.clone());
+    assert_eq!(w.explore_share(CLUSTER), Some(2.0 / 3.0));
+    let counts = picks(&mut w, 30_000);
+    let steered = counts.get(&host(1)).copied().unwrap_or(0);
+    let explored = counts.get("exploring").copied().unwrap_or(0);
+    assert!((9_000..11_000).contains(&steered), "a third steered to the one known host: {counts:?}");
+    assert!((19_000..21_000).contains(&explored), "two thirds left to the fallback: {counts:?}");
+    // Once all three are known, only the configured exploration is left (0 here).
+    served(&mut w, &host(2), 50.0, 3);
+    served(&mut w, &host(3), 50.0, 3);
+    w.tick(SEC + 100 * MS, &mut store.clone());
+    w.tick(SEC + 300 * MS, &mut store.clone());
+    assert_eq!(w.explore_share(CLUSTER), Some(0.0));
+    assert_eq!(store.state().unknown_endpoints(), 0);
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn hosts_met_while_learning_the_cluster_need_no_slow_start_but_newcomers_ramp_in() {
+    let store = Shared::default();
+    let mut w = Worker::new(defaults(), 1);
+    let mut t = SEC;
+    // Cold start: three endpoints found over several ticks are old members of the cluster.
+    for i in 1..=3 {
+        served(&mut w, &host(i), 50.0, 3);
+        w.tick(t, &mut store.clone());
+        t += 100 * MS;
+    }
+    let state = store.state();
+    assert!(state.complete, "every endpoint known");
+    assert!(state.hosts.iter().all(|h| h.active_since_ns == 0), "no ramp for a host the plugin met late: {state:?}");
+    // A scale-out: the cluster grows to four, and the fourth is new to the cluster too.
+    served(&mut w, &host(4), 50.0, 4);
+    w.tick(t, &mut store.clone());
+    let newcomer = store.state().host(&host(4)).cloned().unwrap();
+    assert!(newcomer.active_since_ns > 0, "{newcomer:?}");
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_host_envoy_no_longer_honours_leaves_the_table_at_once_and_its_gauges_go_to_zero() {
+    let store = Shared::default();
+    let mut w = Worker::new(config(r#"{"exploration_share": 0}"#), 1);
+    for i in 1..=3 {
+        served(&mut w, &host(i), 50.0, 3);
+    }
+    w.tick(SEC, &mut store.clone());
+    w.tick(SEC + 300 * MS, &mut store.clone());
+    // Envoy served a pick of host 3 elsewhere, on the first attempt: it left the cluster.
+    let gone = host(3);
+    w.finish(
+        CLUSTER,
+        &Finished { picked: Some(&gone), served_by: Some(&host(1)), attempts: 1, latency_ms: 50.0, outcome: Some(Outcome::Success), ..Finished::default() },
+    );
+    let report = w.tick(SEC + 400 * MS, &mut store.clone());
+    assert!(store.state().host(&gone).is_none(), "still in the record");
+    let zeroed: Vec<Metric> =
+        report.metrics.iter().filter(|u| u.label.as_deref() == Some(gone.as_str()) && u.change == Change::Set(0)).map(|u| u.metric).collect();
+    assert_eq!(zeroed, vec![Metric::HostWeight, Metric::HostLatency, Metric::HostEjected]);
+    assert!(!picks(&mut w, 2_000).contains_key(&gone), "never picked again");
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn fewer_endpoints_drop_the_hosts_seen_least_recently() {
+    let p = defaults().policy().clone();
+    let mut state = ClusterState::default();
+    let batch = |hosts: &[usize], endpoints: u32| {
+        let hosts = hosts
+            .iter()
+            .map(|i| {
+                let mut acc = Accumulator::default();
+                acc.record(50.0, false, 1000.0);
+                (host(*i), acc)
+            })
+            .collect();
+        ClusterBatch { hosts, num_endpoints: Some(endpoints) }
+    };
+    state.merge(&batch(&[1, 2, 3, 4], 4), SEC, &p);
+    // Scale-in to two: hosts 3 and 4 fall silent, Envoy reports two endpoints.
+    for k in 1..=4 {
+        let now = SEC + k * p.refresh_interval_ns;
+        state.merge(&batch(&[1, 2], 2), now, &p);
+        state.refresh(now, &p, &[], None);
+    }
+    let left: Vec<&str> = state.hosts.iter().map(|h| h.address.as_str()).collect();
+    assert_eq!(left, vec![host(1), host(2)]);
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_full_record_forgets_the_host_seen_least_recently_never_the_newest() {
+    let cfg = config(r#"{"max_hosts_per_cluster": 2}"#);
+    let p = cfg.policy();
+    let mut state = ClusterState::default();
+    for (i, t) in [(1, SEC), (2, 2 * SEC), (1, 3 * SEC), (3, 4 * SEC)] {
+        let mut acc = Accumulator::default();
+        acc.record(50.0, false, 1000.0);
+        state.merge(&ClusterBatch { hosts: BTreeMap::from([(host(i), acc)]), num_endpoints: None }, t, p);
+    }
+    let left: Vec<&str> = state.hosts.iter().map(|h| h.address.as_str()).collect();
+    assert_eq!(left, vec![host(1), host(3)], "host 2 was seen least recently");
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn static_flags_follow_the_current_configuration() {
+    let p = defaults().policy().clone();
+    let mut state = ClusterState::default();
+    state.refresh(SEC, &p, &[host(1)], None);
+    assert!(state.host(&host(1)).unwrap().is_static);
+    state.refresh(2 * SEC, &p, &[], None);
+    assert!(!state.host(&host(1)).unwrap().is_static, "no longer listed");
+    state.refresh(2 * SEC + p.host_ttl_ns, &p, &[], None);
+    assert!(state.hosts.is_empty(), "and forgotten like any learned host");
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn two_vms_creating_a_record_in_the_same_tick_lose_no_sample() {
+    let store = Shared::default();
+    let mut w = Worker::new(defaults(), 1);
+    let key = w.record_key(CLUSTER);
+    // Another VM creates the record, with its own sample, between this VM's read and write.
+    let other = {
+        let mut s = ClusterState::default();
+        let mut acc = Accumulator::default();
+        acc.record(70.0, false, 1000.0);
+        s.merge(&ClusterBatch { hosts: BTreeMap::from([(host(2), acc)]), num_endpoints: None }, 0, defaults().policy());
+        sync::encode(&s)
+    };
+    let key_for_hook = key.clone();
+    store.0.borrow_mut().after_missing_read = Some(Box::new(move |data| {
+        data.insert(key_for_hook.clone(), (other.clone(), 1));
+    }));
+    served(&mut w, &host(1), 50.0, 2);
+    let report = w.tick(SEC, &mut store.clone());
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    let state = store.record(&key);
+    assert!(state.host(&host(1)).is_some() && state.host(&host(2)).is_some(), "both VMs' samples: {state:?}");
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn two_configurations_keep_their_own_records() {
+    let store = Shared::default();
+    let mut a = Worker::new(defaults(), 1);
+    let mut b = Worker::new(config(r#"{"max_hosts_per_cluster": 8, "refresh_interval_ms": 500}"#), 2);
+    assert_ne!(a.record_key(CLUSTER), b.record_key(CLUSTER));
+    for t in 1..=10u64 {
+        served(&mut a, &host(1), 50.0, 2);
+        served(&mut b, &host(2), 50.0, 2);
+        let ra = a.tick(t * 100 * MS, &mut store.clone());
+        let rb = b.tick(t * 100 * MS, &mut store.clone());
+        assert!(ra.bad_records.is_empty() && rb.bad_records.is_empty());
+    }
+    assert_eq!(store.record(&a.record_key(CLUSTER)).hosts.len(), 1);
+    assert_eq!(store.record(&b.record_key(CLUSTER)).hosts.len(), 1);
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn an_idle_cluster_is_not_reweighed_and_is_forgotten_after_the_ttl() {
+    let store = Shared::default();
+    let mut w = Worker::new(config(r#"{"host_ttl_ms": 5000, "weights": {"slow_start_ms": 0}}"#), 1);
+    for i in 1..=2 {
+        served(&mut w, &host(i), 50.0, 2);
+    }
+    let mut t = SEC;
+    w.tick(t, &mut store.clone());
+    // No traffic from now on: once the table has settled, no new version.
+    let mut adopted = Vec::new();
+    for _ in 0..30 {
+        t += 100 * MS;
+        adopted.extend(w.tick(t, &mut store.clone()).adopted);
+    }
+    let version = store.state().table_version;
+    for _ in 0..10 {
+        t += 100 * MS;
+        assert!(w.tick(t, &mut store.clone()).adopted.is_empty(), "an idle cluster got a new table");
+    }
+    assert_eq!(store.state().table_version, version);
+    // After host_ttl without use the VM forgets the cluster (the record stays in shared data).
+    for _ in 0..60 {
+        t += 100 * MS;
+        w.tick(t, &mut store.clone());
+    }
+    assert_eq!(w.snapshots().count(), 0);
+    // A cluster listed in the configuration is never forgotten.
+    let mut w = Worker::new(config(r#"{"host_ttl_ms": 5000, "clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}}"#), 1);
+    for k in 0..100 {
+        w.tick(SEC + k * 100 * MS, &mut store.clone());
+    }
+    assert_eq!(w.snapshots().count(), 1);
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_clock_step_moves_no_refresh_no_ejection_and_no_sample() {
+    // Ticks every 100 ms by the host's clock, which steps back an hour at 3 s and forward two
+    // hours at 6 s. Refreshes keep their pace, an ejection lasts what it should, and a request
+    // that spans a step measures its real time.
+    let cfg = r#"{"outlier_detection": {"base_ejection_ms": 2000}, "exploration_share": 0,
+                 "clusters": {"backend": {"endpoints": ["10.0.0.1:80", "10.0.0.2:80"]}}}"#;
+    let store = Shared::default();
+    let mut w = Worker::new(config(cfg), 1);
+    const HOUR: u64 = 3600 * SEC;
+    let raw = |real: u64| match real {
+        r if r < 3 * SEC => 10 * HOUR + r,
+        r if r < 6 * SEC => 9 * HOUR + r,
+        r => 11 * HOUR + r,
+    };
+    let mut refreshes_per_second = BTreeMap::<u64, usize>::new();
+    let mut ejected_ticks = 0;
+    for k in 0..100u64 {
+        let real = k * 100 * MS;
+        if real == 2_500 * MS {
+            // Host 2 fails three times: ejected for 2 s.
+            for _ in 0..3 {
+                w.finish(CLUSTER, &Finished { served_by: Some("10.0.0.2:80"), attempts: 1, latency_ms: 5.0, outcome: Some(Outcome::ServerError), ..Finished::default() });
+            }
+        }
+        let report = w.tick(raw(real), &mut store.clone());
+        *refreshes_per_second.entry(real / SEC).or_default() += report.refreshed;
+        if store.state().host("10.0.0.2:80").is_some_and(|h| h.share == 0.0) {
+            ejected_ticks += 1;
+        }
+    }
+    // A refresh every 250 ms, on the first tick after it is due: every 300 ms at 100 ms ticks,
+    // so three or four a second, the seconds of the steps (3 and 6) included.
+    for (second, n) in &refreshes_per_second {
+        assert!((3..=4).contains(n), "second {second}: {n} refreshes ({refreshes_per_second:?})");
+    }
+    assert!((19..=22).contains(&ejected_ticks), "ejected for {ejected_ticks} ticks of 100 ms, want about 20");
+    // A request that starts before the forward step and ends after it took 200 ms.
+    let start = w.clock(raw(10_000 * MS));
+    let end = w.clock(raw(10_000 * MS) + 2 * HOUR + 200 * MS);
+    assert!(end - start <= 200 * MS, "the step became {} ms of latency", (end - start) / MS);
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn hosts_learn_their_zone_and_the_local_zone_keeps_the_traffic() {
+    let store = Shared::default();
+    let mut w = Worker::new(config(r#"{"exploration_share": 0}"#), 1);
+    w.set_local_zone("zone-a");
+    let zone_of = |i: usize| if i <= 2 { "zone-a" } else { "zone-b" };
+    let mut t = SEC;
+    let mut cross_zone = 0;
+    for _ in 0..20 {
+        for i in 1..=4 {
+            w.finish(
+                CLUSTER,
+                &Finished { served_by: Some(&host(i)), attempts: 1, latency_ms: 50.0, outcome: Some(Outcome::Success), num_endpoints: Some(4), zone: Some(zone_of(i)), picked: None },
+            );
+        }
+        let report = w.tick(t, &mut store.clone());
+        cross_zone += report
+            .metrics
+            .iter()
+            .filter(|u| u.metric == Metric::CrossZoneRequests)
+            .map(|u| match u.change {
+                Change::Add(n) => n,
+                Change::Set(_) => 0,
+            })
+            .sum::<i64>();
+        t += 250 * MS;
+    }
+    assert_eq!(cross_zone, 40, "the two remote hosts served 20 requests each");
+    let state = store.state();
+    assert_eq!(state.host(&host(3)).map(|h| h.zone.as_str()), Some("zone-b"));
+    let counts = picks(&mut w, 10_000);
+    let local: usize = (1..=2).map(|i| counts.get(&host(i)).copied().unwrap_or(0)).sum();
+    assert!(local >= 9_900, "equal zones: the local zone keeps all but the floor: {counts:?}");
+}

@@ -1,0 +1,97 @@
+//! proxy-wasm shared data in memory, for tests that run several workers over one store.
+
+#![allow(dead_code)] // each test binary uses its own part
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use ewma_lb::config::Config;
+use ewma_lb::state::ClusterState;
+use ewma_lb::sync::{self, SharedStore, StoreError};
+use ewma_lb::worker::Worker;
+
+pub const SEC: u64 = 1_000_000_000;
+pub const MS: u64 = 1_000_000;
+pub const CLUSTER: &str = "backend";
+
+type Hook = Box<dyn FnMut(&mut HashMap<String, (Vec<u8>, u32)>)>;
+
+/// Values with a version per key, bumped on every write, as Envoy keeps them.
+#[derive(Default)]
+pub struct Memory {
+    pub data: HashMap<String, (Vec<u8>, u32)>,
+    /// Every n-th write to an existing key loses its compare-and-swap, as if another VM had
+    /// written first.
+    pub lose_every: Option<u32>,
+    writes: u32,
+    /// Runs once, right after the next read that finds a key missing: what another VM did in
+    /// between.
+    pub after_missing_read: Option<Hook>,
+}
+
+#[derive(Clone, Default)]
+pub struct Shared(pub Rc<RefCell<Memory>>);
+
+impl SharedStore for Shared {
+    fn get(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError> {
+        let mut m = self.0.borrow_mut();
+        let found = match m.data.get(key) {
+            Some((bytes, version)) => (Some(bytes.clone()), Some(*version)),
+            None => (None, None),
+        };
+        if found.0.is_none() {
+            if let Some(mut hook) = m.after_missing_read.take() {
+                hook(&mut m.data);
+            }
+        }
+        Ok(found)
+    }
+
+    /// As Envoy: the token of a key that does not exist yet is not checked.
+    fn set(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError> {
+        let mut m = self.0.borrow_mut();
+        m.writes += 1;
+        let current = m.data.get(key).map(|(_, v)| *v);
+        let lose = current.is_some() && m.lose_every.is_some_and(|n| m.writes % n == 0);
+        if lose || (current.is_some() && cas.is_some() && cas != current) {
+            if let Some((_, v)) = m.data.get_mut(key) {
+                *v += 1;
+            }
+            return Err(StoreError::CasMismatch);
+        }
+        m.data.insert(key.to_owned(), (value.to_vec(), current.unwrap_or(0) + 1));
+        Ok(())
+    }
+}
+
+impl Shared {
+    /// The record at `key`, or an empty one.
+    pub fn record(&self, key: &str) -> ClusterState {
+        let bytes = self.0.borrow().data.get(key).map(|(b, _)| b.clone()).unwrap_or_default();
+        sync::decode(&bytes, sync::MAX_RECORD_HOSTS).unwrap_or_default()
+    }
+
+    /// The record of [`CLUSTER`], whatever namespace the configuration gave it (one configuration).
+    pub fn state(&self) -> ClusterState {
+        let suffix = format!(".cluster.{CLUSTER}");
+        let key = self.0.borrow().data.keys().find(|k| k.ends_with(&suffix)).cloned().unwrap_or_default();
+        self.record(&key)
+    }
+}
+
+pub fn config(json: &str) -> Config {
+    Config::from_json(json.as_bytes()).unwrap_or_else(|e| panic!("{e}"))
+}
+
+pub fn defaults() -> Config {
+    config("{}")
+}
+
+/// A worker with `cfg` and a store it has ticked once, so the configured endpoints form a table.
+pub fn ticked(cfg: &str, seed: u64) -> (Shared, Worker) {
+    let store = Shared::default();
+    let mut w = Worker::new(config(cfg), seed);
+    w.tick(SEC, &mut store.clone());
+    (store, w)
+}
