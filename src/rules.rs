@@ -58,10 +58,9 @@ impl Default for ManagementConfig {
     fn default() -> Self {
         ManagementConfig {
             paths: PathSet::of(&[], &["/actuator"]),
-            allowed_cidrs: ["127.0.0.0/8", "::1/128", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7"]
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
+            // Loopback only: behind a load balancer or NAT with a private address, every client
+            // would be "internal". Operators list their own internal ranges (README).
+            allowed_cidrs: vec!["127.0.0.0/8".to_string(), "::1/128".to_string()],
         }
     }
 }

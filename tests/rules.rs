@@ -146,23 +146,34 @@ fn default_rules_classify_the_seed_paths() {
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn the_allowlist_checks_envoys_client_address() {
-    let r = rules("{}");
+    // The default is loopback only: behind a load balancer or NAT with a private address every
+    // client would look internal. Operators list their ranges, as in the README's example.
+    let by_default = rules("{}");
+    let listed = rules(r#"{"management": {"allowed_cidrs": ["127.0.0.0/8", "::1/128", "10.20.0.0/16", "fd00:20::/48", "192.0.2.10"]}}"#);
+    // (client, allowed by default, allowed with the README's list)
     let cases = [
-        (Some("127.0.0.1:50000"), true),
-        (Some("10.2.3.4:1"), true),
-        (Some("172.31.255.255:1"), true),
-        (Some("172.32.0.1:1"), false),
-        (Some("[::1]:8080"), true),
-        (Some("[fd00::1]:8080"), true),
-        (Some("[::ffff:192.168.1.9]:80"), true),
-        (Some("203.0.113.7:443"), false),
-        (Some("[2001:db8::1]:443"), false),
-        (Some("/var/run/envoy.sock"), false),
-        (Some("garbage"), false),
-        (None, false),
+        (Some("127.0.0.1:50000"), true, true),
+        (Some("127.9.9.9:1"), true, true),
+        (Some("[::1]:8080"), true, true),
+        (Some("[::ffff:127.0.0.1]:80"), true, true),
+        (Some("10.20.3.4:1"), false, true),
+        (Some("10.21.3.4:1"), false, false),
+        (Some("172.31.255.255:1"), false, false),
+        (Some("192.168.1.9:80"), false, false),
+        (Some("[::ffff:192.168.1.9]:80"), false, false),
+        (Some("[fd00:20::7]:8080"), false, true),
+        (Some("[fd00::1]:8080"), false, false),
+        (Some("192.0.2.10:1"), false, true),
+        (Some("192.0.2.11:1"), false, false),
+        (Some("203.0.113.7:443"), false, false),
+        (Some("[2001:db8::1]:443"), false, false),
+        (Some("/var/run/envoy.sock"), false, false),
+        (Some("garbage"), false, false),
+        (None, false, false),
     ];
-    for (source, want) in cases {
-        assert_eq!(r.management_allowed(source), want, "{source:?}");
+    for (source, default_allows, list_allows) in cases {
+        let got = (by_default.management_allowed(source), listed.management_allowed(source));
+        assert_eq!(got, (default_allows, list_allows), "{source:?}");
     }
 }
 
