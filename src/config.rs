@@ -320,8 +320,7 @@ impl PluginConfig {
                 format!("must be a normalised absolute path such as /ewma-lb/status, got {status_path:?}"),
             ));
         }
-        let rules = Rules::compile(&self.health_paths, &self.management, &self.excluded_paths)
-            .map_err(|e| err(e.field, e.message))?;
+        let rules = Rules::compile(&self.health_paths, &self.management, &self.excluded_paths)?;
         Ok(Config {
             override_header: header,
             tick_period: Duration::from_millis(tick_period_ms),

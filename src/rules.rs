@@ -1,7 +1,7 @@
 //! Path rules: which requests the balancer touches, and who may reach management paths.
 //!
-//! Seed 000 draws the line: a load balancer probes a light health path and routes by it alone;
-//! metrics and management endpoints are not business traffic, must not be reachable through the
+//! Health checks and metrics are different things: a load balancer probes a light health path
+//! and routes by it alone; metrics and management endpoints are not business traffic, must not be reachable through the
 //! business entry point except from internal networks, and their heavy scrapes must not pollute
 //! the latency statistics. So:
 //! - health probes pass untouched: never steered, never sampled;
@@ -11,12 +11,18 @@
 //!
 //! Paths are compared after normalisation (query dropped, percent-decoding, dot segments,
 //! repeated slashes, `;` parameters, case), so `/Actuator/./env;x` cannot slip past a rule.
+//! The client writes the path, so normalising it is linear in its length whatever it holds, and
+//! a path whose meaning a backend could read differently (still encoded after a few decodings,
+//! a NUL) is guarded like a management path rather than guessed at.
 
 use std::borrow::Cow;
+use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
+
+use crate::config::ConfigError;
 
 /// Paths by exact match or by prefix, as Envoy's route `path` and `prefix` matchers.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -32,11 +38,6 @@ impl PathSet {
             exact: exact.iter().map(|s| s.to_string()).collect(),
             prefix: prefix.iter().map(|s| s.to_string()).collect(),
         }
-    }
-
-    /// `path` must already be normalised; the rules are normalised when compiled.
-    pub fn matches(&self, path: &str) -> bool {
-        self.exact.iter().any(|e| e == path) || self.prefix.iter().any(|p| path.starts_with(p.as_str()))
     }
 
     pub fn is_empty(&self) -> bool {
@@ -59,10 +60,9 @@ impl Default for ManagementConfig {
     fn default() -> Self {
         ManagementConfig {
             paths: PathSet::of(&[], &["/actuator"]),
-            allowed_cidrs: ["127.0.0.0/8", "::1/128", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7"]
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
+            // Loopback only: behind a load balancer or NAT with a private address, every client
+            // would be "internal". Operators list their own internal ranges (README).
+            allowed_cidrs: vec!["127.0.0.0/8".to_string(), "::1/128".to_string()],
         }
     }
 }
@@ -86,26 +86,32 @@ pub enum PathClass {
 /// The compiled rules: normalised paths and parsed networks.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Rules {
-    health: PathSet,
-    management: PathSet,
-    excluded: PathSet,
+    health: CompiledSet,
+    management: CompiledSet,
+    excluded: CompiledSet,
     allowed: Vec<IpNet>,
 }
 
-/// A rule that cannot be compiled: the field and what is wrong.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RuleError {
-    pub field: String,
-    pub message: String,
+/// A `PathSet` whose paths are normalised.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct CompiledSet {
+    exact: Vec<Vec<u8>>,
+    prefix: Vec<Vec<u8>>,
+}
+
+impl CompiledSet {
+    fn matches(&self, path: &[u8]) -> bool {
+        self.exact.iter().any(|e| e == path) || self.prefix.iter().any(|p| path.starts_with(p))
+    }
 }
 
 impl Rules {
-    pub fn compile(health: &PathSet, management: &ManagementConfig, excluded: &PathSet) -> Result<Rules, RuleError> {
+    pub fn compile(health: &PathSet, management: &ManagementConfig, excluded: &PathSet) -> Result<Rules, ConfigError> {
         let allowed = management
             .allowed_cidrs
             .iter()
             .enumerate()
-            .map(|(i, cidr)| parse_network(cidr).ok_or_else(|| RuleError {
+            .map(|(i, cidr)| parse_network(cidr).ok_or_else(|| ConfigError {
                 field: format!("management.allowed_cidrs[{i}]"),
                 message: format!("must be a CIDR such as 10.0.0.0/8 or an IP address, got {cidr:?}"),
             }))
@@ -121,16 +127,25 @@ impl Rules {
     /// Classifies a request by its `:path`. Health wins over management, so the default
     /// `/actuator/health` stays a probe while the rest of `/actuator/` is guarded.
     pub fn classify(&self, raw_path: &str) -> PathClass {
-        self.classify_normalized(&normalize(raw_path))
+        self.classify_bytes(raw_path.as_bytes())
     }
 
-    /// `classify` for a path `normalize` already returned.
-    pub fn classify_normalized(&self, path: &str) -> PathClass {
-        if self.health.matches(path) {
-            PathClass::Health
-        } else if self.management.matches(path) {
+    /// `classify` of a path as the host hands it over: bytes, not necessarily UTF-8.
+    pub fn classify_bytes(&self, raw_path: &[u8]) -> PathClass {
+        self.classify_normalized(&normalize_bytes(raw_path))
+    }
+
+    /// `classify` for a path `normalize` already returned. An ambiguous path is management
+    /// whatever the rules say: neither a probe that passes untouched nor business traffic.
+    pub fn classify_normalized(&self, path: &NormalPath<'_>) -> PathClass {
+        let bytes = path.as_bytes();
+        if path.is_ambiguous() {
             PathClass::Management
-        } else if self.excluded.matches(path) {
+        } else if self.health.matches(bytes) {
+            PathClass::Health
+        } else if self.management.matches(bytes) {
+            PathClass::Management
+        } else if self.excluded.matches(bytes) {
             PathClass::Excluded
         } else {
             PathClass::Business
@@ -147,24 +162,28 @@ impl Rules {
     }
 }
 
-fn compile_set(field: &str, set: &PathSet) -> Result<PathSet, RuleError> {
-    let check = |kind: &str, paths: &[String]| -> Result<Vec<String>, RuleError> {
+fn compile_set(field: &str, set: &PathSet) -> Result<CompiledSet, ConfigError> {
+    let check = |kind: &str, paths: &[String]| -> Result<Vec<Vec<u8>>, ConfigError> {
         paths
             .iter()
             .enumerate()
             .map(|(i, p)| {
-                if p.starts_with('/') && p.len() <= MAX_RULE_PATH {
-                    Ok(normalize(p).into_owned())
-                } else {
-                    Err(RuleError {
-                        field: format!("{field}.{kind}[{i}]"),
-                        message: format!("must start with '/' and be at most {MAX_RULE_PATH} bytes, got {p:?}"),
-                    })
+                let error = |message| ConfigError { field: format!("{field}.{kind}[{i}]"), message };
+                if !p.starts_with('/') || p.len() > MAX_RULE_PATH {
+                    return Err(error(format!("must start with '/' and be at most {MAX_RULE_PATH} bytes, got {p:?}")));
                 }
+                let normal = normalize(p);
+                if normal.is_ambiguous() {
+                    // It could never match: an ambiguous request path is guarded before any rule.
+                    return Err(error(format!(
+                        "must not decode to a control byte or stay percent-encoded after {MAX_DECODINGS} decodings, got {p:?}"
+                    )));
+                }
+                Ok(normal.into_bytes().into_owned())
             })
             .collect()
     };
-    Ok(PathSet { exact: check("exact", &set.exact)?, prefix: check("prefix", &set.prefix)? })
+    Ok(CompiledSet { exact: check("exact", &set.exact)?, prefix: check("prefix", &set.prefix)? })
 }
 
 const MAX_RULE_PATH: usize = 1024;
@@ -180,82 +199,274 @@ fn parse_ip(s: &str) -> Option<IpAddr> {
     Some(ip.to_canonical())
 }
 
-/// The form paths are compared in: no query or fragment, percent-decoded, backslashes as
-/// slashes, `;` parameters dropped, no empty or `.` segments, `..` resolved, lower case.
-pub fn normalize(raw: &str) -> Cow<'_, str> {
-    let path = raw.split(['?', '#']).next().unwrap_or_default();
-    if is_normal(path) {
-        return Cow::Borrowed(path);
+// === Normalisation ===
+
+/// How many times a path is percent-decoded before it is compared. Envoy's `normalize_path`
+/// leaves `%25` encoded, so every level a client nests reaches the plugin. A client encodes a
+/// path once and each proxy or framework behind Envoy decodes it at most once more: double
+/// encoding (`%252e`) is the classic bypass, and scanners' payload lists go to three or four
+/// levels. Four rounds cover that for at most four passes over the path; a path still encoded
+/// after them is ambiguous, hence guarded, not decoded further. Decoding to a fixpoint cost one
+/// pass per nesting level instead: 20 000 nested `%25` held an Envoy worker for 13 s.
+pub const MAX_DECODINGS: usize = 4;
+
+/// The most bytes `normalize_counting` reads per byte of its input: one pass each to find the
+/// query and to check for the fast path, at most two per decoding round (a search for the first
+/// escape, then the round), one to check that nothing is left to decode, one to resolve segments.
+pub const MAX_SCANNED_PER_BYTE: usize = 2 * MAX_DECODINGS + 4;
+
+/// A path in the form the rules compare. Bytes, not a string: an escape may decode to any byte,
+/// and a byte that is not UTF-8 must not stop the decoding of the others.
+#[derive(Clone, PartialEq, Eq)]
+pub struct NormalPath<'a> {
+    bytes: Cow<'a, [u8]>,
+    ambiguous: bool,
+}
+
+impl<'a> NormalPath<'a> {
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes
     }
-    Cow::Owned(normalize_slowly(path))
+
+    /// The backend may read this path otherwise than the rules do: it still holds a percent
+    /// escape after `MAX_DECODINGS` rounds, or decodes to a control byte (a C backend stops at
+    /// NUL, so `/actuator/env%00/../../health` is a probe to the rules and `/actuator/env` to it)
+    /// or to an overlong UTF-8 form that lenient decoders read as ASCII (`%c0%ae` as `.`).
+    /// Such a path is classified as management, whatever the rules say.
+    pub fn is_ambiguous(&self) -> bool {
+        self.ambiguous
+    }
+
+    /// The bytes; borrowed from the request's path when that was already normal.
+    pub fn into_bytes(self) -> Cow<'a, [u8]> {
+        self.bytes
+    }
+}
+
+/// Byte for byte, whether ambiguous or not.
+impl PartialEq<str> for NormalPath<'_> {
+    fn eq(&self, other: &str) -> bool {
+        *self.bytes == *other.as_bytes()
+    }
+}
+
+impl PartialEq<&str> for NormalPath<'_> {
+    fn eq(&self, other: &&str) -> bool {
+        *self == **other
+    }
+}
+
+impl PartialEq<String> for NormalPath<'_> {
+    fn eq(&self, other: &String) -> bool {
+        *self == **other
+    }
+}
+
+impl fmt::Debug for NormalPath<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "\"{}\"", self.bytes.escape_ascii())?;
+        if self.ambiguous {
+            f.write_str(" (ambiguous)")?;
+        }
+        Ok(())
+    }
+}
+
+/// The form paths are compared in: no query or fragment; percent-decoded at most
+/// `MAX_DECODINGS` times, with `%3F` and `%23` kept encoded; backslashes as slashes; `;`
+/// parameters dropped; no empty or `.` segments; `..` resolved; ASCII lower case; a trailing
+/// slash kept. Linear in the path's length; a path that is already normal is borrowed.
+pub fn normalize(raw: &str) -> NormalPath<'_> {
+    normalize_bytes(raw.as_bytes())
+}
+
+/// `normalize` of a path as the host hands it over: bytes, not necessarily UTF-8.
+pub fn normalize_bytes(raw: &[u8]) -> NormalPath<'_> {
+    normalize_counting(raw).0
+}
+
+/// `normalize_bytes`, and how many bytes it read on the way: at most `MAX_SCANNED_PER_BYTE`
+/// times the length of `raw`. The tests bound this count rather than a time.
+pub fn normalize_counting(raw: &[u8]) -> (NormalPath<'_>, usize) {
+    let mut scanned = 0;
+    let path = before_query(raw, &mut scanned);
+    if is_normal(path, &mut scanned) {
+        return (NormalPath { bytes: Cow::Borrowed(path), ambiguous: false }, scanned);
+    }
+    let (decoded, still_encoded) = decode(path, &mut scanned);
+    let (bytes, odd_byte) = resolve_segments(&decoded, &mut scanned);
+    (NormalPath { bytes: Cow::Owned(bytes), ambiguous: still_encoded || odd_byte }, scanned)
+}
+
+/// The path without its query or fragment.
+fn before_query<'p>(raw: &'p [u8], scanned: &mut usize) -> &'p [u8] {
+    match raw.iter().position(|&b| b == b'?' || b == b'#') {
+        Some(end) => {
+            *scanned += end + 1;
+            raw.get(..end).unwrap_or_default()
+        }
+        None => {
+            *scanned += raw.len();
+            raw
+        }
+    }
 }
 
 /// True for the common path that normalising would not change: lower case, digits and `-_~.`,
 /// slash-separated segments none of which is empty, `.` or `..` (a trailing slash is kept).
-fn is_normal(path: &str) -> bool {
-    let plain = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'_' | b'~' | b'.' | b'/');
-    let Some(rest) = path.strip_prefix('/') else { return false };
-    if !path.bytes().all(plain) {
-        return false;
+fn is_normal(path: &[u8], scanned: &mut usize) -> bool {
+    let plain = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'_' | b'~' | b'.');
+    let proper_segment = |s: &[u8]| !matches!(s, b"" | b"." | b"..");
+    let mut segment_start = 1;
+    for (i, &b) in path.iter().enumerate() {
+        *scanned += 1;
+        match b {
+            b'/' if i == 0 => {}
+            _ if i == 0 => return false,
+            b'/' => {
+                if !path.get(segment_start..i).is_some_and(proper_segment) {
+                    return false;
+                }
+                segment_start = i + 1;
+            }
+            _ if !plain(b) => return false,
+            _ => {}
+        }
     }
-    let rest = rest.strip_suffix('/').unwrap_or(rest);
-    if rest.is_empty() {
-        return path == "/";
-    }
-    rest.split('/').all(|segment| !segment.is_empty() && segment != "." && segment != "..")
+    // The last segment may be empty: a trailing slash, or the path "/".
+    path.get(segment_start..).is_some_and(|last| last.is_empty() || proper_segment(last))
 }
 
-fn normalize_slowly(path: &str) -> String {
-    let decoded = percent_decode(path).replace('\\', "/").to_ascii_lowercase();
-    let mut segments: Vec<&str> = Vec::new();
-    for segment in decoded.split('/') {
-        let segment = segment.split(';').next().unwrap_or_default();
-        match segment {
-            "" | "." => {}
-            ".." => {
-                segments.pop();
-            }
-            s => segments.push(s),
+/// Percent-decodes `path` up to `MAX_DECODINGS` times, stopping at the first round that finds
+/// nothing to decode; and says whether an escape is left after the last round.
+fn decode<'p>(path: &'p [u8], scanned: &mut usize) -> (Cow<'p, [u8]>, bool) {
+    let mut current = Cow::Borrowed(path);
+    for _ in 0..MAX_DECODINGS {
+        match decode_once(&current, scanned) {
+            Some(next) => current = Cow::Owned(next),
+            None => return (current, false),
         }
     }
-    let mut out = String::with_capacity(decoded.len() + 1);
-    for s in &segments {
-        out.push('/');
-        out.push_str(s);
-    }
-    if out.is_empty() || decoded.ends_with('/') {
-        out.push('/');
-    }
-    out
+    let still_encoded = first_escape(&current, scanned).is_some();
+    (current, still_encoded)
 }
 
-/// Decodes `%XX` escapes until none is left (so `%252e` cannot hide a dot). `%3F` and `%23` stay
-/// encoded: decoded, they would read as a query or fragment the next time. Invalid escapes and
-/// non-UTF-8 results are kept as they are.
-fn percent_decode(s: &str) -> String {
-    let mut current = s.to_owned();
-    // Every round that changes anything makes the string shorter, so this ends.
-    while current.contains('%') {
-        let bytes = current.as_bytes();
-        let mut out = Vec::with_capacity(bytes.len());
-        let mut i = 0;
-        while let Some(&b) = bytes.get(i) {
-            let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
-            match (b, hex.and_then(|h| u8::from_str_radix(h, 16).ok())) {
-                (b'%', Some(v)) if v != b'?' && v != b'#' => {
-                    out.push(v);
-                    i += 3;
-                }
-                _ => {
-                    out.push(b);
-                    i += 1;
-                }
-            }
+/// One round: every escape becomes its byte, whatever that byte is. `None` if there was none.
+fn decode_once(input: &[u8], scanned: &mut usize) -> Option<Vec<u8>> {
+    let first = first_escape(input, scanned)?;
+    let (unchanged, mut rest) = input.split_at_checked(first)?;
+    *scanned += input.len();
+    let mut out = Vec::with_capacity(input.len());
+    out.extend_from_slice(unchanged);
+    // Whatever lies between two `%` is copied in one go.
+    while let Some(at) = find_percent(rest) {
+        let (plain, from_percent) = rest.split_at_checked(at)?;
+        out.extend_from_slice(plain);
+        let (byte, width) = escaped_byte(from_percent, 0).map_or((b'%', 1), |v| (v, 3));
+        out.push(byte);
+        rest = from_percent.get(width..)?;
+    }
+    out.extend_from_slice(rest);
+    Some(out)
+}
+
+/// Where the first escape that decoding would change starts.
+fn first_escape(input: &[u8], scanned: &mut usize) -> Option<usize> {
+    let mut from = 0;
+    while let Some(at) = input.get(from..).and_then(find_percent) {
+        let i = from + at;
+        if escaped_byte(input, i).is_some() {
+            *scanned += i + 3;
+            return Some(i);
         }
-        match String::from_utf8(out) {
-            Ok(next) if next != current => current = next,
-            _ => break,
+        from = i + 1;
+    }
+    *scanned += input.len();
+    None
+}
+
+/// Where the first `%` is. Eight bytes at a time: a path of `2525…` between two `%` is just what
+/// an attacker sends, and each decoding round crosses it.
+fn find_percent(bytes: &[u8]) -> Option<usize> {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGH_BITS: u64 = u64::from_ne_bytes([0x80; 8]);
+    const PERCENTS: u64 = u64::from_ne_bytes([b'%'; 8]);
+    let mut skipped = 0;
+    for chunk in bytes.chunks_exact(8) {
+        let word = u64::from_ne_bytes(chunk.try_into().ok()?) ^ PERCENTS;
+        // Nonzero exactly when some byte of `word` is zero, i.e. some byte of `chunk` is `%`.
+        if word.wrapping_sub(ONES) & !word & HIGH_BITS != 0 {
+            break;
+        }
+        skipped += 8;
+    }
+    let at = bytes.get(skipped..)?.iter().position(|&b| b == b'%')?;
+    Some(skipped + at)
+}
+
+/// The byte a `%XX` at `i` stands for. `%3F` and `%23` stay encoded: decoded, they would read as
+/// a query or fragment the next round. A `%` without two hex digits is just a `%`.
+fn escaped_byte(input: &[u8], i: usize) -> Option<u8> {
+    let hex = |d: u8| match d {
+        b'0'..=b'9' => Some(d - b'0'),
+        b'a'..=b'f' => Some(d - b'a' + 10),
+        b'A'..=b'F' => Some(d - b'A' + 10),
+        _ => None,
+    };
+    match input.get(i..i.saturating_add(3))? {
+        [b'%', high, low] => Some(hex(*high)? << 4 | hex(*low)?).filter(|v| !matches!(v, b'?' | b'#')),
+        _ => None,
+    }
+}
+
+/// Backslashes as slashes, `;` parameters dropped, empty and `.` segments removed, `..`
+/// resolved, ASCII lower case, a trailing slash kept. Also says whether a byte makes the path
+/// ambiguous (see `NormalPath::is_ambiguous`).
+fn resolve_segments(decoded: &[u8], scanned: &mut usize) -> (Vec<u8>, bool) {
+    let mut out = Vec::with_capacity(decoded.len() + 1);
+    // Where each kept segment's slash is in `out`: `..` drops the last one in constant time.
+    let mut kept: Vec<usize> = Vec::new();
+    let mut segment_start = 0;
+    let mut in_parameters = false;
+    let mut ambiguous = false;
+    let mut previous = 0;
+    out.push(b'/');
+    for &b in decoded {
+        *scanned += 1;
+        ambiguous |= is_ambiguous_byte(previous, b);
+        previous = b;
+        match b {
+            b'/' | b'\\' => {
+                close_segment(&mut out, &mut kept, segment_start);
+                segment_start = out.len();
+                out.push(b'/');
+                in_parameters = false;
+            }
+            b';' => in_parameters = true,
+            _ if !in_parameters => out.push(b.to_ascii_lowercase()),
+            _ => {}
         }
     }
-    current
+    close_segment(&mut out, &mut kept, segment_start);
+    if out.is_empty() || matches!(decoded.last(), Some(b'/' | b'\\')) {
+        out.push(b'/');
+    }
+    (out, ambiguous)
+}
+
+/// Ends the segment whose slash is at `start` in `out`: keeps it, drops it, or drops it and
+/// the one kept before it.
+fn close_segment(out: &mut Vec<u8>, kept: &mut Vec<usize>, start: usize) {
+    match out.get(start + 1..) {
+        Some(b"..") => out.truncate(kept.pop().unwrap_or(start)),
+        Some(b"" | b".") | None => out.truncate(start),
+        Some(_) => kept.push(start),
+    }
+}
+
+/// Control bytes (NUL ends a path in C; CR and LF split log lines), and overlong UTF-8, which no
+/// valid client sends but lenient decoders read as ASCII: `C0 AE` as `.`, `E0 80 AF` as `/`.
+fn is_ambiguous_byte(previous: u8, b: u8) -> bool {
+    b.is_ascii_control()
+        || matches!((previous, b), (0xC0 | 0xC1, 0x80..=0xBF) | (0xE0, 0x80..=0x9F) | (0xF0, 0x80..=0x8F))
 }

@@ -5,8 +5,10 @@
 #[cfg(target_arch = "wasm32")]
 use wasm_bindgen_test::wasm_bindgen_test;
 
+use std::borrow::Cow;
+
 use ewma_lb::config::Config;
-use ewma_lb::rules::{normalize, PathClass, Rules};
+use ewma_lb::rules::{normalize, normalize_bytes, PathClass, Rules};
 
 fn rules(json: &str) -> Rules {
     Config::from_json(json.as_bytes()).map(|c| c.rules().clone()).unwrap_or_else(|e| panic!("{e}"))
@@ -32,7 +34,13 @@ fn paths_are_compared_normalised() {
         ("\\actuator\\env", "/actuator/env"),
         ("/actuator/", "/actuator/"),
         ("/bad%zzescape", "/bad%zzescape"),
-        ("/%ff%fe", "/%ff%fe"),
+        ("/%", "/%"),
+        ("/%%41", "/%a"),
+        ("/100%25", "/100%"),
+        ("/%253F/x", "/%3f/x"),
+        ("/%2523", "/%23"),
+        ("/a%2Fb/..%5Cc", "/a/c"),
+        ("/a%3Bv=1/b", "/a/b"),
         ("//", "/"),
         ("/a/", "/a/"),
         ("/a//", "/a/"),
@@ -43,7 +51,54 @@ fn paths_are_compared_normalised() {
     ];
     for (raw, want) in cases {
         assert_eq!(normalize(raw), want, "{raw:?}");
+        assert!(!normalize(raw).is_ambiguous(), "{raw:?}");
         assert_eq!(normalize(want), want, "normalising twice changes nothing: {want:?}");
+    }
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn paths_are_decoded_as_bytes_and_the_ambiguous_ones_flagged() {
+    let cases: [(&[u8], &[u8], bool); 19] = [
+        // One escape that is not UTF-8 no longer keeps the others encoded.
+        (b"/%ff%fe", b"/\xff\xfe", false),
+        (b"/%2561ctuator/env%FF", b"/actuator/env\xff", false),
+        (b"/actuator/health%FF/..%2Fenv", b"/actuator/env", false),
+        (b"/x/\xff/y?\xff", b"/x/\xff/y", false),
+        (b"/caf%C3%A9", "/caf\u{e9}".as_bytes(), false),
+        // MAX_DECODINGS levels decode; one more is left encoded, and flagged.
+        (b"/%25252561", b"/a", false),
+        (b"/%2525252561", b"/%61", true),
+        (b"/%25252525252e%25252525252e/x", b"/%252e%252e/x", true),
+        // A NUL, CR, LF or DEL may end or split the path for the backend.
+        (b"/actuator/env%00/../../health", b"/health", true),
+        (b"/api/orders%0a", b"/api/orders\n", true),
+        (b"/a%0D", b"/a\r", true),
+        (b"/a%7f", b"/a\x7f", true),
+        (b"/a\x00", b"/a\x00", true),
+        (b"/a%2500", b"/a\x00", true),
+        // Overlong UTF-8: `.`, `/` and `\` to lenient decoders.
+        (b"/actuator/health/%c0%ae%c0%ae/env", b"/actuator/health/\xc0\xae\xc0\xae/env", true),
+        (b"/%e0%80%af", b"/\xe0\x80\xaf", true),
+        (b"/%f0%80%80%ae", b"/\xf0\x80\x80\xae", true),
+        (b"/%c1%9c", b"/\xc1\x9c", true),
+        // Latin-1 and other non-UTF-8 bytes are compared as they are.
+        (b"/%e9t%e9", b"/\xe9t\xe9", false),
+    ];
+    for (raw, want, ambiguous) in cases {
+        let got = normalize_bytes(raw);
+        assert_eq!((got.as_bytes(), got.is_ambiguous()), (want, ambiguous), "{}", raw.escape_ascii());
+    }
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_normal_path_is_borrowed_not_copied() {
+    for raw in ["/", "/api/orders/42", "/api/orders/42?sort=Desc#Top", "/a/b.json", "/.well-known/x", "/a/"] {
+        assert!(matches!(normalize(raw).into_bytes(), Cow::Borrowed(_)), "{raw}");
+    }
+    for raw in ["", "/API", "/a//b", "/a/./b", "/a/../b", "/a%41", "/a;b", "/a\\b", "//"] {
+        assert!(matches!(normalize(raw).into_bytes(), Cow::Owned(_)), "{raw}");
     }
 }
 
@@ -63,35 +118,62 @@ fn default_rules_classify_the_seed_paths() {
         ("/ACTUATOR/env", PathClass::Management),
         ("/actuator/health/../env", PathClass::Management),
         ("/actuator/%2e%2e/actuator/env", PathClass::Management),
+        // Finding 3 of issue 8: an escape that was not UTF-8 kept the whole path encoded.
+        ("/%2561ctuator/env%FF", PathClass::Management),
+        ("/actuator/health%FF/..%2Fenv", PathClass::Management),
+        ("/actuator/health/%c0%ae%c0%ae/env", PathClass::Management),
+        ("/actuator/env%00/../../health", PathClass::Management),
+        ("/%25252561ctuator/health", PathClass::Health),
+        ("/%2525252561ctuator/health", PathClass::Management),
+        ("/%2525252561pi/orders", PathClass::Management),
+        ("/api/%2e%2e/health", PathClass::Health),
+        ("/api/orders/%E2%82%AC", PathClass::Business),
+        ("/api/orders/%ff", PathClass::Business),
         ("/healthy-orders", PathClass::Business),
         ("/api/status/1", PathClass::Business),
         ("/", PathClass::Business),
     ];
     for (path, want) in cases {
         assert_eq!(r.classify(path), want, "{path}");
+        assert_eq!(r.classify_bytes(path.as_bytes()), want, "{path}");
     }
+    // Finding 1 of issue 8: 20 000 nested %25 held an Envoy worker 13 s.
+    let nested = format!("/%{}61", "25".repeat(20_000));
+    assert_eq!(r.classify(&nested), PathClass::Management);
+    assert_eq!(r.classify_bytes(b"/api/\xff/orders"), PathClass::Business);
 }
 
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn the_allowlist_checks_envoys_client_address() {
-    let r = rules("{}");
+    // The default is loopback only: behind a load balancer or NAT with a private address every
+    // client would look internal. Operators list their ranges, as in the README's example.
+    let by_default = rules("{}");
+    let listed = rules(r#"{"management": {"allowed_cidrs": ["127.0.0.0/8", "::1/128", "10.20.0.0/16", "fd00:20::/48", "192.0.2.10"]}}"#);
+    // (client, allowed by default, allowed with the README's list)
     let cases = [
-        (Some("127.0.0.1:50000"), true),
-        (Some("10.2.3.4:1"), true),
-        (Some("172.31.255.255:1"), true),
-        (Some("172.32.0.1:1"), false),
-        (Some("[::1]:8080"), true),
-        (Some("[fd00::1]:8080"), true),
-        (Some("[::ffff:192.168.1.9]:80"), true),
-        (Some("203.0.113.7:443"), false),
-        (Some("[2001:db8::1]:443"), false),
-        (Some("/var/run/envoy.sock"), false),
-        (Some("garbage"), false),
-        (None, false),
+        (Some("127.0.0.1:50000"), true, true),
+        (Some("127.9.9.9:1"), true, true),
+        (Some("[::1]:8080"), true, true),
+        (Some("[::ffff:127.0.0.1]:80"), true, true),
+        (Some("10.20.3.4:1"), false, true),
+        (Some("10.21.3.4:1"), false, false),
+        (Some("172.31.255.255:1"), false, false),
+        (Some("192.168.1.9:80"), false, false),
+        (Some("[::ffff:192.168.1.9]:80"), false, false),
+        (Some("[fd00:20::7]:8080"), false, true),
+        (Some("[fd00::1]:8080"), false, false),
+        (Some("192.0.2.10:1"), false, true),
+        (Some("192.0.2.11:1"), false, false),
+        (Some("203.0.113.7:443"), false, false),
+        (Some("[2001:db8::1]:443"), false, false),
+        (Some("/var/run/envoy.sock"), false, false),
+        (Some("garbage"), false, false),
+        (None, false, false),
     ];
-    for (source, want) in cases {
-        assert_eq!(r.management_allowed(source), want, "{source:?}");
+    for (source, default_allows, list_allows) in cases {
+        let got = (by_default.management_allowed(source), listed.management_allowed(source));
+        assert_eq!(got, (default_allows, list_allows), "{source:?}");
     }
 }
 
@@ -110,6 +192,8 @@ fn custom_rules_and_their_errors() {
         (r#"{"management": {"allowed_cidrs": ["10.0.0/8"]}}"#, "management.allowed_cidrs[0]: must be a CIDR such as 10.0.0.0/8 or an IP address, got \"10.0.0/8\""),
         (r#"{"health_paths": {"exact": ["health"]}}"#, "health_paths.exact[0]: must start with '/' and be at most 1024 bytes, got \"health\""),
         (r#"{"excluded_paths": {"prefix": ["/ok", "nope"]}}"#, "excluded_paths.prefix[1]: must start with '/' and be at most 1024 bytes, got \"nope\""),
+        (r#"{"health_paths": {"exact": ["/ok%00"]}}"#, "health_paths.exact[0]: must not decode to a control byte or stay percent-encoded after 4 decodings, got \"/ok%00\""),
+        (r#"{"management": {"paths": {"prefix": ["/%2525252561"]}}}"#, "management.paths.prefix[0]: must not decode to a control byte or stay percent-encoded after 4 decodings, got \"/%2525252561\""),
         (r#"{"management": {"paths": {"regex": ".*"}}}"#, "management.paths.regex: unknown field `regex`, expected `exact` or `prefix`"),
         (r#"{"management": {"trusted_hops": 1}}"#, "management.trusted_hops: unknown field `trusted_hops`, expected `paths` or `allowed_cidrs`"),
     ];
@@ -118,12 +202,151 @@ fn custom_rules_and_their_errors() {
     }
 }
 
+
+// === Properties: bounded work, idempotence, deep nesting guarded ===
+
 #[cfg(not(target_arch = "wasm32"))]
-proptest::proptest! {
-    #[test]
-    fn normalising_is_idempotent(raw in "[/a-zA-Z0-9%.;\\\\?#_~-]{0,40}") {
-        let once = normalize(&raw).into_owned();
-        proptest::prop_assert_eq!(normalize(&once), once.as_str());
-        proptest::prop_assert!(once.starts_with('/'));
+mod properties {
+    use ewma_lb::rules::{normalize_bytes, normalize_counting, PathClass, Rules, MAX_DECODINGS, MAX_SCANNED_PER_BYTE};
+    use proptest::prelude::*;
+
+    /// The longest path the properties try: above Envoy's default header limit (60 KiB).
+    const MAX_PATH: usize = 64 * 1024;
+
+    /// Pieces an attacker repeats: nested `%25`, runs of `%`, dot segments plain and encoded,
+    /// separators, parameters, control and overlong bytes.
+    const PIECES: &[&[u8]] = &[
+        b"%25", b"%", b"%%", b"%2", b"25", b"61", b"/..", b"/.", b"/a/..", b"%2e%2e%2f", b"..%2f", b"..\\", b"//",
+        b";", b";x=/..", b"%252e%252e/", b"%2525", b"%00", b"%c0%ae", b"\xff", b"/actuator", b"/health", b"?", b"#",
+        b"%3f", b"a", b"A/",
+    ];
+
+    /// Health everywhere: a path classified otherwise was guarded before any rule.
+    fn everything_is_health() -> Rules {
+        super::rules(r#"{"health_paths": {"prefix": ["/"]}}"#)
+    }
+
+    /// `pieces` (index, repeats) concatenated in turn until `len` bytes.
+    fn adversarial(pieces: &[(usize, usize)], len: usize) -> Vec<u8> {
+        let mut out = Vec::with_capacity(len + 64);
+        out.push(b'/');
+        'fill: loop {
+            for &(piece, repeats) in pieces {
+                for _ in 0..repeats {
+                    if out.len() >= len {
+                        break 'fill;
+                    }
+                    out.extend_from_slice(PIECES[piece % PIECES.len()]);
+                }
+            }
+        }
+        out.truncate(len.max(1));
+        out
+    }
+
+    /// `path` percent-encoded `levels` times: level one encodes the bytes `mask` picks and the
+    /// first (so something is encoded), every later level encodes each `%` again. Decoding it
+    /// `levels` times gives back `path`.
+    fn encode(path: &[u8], levels: usize, mask: &[bool]) -> Vec<u8> {
+        let mut current = path.to_vec();
+        for level in 0..levels {
+            let mut next = Vec::with_capacity(current.len() * 3);
+            for (i, &b) in current.iter().enumerate() {
+                let picked = level == 0 && (i == 0 || mask.get(i % mask.len().max(1)).copied().unwrap_or(false));
+                if b == b'%' || picked {
+                    next.extend_from_slice(format!("%{b:02X}").as_bytes());
+                } else {
+                    next.push(b);
+                }
+            }
+            current = next;
+        }
+        current
+    }
+
+    fn check_bounded(raw: &[u8]) -> Result<(), TestCaseError> {
+        let (normal, scanned) = normalize_counting(raw);
+        prop_assert!(
+            scanned <= MAX_SCANNED_PER_BYTE * raw.len(),
+            "{scanned} bytes scanned for a path of {} ({} per byte allowed)",
+            raw.len(),
+            MAX_SCANNED_PER_BYTE
+        );
+        prop_assert!(normal.as_bytes().starts_with(b"/"));
+        if normal.is_ambiguous() {
+            prop_assert_eq!(everything_is_health().classify_bytes(raw), PathClass::Management);
+        } else {
+            let again = normalize_bytes(normal.as_bytes());
+            prop_assert_eq!(again.as_bytes(), normal.as_bytes(), "normalising twice changes nothing");
+            prop_assert!(!again.is_ambiguous());
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 128, ..ProptestConfig::default() })]
+
+        #[test]
+        fn nested_percent_chains_cost_a_constant_per_byte(depth in 0usize..(MAX_PATH - 4) / 2, last in "[0-9a-fA-F]{2}") {
+            let raw = format!("/%{}{last}", "25".repeat(depth));
+            check_bounded(raw.as_bytes())?;
+            if depth >= MAX_DECODINGS {
+                prop_assert_eq!(everything_is_health().classify(&raw), PathClass::Management);
+            }
+        }
+
+        #[test]
+        fn adversarial_paths_cost_a_constant_per_byte(
+            pieces in prop::collection::vec((0usize..64, 1usize..20_000), 1..6),
+            len in 1usize..=MAX_PATH,
+        ) {
+            check_bounded(&adversarial(&pieces, len))?;
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn any_bytes_cost_a_constant_per_byte(raw in prop::collection::vec(any::<u8>(), 0..2048)) {
+            check_bounded(&raw)?;
+        }
+
+        #[test]
+        fn paths_of_escapes_cost_a_constant_per_byte(
+            raw in prop::collection::vec(prop::sample::select(b"/%%%2255.;\\?#aAfF0\x00\xc0\xae".to_vec()), 0..2048),
+        ) {
+            check_bounded(&raw)?;
+        }
+
+        #[test]
+        fn normalising_is_idempotent(raw in "[/a-zA-Z0-9%.;\\\\?#_~-]{0,40}") {
+            check_bounded(raw.as_bytes())?;
+        }
+
+        #[test]
+        fn paths_within_the_decoding_rounds_decode_fully(
+            path in "/[/a-zA-Z0-9._;~\\\\-]{0,40}",
+            levels in 1usize..=MAX_DECODINGS,
+            mask in prop::collection::vec(any::<bool>(), 1..8),
+        ) {
+            let encoded = encode(path.as_bytes(), levels, &mask);
+            let normal = normalize_bytes(&encoded);
+            prop_assert!(!normal.is_ambiguous(), "{}", encoded.escape_ascii());
+            let plain = normalize_bytes(path.as_bytes());
+            prop_assert_eq!(normal.as_bytes(), plain.as_bytes());
+            check_bounded(&encoded)?;
+        }
+
+        #[test]
+        fn deeper_paths_are_always_guarded(
+            path in "/[/a-zA-Z0-9._;~\\\\-]{0,40}",
+            extra in 1usize..=8,
+            mask in prop::collection::vec(any::<bool>(), 1..8),
+        ) {
+            let encoded = encode(path.as_bytes(), MAX_DECODINGS + extra, &mask);
+            prop_assert!(normalize_bytes(&encoded).is_ambiguous());
+            prop_assert_eq!(everything_is_health().classify_bytes(&encoded), PathClass::Management);
+            prop_assert_eq!(super::rules("{}").classify_bytes(&encoded), PathClass::Management);
+            check_bounded(&encoded)?;
+        }
     }
 }

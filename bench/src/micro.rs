@@ -1,4 +1,5 @@
-//! Native micro-benchmarks of the plugin's core: the weight recompute and one pick, by host count.
+//! Native micro-benchmarks of the plugin's core: the weight recompute and one pick, by host count;
+//! path normalisation, on a typical path and on the costliest 64 KB paths we could build.
 //! A plain repeated-timing loop (`Instant` around batches, `black_box` on results); build with
 //! `--release` for numbers that mean anything.
 
@@ -9,6 +10,7 @@ use std::time::{Duration, Instant};
 use ewma_lb::config::Config;
 use ewma_lb::pick::PickTable;
 use ewma_lb::clock::RecordClock;
+use ewma_lb::rules::normalize_bytes;
 use ewma_lb::state::{Accumulator, ClusterBatch, ClusterState};
 use ewma_lb::sync::{self, SharedStore, StoreError, SyncContext};
 use ewma_lb::weights::{shares, HostInput, WeightParams};
@@ -17,7 +19,7 @@ use serde::Serialize;
 /// Host counts measured.
 pub const HOST_COUNTS: [usize; 4] = [10, 100, 1_000, 10_000];
 
-/// One measurement.
+/// One measurement; `hosts` is 0 for one that does not depend on a host count.
 #[derive(Clone, Debug, Serialize)]
 pub struct MicroResult {
     pub op: String,
@@ -109,6 +111,29 @@ impl SharedStore for Memory {
     }
 }
 
+/// A typical request path, and 64 KB ones built to cost the normaliser most (issue 8: nested `%25`
+/// used to cost one pass per level, 13 s of an Envoy worker for 40 KB).
+fn paths() -> Vec<(&'static str, Vec<u8>)> {
+    const LEN: usize = 64 * 1024;
+    let fill = |head: &[u8], unit: &[u8], tail: &[u8]| {
+        let mut p = head.to_vec();
+        while p.len() + unit.len() + tail.len() <= LEN {
+            p.extend_from_slice(unit);
+        }
+        p.extend_from_slice(tail);
+        p
+    };
+    vec![
+        ("rules::normalize, typical path", b"/api/v1/orders/12345/items?expand=price".to_vec()),
+        ("rules::normalize, 64 KB of nested %25", fill(b"/%", b"25", b"61")),
+        ("rules::normalize, 64 KB, escape at the end", fill(b"/", b"a/", b"%2525252561")),
+        ("rules::normalize, 64 KB of %2525252561", fill(b"/", b"%2525252561", b"")),
+        ("rules::normalize, 64 KB of %2541", fill(b"/", b"%2541", b"")),
+        ("rules::normalize, 64 KB of /a/..", fill(b"", b"/a/..", b"")),
+        ("rules::normalize, 64 KB of %", fill(b"/", b"%", b"")),
+    ]
+}
+
 /// Runs every micro-benchmark; `quick` shortens each to a few milliseconds (smoke).
 pub fn run(quick: bool) -> Vec<MicroResult> {
     let budget = if quick { Duration::from_millis(5) } else { Duration::from_millis(400) };
@@ -169,18 +194,24 @@ pub fn run(quick: bool) -> Vec<MicroResult> {
             black_box(table.weighted_p2c(&mut rng, |i| in_flight.get(i).copied().unwrap_or(0)));
         }));
     }
+    for (op, path) in paths() {
+        push(op, 0, time_it(budget, 10_000_000, || {
+            black_box(normalize_bytes(black_box(&path)).is_ambiguous());
+        }));
+    }
     out.extend(sizes);
     out
 }
 
-/// A markdown table: one row per operation, one column per host count.
+/// A markdown table: one row per operation, one column per host count; then one row each for
+/// the operations that have no host count.
 pub fn markdown(results: &[MicroResult]) -> String {
-    let mut counts: Vec<usize> = results.iter().map(|r| r.hosts).collect();
+    let mut counts: Vec<usize> = results.iter().map(|r| r.hosts).filter(|&h| h > 0).collect();
     counts.sort_unstable();
     counts.dedup();
     let mut ops: Vec<&str> = Vec::new();
     for r in results {
-        if !ops.contains(&r.op.as_str()) {
+        if r.hosts > 0 && !ops.contains(&r.op.as_str()) {
             ops.push(&r.op);
         }
     }
@@ -207,6 +238,13 @@ pub fn markdown(results: &[MicroResult]) -> String {
             }
         }
         t.push('\n');
+    }
+    let single: Vec<&MicroResult> = results.iter().filter(|r| r.hosts == 0).collect();
+    if !single.is_empty() {
+        t.push_str("\n| operation | ns per op |\n|---|---|\n");
+        for r in single {
+            let _ = writeln!(t, "| {} | {} |", r.op, human_ns(r.ns_per_op));
+        }
     }
     t
 }
