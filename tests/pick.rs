@@ -1,4 +1,5 @@
-//! Picking from a table: frequencies follow the weights, P2C follows load, edges are safe.
+//! Picking from a table: frequencies follow the weights, P2C follows load, the floor is probed
+//! whatever the load, edges are safe.
 
 #![allow(clippy::panic, clippy::indexing_slicing, clippy::unwrap_used)] // tests fail by panicking
 
@@ -63,8 +64,56 @@ fn p2c_avoids_the_host_with_requests_piling_up() {
     let c = counts(&table, PickAlgorithm::WeightedP2c, 10_000, |i| if i == 0 { 20 } else { 0 });
     // a only wins when both draws are a: one time in four.
     assert!((c[0] as f64 / 10_000.0 - 0.25).abs() < 0.02, "{c:?}");
+    // A fresh table: the tie-break counts what each host was served since the table was built.
+    let table = PickTable::new([("a:1", 0.5), ("b:1", 0.5)]);
     let idle = counts(&table, PickAlgorithm::WeightedP2c, 10_000, |_| 0);
     assert!((idle[0] as f64 / 10_000.0 - 0.5).abs() < 0.03, "equal load follows the weights: {idle:?}");
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn p2c_follows_unequal_shares_when_nothing_is_in_flight() {
+    // With a `+ 1` in the cost, every idle pair would go to the heavier host: a would get
+    // 0.5 + 2·0.5·0.5 = 75 % instead of its 50 %.
+    let table = PickTable::with_floor([("a:1", 0.5), ("b:1", 0.3), ("c:1", 0.2)], 0.002);
+    let n = 100_000;
+    let c = counts(&table, PickAlgorithm::WeightedP2c, n, |_| 0);
+    for (got, want) in c.iter().zip([0.5, 0.3, 0.2]) {
+        let share = *got as f64 / n as f64;
+        assert!((share - want).abs() < 0.01, "share {share}, want {want} ({c:?})");
+    }
+}
+
+/// The defect this pick fixes: a host at the floor (0.2 %) beside a host that always has
+/// requests in flight. Compared as `(in_flight + 1) / weight`, the floor host lost every pair
+/// (1 / 0.002 = 500 against 9 / 0.998), so it got about 0.002² of the picks: no probes, no way
+/// back. The floor is a probe budget now: it gets its 0.2 % whatever the load.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn the_floor_is_probed_whatever_the_load() {
+    let table = PickTable::with_floor([("busy:1", 0.998), ("slow:1", 0.002)], 0.002);
+    let n = 500_000;
+    // Worst case for the slow host: it always has a request in flight, the other host never.
+    let c = counts(&table, PickAlgorithm::WeightedP2c, n, |i| if i == 1 { 3 } else { 0 });
+    let expected = 0.002 * n as f64; // 1,000, one standard deviation about 32
+    assert!((c[1] as f64 - expected).abs() < 0.25 * expected, "floor host got {} of {n}, expected {expected}", c[1]);
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn ties_go_round_equal_hosts() {
+    // Nothing in flight: each idle pair goes to the host served least so far, so in any 200
+    // picks each of four equal hosts gets close to its 50. Independent draws would stray by
+    // ±14 (two standard deviations) in about one window in twenty.
+    let table = PickTable::with_floor([("a:1", 0.25), ("b:1", 0.25), ("c:1", 0.25), ("d:1", 0.25)], 0.002);
+    let mut rng = fastrand::Rng::with_seed(5);
+    for window in 0..200 {
+        let mut c = [0u32; 4];
+        for _ in 0..200 {
+            c[table.weighted_p2c(&mut rng, |_| 0).unwrap()] += 1;
+        }
+        assert!(c.iter().all(|n| (36..=64).contains(n)), "window {window}: {c:?}");
+    }
 }
 
 #[test]
@@ -76,6 +125,37 @@ fn lowest_latency_always_takes_the_heaviest() {
 
 #[cfg(not(target_arch = "wasm32"))]
 proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// Whatever the shares and the loads, every host gets at least its floor: drawn 40,000
+    /// times with a floor of 1 %, a host expects at least 400 picks (one standard deviation 20);
+    /// two thirds of that is more than 9 deviations away.
+    #[test]
+    fn every_host_gets_its_floor_whatever_the_load(
+        shares in prop::collection::vec(0.0f64..1.0, 2..12),
+        loads in prop::collection::vec(0u32..50, 12),
+        seed in any::<u64>(),
+    ) {
+        let floor = 0.01;
+        let total: f64 = shares.iter().sum();
+        prop_assume!(total > 0.0);
+        // Shares as a refresh leaves them: normalised, none below the floor.
+        let shares: Vec<f64> = shares.iter().map(|s| (s / total).max(floor)).collect();
+        let total: f64 = shares.iter().sum();
+        let names: Vec<String> = (0..shares.len()).map(|i| format!("10.0.0.{i}:80")).collect();
+        let table = PickTable::with_floor(names.iter().map(String::as_str).zip(shares.iter().copied()), floor);
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let n = 40_000;
+        let mut c = vec![0usize; shares.len()];
+        for _ in 0..n {
+            c[table.weighted_p2c(&mut rng, |i| loads[i]).unwrap()] += 1;
+        }
+        for (i, got) in c.iter().enumerate() {
+            let expected = n as f64 * floor / total;
+            prop_assert!(*got as f64 >= expected * 2.0 / 3.0, "host {} got {} of {}, floor alone is {}", i, got, n, expected);
+        }
+    }
+
     #[test]
     fn picks_stay_in_range_and_skip_zero_shares(
         shares in prop::collection::vec(prop_oneof![Just(0.0), 0.0f64..1.0], 1..50),
