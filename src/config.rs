@@ -20,7 +20,7 @@ use crate::locality::LocalityParams;
 use crate::outlier::OutlierParams;
 use crate::pick::PickAlgorithm;
 use crate::rules::{default_health_paths, normalize, ManagementConfig, PathSet, Rules};
-use crate::smoothing::{Smoother, MAX_SMA_WINDOW};
+use crate::smoothing::{Smoother, MAX_PEAK_SAMPLES, MAX_SMA_WINDOW};
 use crate::state::Policy;
 use crate::sync::MAX_RECORD_HOSTS;
 use crate::units::{ms_to_ns, ns_to_whole_ms};
@@ -80,7 +80,10 @@ pub struct ClusterConfig {
 pub struct WeightsConfig {
     pub exponent: f64,
     pub min_share: f64,
+    pub min_fair_share: f64,
     pub max_step_ratio: f64,
+    pub noise_band: f64,
+    pub noise_gain: f64,
     pub slow_start_ms: u64,
     pub slow_start_min_factor: f64,
 }
@@ -157,7 +160,10 @@ impl Default for WeightsConfig {
         WeightsConfig {
             exponent: p.exponent,
             min_share: p.min_share,
+            min_fair_share: p.min_fair_share,
             max_step_ratio: p.max_step_ratio,
+            noise_band: p.noise_band,
+            noise_gain: p.noise_gain,
             slow_start_ms: ns_to_whole_ms(p.slow_start_ns),
             slow_start_min_factor: p.slow_start_min_factor,
         }
@@ -349,7 +355,10 @@ impl WeightsConfig {
         Ok(WeightParams {
             exponent: in_range("weights.exponent", self.exponent, 0.1, 8.0)?,
             min_share: in_range("weights.min_share", self.min_share, 0.0, 0.5)?,
+            min_fair_share: in_range("weights.min_fair_share", self.min_fair_share, 0.0, 1.0)?,
             max_step_ratio: in_range("weights.max_step_ratio", self.max_step_ratio, 1.0, 1000.0)?,
+            noise_band: in_range("weights.noise_band", self.noise_band, 1.0, 100.0)?,
+            noise_gain: in_range("weights.noise_gain", self.noise_gain, 0.01, 1.0)?,
             slow_start_ns: ms_to_ns(in_range("weights.slow_start_ms", self.slow_start_ms, 0, 600_000)?),
             slow_start_min_factor: in_range("weights.slow_start_min_factor", self.slow_start_min_factor, 0.01, 1.0)?,
         })
@@ -399,8 +408,12 @@ fn check_smoother(smoother: Smoother) -> Result<Smoother, ConfigError> {
             return Err(err("smoothing.alpha", format!("must be in (0, 1], got {alpha}")))
         }
         Smoother::Ewma { .. } => {}
-        Smoother::DecayEwma { tau_ms } | Smoother::PeakEwma { tau_ms } => {
+        Smoother::DecayEwma { tau_ms } => {
             in_range("smoothing.tau_ms", tau_ms, 1, TAU_MAX_MS)?;
+        }
+        Smoother::PeakEwma { tau_ms, peak_samples } => {
+            in_range("smoothing.tau_ms", tau_ms, 1, TAU_MAX_MS)?;
+            in_range("smoothing.peak_samples", peak_samples, 1, MAX_PEAK_SAMPLES)?;
         }
         Smoother::Sma { window } => {
             in_range("smoothing.window", window, 1, MAX_SMA_WINDOW)?;

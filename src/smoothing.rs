@@ -55,8 +55,13 @@ pub enum Smoother {
     /// Peak EWMA (Finagle, tower, Linkerd): a sample above the estimate replaces it at once, lower
     /// samples pull it down with time decay. Quick to flee a slow host, slow to trust it again.
     /// Here the "sample" is a tick's batch mean: the tail of a healthy host's latencies would
-    /// otherwise lift its estimate at random and swing the table between equal hosts.
-    PeakEwma { tau_ms: u64 },
+    /// otherwise lift its estimate at random and swing the table between equal hosts. A batch of
+    /// fewer than `peak_samples` samples lifts the estimate by only `count / peak_samples` of the
+    /// way (or by the estimate's age, `1 − e^(−Δt/τ)`, when that is more): the mean of one or two
+    /// samples is noisier than the mean of ten, and a peak taken over noisy means would score a
+    /// host that gets less traffic slower by chance alone, and so give it still less (a
+    /// recovering host stuck below its fair share). 1 is the classic peak.
+    PeakEwma { tau_ms: u64, peak_samples: u32 },
     /// Sliding-window average over the last `window` samples, kept with a running sum.
     Sma { window: usize },
     /// The β form `v = β·v + (1−β)·x`, read as `v / (1 − β^t)` so early values are not biased to 0.
@@ -76,6 +81,8 @@ struct SmoothingSpec {
     alpha: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     tau_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    peak_samples: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     window: Option<usize>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -105,6 +112,7 @@ impl TryFrom<SmoothingSpec> for Smoother {
         let given = [
             ("alpha", spec.alpha.is_some()),
             ("tau_ms", spec.tau_ms.is_some()),
+            ("peak_samples", spec.peak_samples.is_some()),
             ("window", spec.window.is_some()),
             ("beta", spec.beta.is_some()),
             ("short_tau_ms", spec.short_tau_ms.is_some()),
@@ -115,7 +123,13 @@ impl TryFrom<SmoothingSpec> for Smoother {
             Algorithm::DecayEwma => {
                 (Smoother::DecayEwma { tau_ms: spec.tau_ms.unwrap_or(DEFAULT_TAU_MS) }, &["tau_ms"])
             }
-            Algorithm::PeakEwma => (Smoother::PeakEwma { tau_ms: spec.tau_ms.unwrap_or(DEFAULT_TAU_MS) }, &["tau_ms"]),
+            Algorithm::PeakEwma => (
+                Smoother::PeakEwma {
+                    tau_ms: spec.tau_ms.unwrap_or(DEFAULT_TAU_MS),
+                    peak_samples: spec.peak_samples.unwrap_or(DEFAULT_PEAK_SAMPLES),
+                },
+                &["tau_ms", "peak_samples"],
+            ),
             Algorithm::Sma => (Smoother::Sma { window: spec.window.unwrap_or(16) }, &["window"]),
             Algorithm::BiasCorrectedEwma => {
                 (Smoother::BiasCorrectedEwma { beta: spec.beta.unwrap_or(0.9) }, &["beta"])
@@ -147,7 +161,12 @@ impl From<Smoother> for SmoothingSpec {
             Smoother::DecayEwma { tau_ms } => {
                 SmoothingSpec { algorithm: Algorithm::DecayEwma, tau_ms: Some(tau_ms), ..none }
             }
-            Smoother::PeakEwma { tau_ms } => SmoothingSpec { algorithm: Algorithm::PeakEwma, tau_ms: Some(tau_ms), ..none },
+            Smoother::PeakEwma { tau_ms, peak_samples } => SmoothingSpec {
+                algorithm: Algorithm::PeakEwma,
+                tau_ms: Some(tau_ms),
+                peak_samples: Some(peak_samples),
+                ..none
+            },
             Smoother::Sma { window } => SmoothingSpec { algorithm: Algorithm::Sma, window: Some(window), ..none },
             Smoother::BiasCorrectedEwma { beta } => {
                 SmoothingSpec { algorithm: Algorithm::BiasCorrectedEwma, beta: Some(beta), ..none }
@@ -235,8 +254,16 @@ impl Smoother {
             // n steps of α; exact when the batch's samples are equal.
             (Smoother::Ewma { alpha }, Some(v)) => blend(v, mean, (1.0 - alpha).powi(n)),
             (Smoother::DecayEwma { tau_ms }, Some(v)) => blend(v, mean, decay(dt_ns, tau_ms)),
-            (Smoother::PeakEwma { tau_ms }, Some(v)) if mean <= v => blend(v, mean, decay(dt_ns, tau_ms)),
-            (Smoother::PeakEwma { .. }, _) => mean,
+            (Smoother::PeakEwma { tau_ms, .. }, Some(v)) if mean <= v => blend(v, mean, decay(dt_ns, tau_ms)),
+            (Smoother::PeakEwma { tau_ms, peak_samples }, Some(v)) => {
+                // The evidence of the batch, or the age of the estimate, whichever is more: after
+                // a silence of several τ (a proxy that sees a host once in seconds) the old value
+                // says little, and one slow answer replaces it as the classic peak would.
+                let evidence = (f64::from(batch.count) / f64::from(peak_samples.max(1))).min(1.0);
+                let staleness = 1.0 - decay(dt_ns, tau_ms);
+                v + (mean - v) * evidence.max(staleness)
+            }
+            (Smoother::PeakEwma { .. }, None) => mean,
             (Smoother::Sma { window }, _) => est.registers.push_window(mean, batch.count, window),
             (Smoother::BiasCorrectedEwma { beta }, _) => {
                 let total = est.samples.saturating_add(u64::from(batch.count));
@@ -300,11 +327,21 @@ impl Registers {
 
 impl Default for Smoother {
     fn default() -> Self {
-        Smoother::PeakEwma { tau_ms: DEFAULT_TAU_MS }
+        Smoother::PeakEwma { tau_ms: DEFAULT_TAU_MS, peak_samples: DEFAULT_PEAK_SAMPLES }
     }
 }
 
 /// Default time constant. Linkerd, Finagle and ingress-nginx use 10 s; ours is shorter so a host
-/// that recovers earns its share back within seconds (bench/scenarios/tuning/slowdown-tau*.toml:
-/// back to fair 5 s after recovery with 2 s, not within the 12 s left with 3 s).
-pub const DEFAULT_TAU_MS: u64 = 2_000;
+/// that recovers earns its share back within seconds: a host's estimate comes back down from a
+/// slow phase at this pace, and its share follows. 2 s (the previous default) was the shortest
+/// that did not swing equal hosts' shares with the weights following every refresh; with the
+/// noise band of `weights` 1 s is calm too and recovers sooner (bench/README.md, "Defaults").
+pub const DEFAULT_TAU_MS: u64 = 1_000;
+
+/// Default `peak_samples`: at 200 requests a second over four hosts and two workers, a tick's
+/// batch holds two or three samples of a host; four lets a batch move the estimate most of the
+/// way while a single slow answer moves it a quarter of it (bench/README.md, "Defaults").
+pub const DEFAULT_PEAK_SAMPLES: u32 = 4;
+
+/// Upper bound on `peak_samples`.
+pub const MAX_PEAK_SAMPLES: u32 = 1_000;

@@ -1,12 +1,18 @@
 //! Weights: from each host's smoothed score to its share of the traffic.
 //!
-//! A share is `score^-exponent`, normalised, then shaped by four rules that keep the table calm:
+//! A share is `score^-exponent`, normalised, then shaped by five rules that keep the table calm:
 //! - cold start: a host without samples is scored at the cluster's median, not 0 (it would be
 //!   flooded) nor infinity (it would starve);
 //! - slow start: a new or returning host's share ramps up linearly over `slow_start`;
+//! - noise: a target within a factor `noise_band` of the host's share in force is approached by
+//!   `noise_gain` of the way per refresh, and only the part of a move beyond the band is made at
+//!   once. Equal hosts' scores differ from refresh to refresh by chance alone (a tick's batch is a
+//!   handful of samples); followed at once, those differences swing the traffic between them,
+//!   while a real change (a slow host, a queue) moves the target far beyond the band;
 //! - damping: a share moves at most by a factor `max_step_ratio` per refresh (the anti-flap bound);
 //! - floor: every live host keeps at least `min_share`, so a slow host keeps being probed and can
-//!   earn its traffic back.
+//!   earn its traffic back; in a large cluster at most `min_fair_share` of a fair share (1/n), or
+//!   a floor above the fair share would pin every host to it and the table could not steer.
 //!
 //! Ejected hosts get nothing; they are excluded before any of the rules apply.
 
@@ -18,10 +24,16 @@ use crate::units::ms_to_ns;
 pub struct WeightParams {
     /// Share ∝ score^-exponent. 1 is "inverse latency"; 2 makes a 10x slower host 100x less loaded.
     pub exponent: f64,
-    /// Least share of every live host.
+    /// Least share of every live host ...
     pub min_share: f64,
+    /// ... but at most this fraction of a fair share (1 / live hosts).
+    pub min_fair_share: f64,
     /// Largest factor by which one refresh may raise or lower a host's share.
     pub max_step_ratio: f64,
+    /// Targets within this factor of a host's share are treated as noise (see [`settle`]).
+    pub noise_band: f64,
+    /// Share of the way to a target within the band made per refresh; 1 follows every target.
+    pub noise_gain: f64,
     /// Ramp-up time of a new or returning host; 0 turns slow start off.
     pub slow_start_ns: u64,
     /// Share factor a host starts its ramp at.
@@ -31,9 +43,12 @@ pub struct WeightParams {
 impl Default for WeightParams {
     fn default() -> Self {
         WeightParams {
-            exponent: 2.0,
+            exponent: 2.5,
             min_share: 0.002,
+            min_fair_share: 0.1,
             max_step_ratio: 2.0,
+            noise_band: 2.0,
+            noise_gain: 0.1,
             slow_start_ns: ms_to_ns(5_000),
             slow_start_min_factor: 0.1,
         }
@@ -76,13 +91,14 @@ pub fn shares_within(hosts: &[HostInput], params: &WeightParams, split: Option<&
     if let Some(split) = split {
         apportion(&mut targets, split);
     }
+    settle(&mut targets, hosts, params);
     let live = hosts.iter().filter(|h| !h.ejected).count();
     if live == 0 {
         return targets;
     }
     // Each live host's share must stay within [lo, hi]: at least the floor, and within a factor
     // `max_step_ratio` of its previous share.
-    let floor = params.min_share.min(1.0 / live as f64);
+    let floor = floor(params, live);
     let ratio = params.max_step_ratio.max(1.0);
     let bounds = |damped: bool| -> Vec<(f64, f64)> {
         hosts
@@ -103,6 +119,13 @@ pub fn shares_within(hosts: &[HostInput], params: &WeightParams, split: Option<&
     fit(&targets, &limits)
 }
 
+/// The least share of each of `live` hosts: `min_share`, but at most `min_fair_share` of a fair
+/// share. At 500 hosts a fair share is 0.2 %: a fixed 0.2 % floor would leave no room to steer.
+pub fn floor(params: &WeightParams, live: usize) -> f64 {
+    let fair = 1.0 / live.max(1) as f64;
+    params.min_share.min(params.min_fair_share * fair).min(fair)
+}
+
 /// Rescales the targets so the local ones sum to `local_share` and the remote ones to the rest,
 /// each side keeping its proportions.
 fn apportion(targets: &mut [f64], split: &Split) {
@@ -113,6 +136,34 @@ fn apportion(targets: &mut [f64], split: &Split) {
     }
     for (t, local) in targets.iter_mut().zip(&split.is_local) {
         *t *= if *local { split.local_share / local_sum } else { (1.0 - split.local_share) / remote_sum };
+    }
+}
+
+/// Moves each target that lies within a factor `noise_band` of its host's share in force to
+/// `noise_gain` of the way there (in log space, so up and down weigh alike); of a target beyond
+/// the band, the part within it is taken at that gain and the rest at once, so a real change is
+/// late by a fixed fraction of the band at most. Hosts without a share yet, ejected ones and
+/// ones still ramping in (slow start is a schedule, not noise) are left alone.
+fn settle(targets: &mut [f64], hosts: &[HostInput], params: &WeightParams) {
+    let gain = params.noise_gain.clamp(0.0, 1.0);
+    let band = params.noise_band.max(1.0).ln();
+    let total: f64 = targets.iter().sum();
+    if gain >= 1.0 || band <= 0.0 || total <= 0.0 {
+        return;
+    }
+    for (t, h) in targets.iter_mut().zip(hosts) {
+        let ramping = params.slow_start_ns > 0 && h.active_for_ns < params.slow_start_ns;
+        let Some(share) = h.previous_share.filter(|p| *p > 0.0) else { continue };
+        if h.ejected || ramping || *t <= 0.0 {
+            continue;
+        }
+        let distance = (*t / total / share).ln();
+        let step = if distance.abs() <= band {
+            gain * distance
+        } else {
+            distance.signum() * (distance.abs() - band * (1.0 - gain))
+        };
+        *t = share * step.exp() * total;
     }
 }
 

@@ -19,6 +19,7 @@ use crate::status::{ClusterStatus, HostPhase, Status};
 use crate::sync::{self, sync_cluster, DecodeError, SharedStore, SyncContext, SyncError};
 use crate::telemetry::{Change, Metric, Update, NO_CLUSTER};
 use crate::units::{ms_to_whole_us, share_to_ppm, NS_PER_SEC};
+use crate::weights::WeightParams;
 
 /// Clusters one worker keeps state for at once; an idle one makes room (`Worker::tick`).
 pub const MAX_CLUSTERS: usize = 256;
@@ -446,7 +447,7 @@ impl Worker {
                         }
                     }
                     if sync.state.table_version != local.table_version {
-                        adopt(local, &sync.state, self.config.exploration_share());
+                        adopt(local, &sync.state, self.config.exploration_share(), &policy.weights);
                         report.adopted.push((name.clone(), local.table_version));
                         host_gauges(name, &local.snapshot, &sync.state, slow_start_ns, &mut report.metrics);
                     }
@@ -549,9 +550,12 @@ fn local_entry<'a>(clusters: &'a mut BTreeMap<String, LocalCluster>, cluster: &s
     clusters.get_mut(cluster)
 }
 
-/// Rebuilds this VM's pick table from a new version of the record.
-fn adopt(local: &mut LocalCluster, state: &ClusterState, exploration_share: f64) {
-    local.table = PickTable::new(state.hosts.iter().map(|h| (h.address.as_str(), h.share)));
+/// Rebuilds this VM's pick table from a new version of the record, with the weights' floor as
+/// every host's probe budget (see `pick`).
+fn adopt(local: &mut LocalCluster, state: &ClusterState, exploration_share: f64, weights: &WeightParams) {
+    let live = state.hosts.iter().filter(|h| h.share > 0.0).count();
+    let floor = crate::weights::floor(weights, live);
+    local.table = PickTable::with_floor(state.hosts.iter().map(|h| (h.address.as_str(), h.share)), floor);
     local.table_version = state.table_version;
     // Endpoints the record does not know get their share through the fallback: a table that
     // knows one host of three must not send that host every steered request.

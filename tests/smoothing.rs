@@ -68,7 +68,7 @@ fn bias_correction_removes_the_start_from_zero() {
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn peak_ewma_jumps_to_a_peak_and_decays_with_time() {
     let tau_ms = 1_000;
-    let s = Smoother::PeakEwma { tau_ms };
+    let s = Smoother::PeakEwma { tau_ms, peak_samples: 1 };
     let mut est = Estimate::default();
     s.observe(&mut est, &Batch::one(50.0), SEC);
     s.observe(&mut est, &Batch::one(500.0), 2 * SEC);
@@ -82,7 +82,7 @@ fn peak_ewma_jumps_to_a_peak_and_decays_with_time() {
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn peak_ewma_reads_a_batch_by_its_mean() {
-    let s = Smoother::PeakEwma { tau_ms: 1_000 };
+    let s = Smoother::PeakEwma { tau_ms: 1_000, peak_samples: 1 };
     let mut est = Estimate::default();
     s.observe(&mut est, &Batch::one(50.0), SEC);
     // One slow answer among fast ones is the tail, not a slow host: no jump.
@@ -98,6 +98,68 @@ fn peak_ewma_reads_a_batch_by_its_mean() {
     }
     s.observe(&mut est, &slow, 2 * SEC + SEC / 10);
     assert_eq!(est.value_ms(), Some(450.0), "a slow batch is fled at once");
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn peak_ewma_lifts_the_estimate_by_the_evidence_of_a_batch() {
+    let s = Smoother::PeakEwma { tau_ms: 1_000, peak_samples: 4 };
+    let start = |s: &Smoother| {
+        let mut est = Estimate::default();
+        s.observe(&mut est, &Batch::one(20.0), SEC);
+        est
+    };
+    // One sample above the estimate moves it a quarter of the way, two half of it, four or
+    // more all of it.
+    for (samples, want) in [(1u32, 20.0 + 80.0 / 4.0), (2, 20.0 + 80.0 / 2.0), (4, 100.0), (9, 100.0)] {
+        let mut est = start(&s);
+        let batch = Batch { count: samples, sum_ms: 100.0 * f64::from(samples) };
+        s.observe(&mut est, &batch, SEC + SEC / 10);
+        assert_close(&[est.value_ms().unwrap_or(0.0)], &[want], 1e-9);
+    }
+    // An estimate last updated long ago (5 τ) says little: one slow answer replaces it.
+    let mut est = start(&s);
+    s.observe(&mut est, &Batch::one(100.0), 6 * SEC);
+    let want = 20.0 + 80.0 * (1.0 - (-5f64).exp());
+    assert_close(&[est.value_ms().unwrap_or(0.0)], &[want], 1e-9);
+    // Below the estimate, the count does not matter: time decides.
+    let mut est = start(&s);
+    s.observe(&mut est, &Batch { count: 4, sum_ms: 400.0 }, SEC + SEC / 10);
+    s.observe(&mut est, &Batch::one(20.0), 2 * SEC + SEC / 10);
+    let want = 100.0 * (-1f64).exp() + 20.0 * (1.0 - (-1f64).exp());
+    assert_close(&[est.value_ms().unwrap_or(0.0)], &[want], 1e-9);
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_host_with_fewer_samples_per_batch_is_not_scored_slower() {
+    // Two hosts with the same latencies: one answers 8 requests per batch, the other 1. With
+    // the classic peak (1) the sparse host's noisier batch means lift its estimate well above
+    // the busy one's; weighing each batch by its samples keeps them close.
+    let gap = |peak_samples: u32| {
+        let s = Smoother::PeakEwma { tau_ms: 1_000, peak_samples };
+        let mut rng = fastrand::Rng::with_seed(11);
+        let (mut busy, mut sparse) = (Estimate::default(), Estimate::default());
+        let (mut sum_busy, mut sum_sparse) = (0.0, 0.0);
+        let sample = |rng: &mut fastrand::Rng| 20.0 * (0.3 * (rng.f64() - 0.5) * 3.46).exp();
+        for tick in 1..=2_000u64 {
+            let now = tick * SEC / 10;
+            let mut b = Batch::default();
+            for _ in 0..8 {
+                b.add(sample(&mut rng));
+            }
+            s.observe(&mut busy, &b, now);
+            s.observe(&mut sparse, &Batch::one(sample(&mut rng)), now);
+            if tick > 100 {
+                sum_busy += busy.value_ms().unwrap_or(0.0);
+                sum_sparse += sparse.value_ms().unwrap_or(0.0);
+            }
+        }
+        sum_sparse / sum_busy
+    };
+    let (classic, weighed) = (gap(1), gap(4));
+    assert!(classic > 1.12, "the classic peak scores the sparse host slower: {classic}");
+    assert!(weighed < 1.08, "weighed by samples, the two stay within a few percent: {weighed}");
 }
 
 #[test]
@@ -145,7 +207,7 @@ fn every_smoother_converges_to_a_constant_input() {
     let smoothers = [
         Smoother::Ewma { alpha: 0.25 },
         Smoother::DecayEwma { tau_ms: 1_000 },
-        Smoother::PeakEwma { tau_ms: 1_000 },
+        Smoother::PeakEwma { tau_ms: 1_000, peak_samples: 4 },
         Smoother::Sma { window: 8 },
         Smoother::BiasCorrectedEwma { beta: 0.8 },
         Smoother::DualEwma { short_tau_ms: 500, long_tau_ms: 2_000 },

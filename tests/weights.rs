@@ -15,8 +15,13 @@ fn host(score_ms: Option<f64>) -> HostInput {
     HostInput { score_ms, active_for_ns: 3600 * SEC, ejected: false, previous_share: None }
 }
 
+/// Each rule alone: no slow start, no noise band.
 fn params() -> WeightParams {
-    WeightParams { slow_start_ns: 0, ..WeightParams::default() }
+    WeightParams { slow_start_ns: 0, noise_gain: 1.0, ..WeightParams::default() }
+}
+
+fn previous(score_ms: f64, share: f64) -> HostInput {
+    HostInput { previous_share: Some(share), ..host(Some(score_ms)) }
 }
 
 #[test]
@@ -103,6 +108,63 @@ fn arb_host() -> impl Strategy<Value = HostInput> {
         })
 }
 
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn the_floor_leaves_room_to_steer_in_a_large_cluster() {
+    // 600 hosts: a fair share is 0.17 %, under the 0.2 % floor. Held to min_share alone, every
+    // host would be at the floor and all shares equal whatever their scores.
+    let mut hosts: Vec<HostInput> = (0..600).map(|_| host(Some(20.0))).collect();
+    hosts[0] = host(Some(400.0));
+    let s = shares(&hosts, &WeightParams { min_share: 0.002, min_fair_share: 0.1, ..params() });
+    assert!((s[0] - 0.1 / 600.0).abs() < 1e-12, "the slow host at a tenth of a fair share: {}", s[0]);
+    assert!(s[1] > 1.0 / 600.0, "{}", s[1]);
+    let pinned = shares(&hosts, &WeightParams { min_share: 0.002, min_fair_share: 1.0, ..params() });
+    assert!((pinned[0] - pinned[1]).abs() < 1e-12, "without it every host is at the floor: {pinned:?}");
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn equal_hosts_do_not_follow_their_noise() {
+    // Four equal hosts at a quarter each; this refresh's scores differ by chance by up to 15 %,
+    // which followed at once would move shares by up to 40 % (exponent 2.5).
+    let scores = [20.0, 23.0, 17.5, 21.0];
+    let hosts: Vec<HostInput> = scores.iter().map(|s| previous(*s, 0.25)).collect();
+    let followed = shares(&hosts, &params());
+    let settled = shares(&hosts, &WeightParams { noise_gain: 0.1, noise_band: 2.0, ..params() });
+    let spread = |s: &[f64]| s.iter().fold(0.0f64, |m, x| m.max((x / 0.25).ln().abs()));
+    assert!(spread(&followed) > 0.25, "{followed:?}");
+    assert!(spread(&settled) < 0.05, "a tenth of the way: {settled:?}");
+    assert!(settled[2] > settled[0] && settled[0] > settled[1], "still in the right direction: {settled:?}");
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_real_change_goes_beyond_the_band_at_once() {
+    // One of four hosts turns 20 times slower: its target is 1/1,800 of the others'. Only the
+    // band's width is lagged, so damping (halving per refresh) is what bounds it, as without
+    // the band.
+    let hosts = [previous(20.0, 0.25), previous(20.0, 0.25), previous(20.0, 0.25), previous(400.0, 0.25)];
+    let settled = shares(&hosts, &WeightParams { noise_gain: 0.1, noise_band: 2.0, ..params() });
+    let followed = shares(&hosts, &params());
+    assert!((settled[3] - 0.125).abs() < 1e-9 && (followed[3] - 0.125).abs() < 1e-9, "{settled:?} {followed:?}");
+    // Recovering from the floor, a host climbs as fast as damping allows until its target is
+    // within the band.
+    let hosts = [previous(20.0, 0.33), previous(20.0, 0.33), previous(20.0, 0.33), previous(20.0, 0.01)];
+    let settled = shares(&hosts, &WeightParams { noise_gain: 0.1, noise_band: 2.0, min_share: 0.0, ..params() });
+    assert!((settled[3] - 0.02).abs() < 1e-9, "{settled:?}");
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_host_ramping_in_follows_its_ramp_not_the_band() {
+    let p = WeightParams { slow_start_ns: 10 * SEC, slow_start_min_factor: 0.1, min_share: 0.0, noise_gain: 0.1, ..params() };
+    let ramping = HostInput { active_for_ns: 5 * SEC, ..previous(50.0, 0.2) };
+    let s = shares(&[previous(50.0, 0.8), ramping], &p);
+    // Its ramp says a third; settled like noise it would only go from 0.2 to 0.21. (The other
+    // host's share is settled, so the third is not exact.)
+    assert!(s[1] > 0.28, "most of the way up its ramp at once: {s:?}");
+}
+
 #[cfg(not(target_arch = "wasm32"))]
 proptest! {
     #[test]
@@ -122,7 +184,8 @@ proptest! {
         } else {
             prop_assert!((total - 1.0).abs() < 1e-9, "sum {}", total);
         }
-        let floor = if live as f64 * min_share >= 1.0 { 1.0 / live as f64 } else { min_share };
+        let fair = 1.0 / live.max(1) as f64;
+        let floor = min_share.min(p.min_fair_share * fair).min(fair);
         for (share, h) in s.iter().zip(&hosts) {
             prop_assert!(share.is_finite() && *share >= 0.0);
             if h.ejected {
@@ -149,10 +212,12 @@ proptest! {
         let p = WeightParams { max_step_ratio: ratio, min_share, ..params() };
         let s = shares(&hosts, &p);
         prop_assert!((s.iter().sum::<f64>() - 1.0).abs() < 1e-9);
+        let fair = 1.0 / hosts.len() as f64;
+        let floor = min_share.min(p.min_fair_share * fair);
         for (share, h) in s.iter().zip(&hosts) {
             let prev = h.previous_share.unwrap_or(0.0);
-            let lo = (prev / ratio).max(min_share);
-            let hi = (prev * ratio).max(min_share);
+            let lo = (prev / ratio).max(floor);
+            let hi = (prev * ratio).max(floor);
             prop_assert!(*share >= lo - 1e-9 && *share <= hi + 1e-9, "{} outside [{}, {}]", share, lo, hi);
         }
     }
