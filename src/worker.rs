@@ -432,7 +432,11 @@ impl Worker {
             match sync_cluster(store, &ctx, &local.batch, &mut local.clock) {
                 Ok(sync) => {
                     local.batch.clear();
-                    local.batch.hosts.retain(|host, _| sync.state.host(host).is_some());
+                    // Entries of hosts that left the record go; only a change of the record's hosts
+                    // can make any (a merge adds every host it had samples of).
+                    if !same_hosts(&local.snapshot, &sync.state) {
+                        forget_departed(local, &sync.state);
+                    }
                     report.refreshed += usize::from(sync.refreshed);
                     if sync.ejected > 0 {
                         report.metrics.push(update(Metric::Ejections, name, None, Change::Add(sync.ejected as i64)));
@@ -578,7 +582,13 @@ fn host_gauges(cluster: &str, old: &ClusterState, new: &ClusterState, slow_start
             out.push(update(metric, cluster, Some(&h.address), Change::Set(value)));
         }
     }
-    for gone in old.hosts.iter().filter(|h| new.host(&h.address).is_none()) {
+    // Both sorted by address: one walk finds the hosts that left.
+    let mut present = new.hosts.iter().map(|h| h.address.as_str()).peekable();
+    let gone = old.hosts.iter().filter(|h| {
+        while present.next_if(|a| *a < h.address.as_str()).is_some() {}
+        present.peek() != Some(&h.address.as_str())
+    });
+    for gone in gone {
         for metric in HOST_GAUGES {
             out.push(update(metric, cluster, Some(&gone.address), Change::Set(0)));
         }
@@ -586,8 +596,7 @@ fn host_gauges(cluster: &str, old: &ClusterState, new: &ClusterState, slow_start
     out.push(update(Metric::UnknownEndpoints, cluster, None, Change::Set(u64::from(new.unknown_endpoints()))));
 }
 
-/// Moves the shared in-flight gauge by this worker's change since the last tick, and forgets
-/// hosts that have nothing in flight, nothing unreported and no place in the table.
+/// Moves the shared in-flight gauge by this worker's change since the last tick.
 fn in_flight_updates(cluster: &str, local: &mut LocalCluster, out: &mut Vec<Update>) {
     for (host, n) in &mut local.in_flight {
         if n.now != n.reported {
@@ -596,8 +605,25 @@ fn in_flight_updates(cluster: &str, local: &mut LocalCluster, out: &mut Vec<Upda
             n.reported = n.now;
         }
     }
-    let snapshot = &local.snapshot;
-    local.in_flight.retain(|host, n| n.now > 0 || snapshot.host(host).is_some());
+}
+
+/// Whether two records list the same hosts (both are sorted by address).
+fn same_hosts(a: &ClusterState, b: &ClusterState) -> bool {
+    a.hosts.len() == b.hosts.len() && a.hosts.iter().zip(&b.hosts).all(|(x, y)| x.address == y.address)
+}
+
+/// Forgets the batch entries of hosts no longer in `record`, and the in-flight entries of those
+/// with nothing in flight or unreported. Called when the record's hosts changed, not on every
+/// tick: searching every entry of a 500-host cluster on every tick cost more than the rest of
+/// the tick.
+fn forget_departed(local: &mut LocalCluster, record: &ClusterState) {
+    // Both sorted by address: one walk.
+    let mut known = record.hosts.iter().map(|h| h.address.as_str()).peekable();
+    local.batch.hosts.retain(|host, _| {
+        while known.next_if(|a| *a < host.as_str()).is_some() {}
+        known.peek() == Some(&host.as_str())
+    });
+    local.in_flight.retain(|host, n| n.now > 0 || n.reported > 0 || record.host(host).is_some());
 }
 
 /// The counters as counter increments, then zeroed.
