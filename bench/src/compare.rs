@@ -1,5 +1,6 @@
-//! `compare`: one scenario through a real Envoy with each policy in turn, same backends, one run;
-//! then a markdown table, results.json and plots.
+//! `compare`: one scenario through a real Envoy with each policy in turn, same backends, in
+//! rounds of alternating order; then a markdown table of each figure's median and spread over
+//! the rounds, results.json and plots.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -7,14 +8,15 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use harness::config::LISTENER;
 use harness::load::{self, LoadSpec, Record};
 use harness::summary::{shares_per_second, SecondShares, Summary};
 use harness::{Backend, Envoy, EnvoyOptions};
 
-use crate::metrics::{flapping, recovery_seconds, window_share, Flapping};
+use crate::figures::{self, PolicyFigures, RoundFigures};
+use crate::metrics::share_figures;
 use crate::plot;
 use crate::policy::{plugin_module, Policy};
 use crate::scenario::Scenario;
@@ -31,44 +33,34 @@ pub struct CompareOptions {
 }
 
 /// One policy's run in one round.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct PolicyRun {
-    pub policy: Policy,
+    pub policy: String,
     pub round: u32,
     /// Position in the whole run (0 = first).
     pub position: usize,
     #[serde(skip)]
     pub records: Vec<Record>,
-    /// Measured window (after warmup).
+    /// What the tables show of this run.
+    pub figures: RoundFigures,
+    /// Measured window (after warmup), as the harness summarises it.
+    #[serde(skip_deserializing)]
     pub summary: Summary,
-    pub flapping: Flapping,
+    #[serde(skip_deserializing)]
     pub seconds: Vec<SecondShares>,
     /// A few of Envoy's counters at the end of the run.
     pub envoy_counters: BTreeMap<String, u64>,
 }
 
-/// A policy's results over all rounds.
-#[derive(Clone, Debug, Serialize)]
-pub struct PolicyResult {
-    pub policy: Policy,
-    /// All rounds' measured windows together.
-    pub summary: Summary,
-    /// Mean of the rounds' flapping indices.
-    pub flapping: Flapping,
-    /// Slowdown scenarios: seconds until the slowed host's share is back near fair (first round).
-    pub recovery_s: Option<f64>,
-    /// Slowdown scenarios: the slowed host's share during its slow phase (first round).
-    pub slow_phase_share: Option<f64>,
-}
-
 /// Everything a comparison produced.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Report {
     pub scenario: String,
     pub description: String,
     pub settings: serde_json::Value,
     pub backends: Vec<String>,
-    pub results: Vec<PolicyResult>,
+    /// Each policy's figures over its rounds, in the scenario's order of policies.
+    pub results: Vec<PolicyFigures>,
     pub runs: Vec<PolicyRun>,
     pub files: Vec<String>,
 }
@@ -80,7 +72,7 @@ pub fn compare(s: &Scenario, opts: &CompareOptions) -> Result<Report> {
     }
     // Envoy's own policies run without the plugin: its module is only looked for when needed.
     let mut wasm = PathBuf::from(harness::paths::PLUGIN_WASM);
-    if s.policies.iter().any(|p| p.uses_plugin()) {
+    if s.policies.iter().any(Policy::uses_plugin) {
         wasm = plugin_module(opts.wasm.as_deref())?;
         for p in s.policies.iter().filter(|p| p.uses_plugin()) {
             if let Some(pc) = p.plugin_config(&s.plugin_config) {
@@ -115,15 +107,16 @@ pub fn compare(s: &Scenario, opts: &CompareOptions) -> Result<Report> {
     for round in 0..rounds {
         for policy in s.order(round) {
             let position = runs.len();
-            eprint!("[{:>3}/{total_runs}] {policy:<14} round {round} ... ", position + 1);
-            let run = run_policy(s, policy, round, position, &wasm, &endpoints, &backends, &by_addr, &names)?;
+            eprint!("[{:>3}/{total_runs}] {policy:<18} round {round} ... ", position + 1);
+            let run = run_policy(s, &policy, round, position, &wasm, &endpoints, &backends, &by_addr, &names)?;
             eprintln!(
-                "n={} avg={:.1}ms p99={:.1}ms err={:.2}% flap={:.1}pp  ({:.0}s elapsed)",
-                run.summary.count,
-                run.summary.avg_ms,
-                run.summary.p99_ms,
-                100.0 * run.summary.error_rate(),
-                run.flapping.index_pp,
+                "n={} avg={:.1}ms p99={:.1}ms err={:.2}% dropped={} flap={:.1}pp  ({:.0}s elapsed)",
+                run.figures.count,
+                run.figures.avg_ms,
+                run.figures.p99_ms,
+                run.figures.errors_pct,
+                run.figures.dropped,
+                run.figures.flap_pp,
                 started.elapsed().as_secs_f64()
             );
             runs.push(run);
@@ -132,7 +125,14 @@ pub fn compare(s: &Scenario, opts: &CompareOptions) -> Result<Report> {
     }
     drop(backends);
 
-    let results = s.policies.iter().map(|&p| aggregate(s, p, &runs, &names)).collect();
+    let results = s
+        .policies
+        .iter()
+        .map(|p| PolicyFigures {
+            policy: p.name().to_owned(),
+            rounds: runs.iter().filter(|r| r.policy == p.name()).map(|r| r.figures.clone()).collect(),
+        })
+        .collect();
     let mut report = Report {
         scenario: s.name.clone(),
         description: s.description.clone(),
@@ -157,7 +157,7 @@ pub fn compare(s: &Scenario, opts: &CompareOptions) -> Result<Report> {
 #[allow(clippy::too_many_arguments)]
 fn run_policy(
     s: &Scenario,
-    policy: Policy,
+    policy: &Policy,
     round: u32,
     position: usize,
     wasm: &Path,
@@ -213,38 +213,31 @@ fn run_policy(
         }
     }
     drop(envoy);
-    let warm = s.warmup;
-    let measured: Vec<Record> = records.iter().filter(|r| r.sent_at >= warm).cloned().collect();
+    let measured: Vec<Record> = records.iter().filter(|r| r.sent_at >= s.warmup).cloned().collect();
+    let summary = Summary::of(&measured);
     let seconds = shares_per_second(&records);
-    let flap = flapping(&seconds, warm.as_secs() as usize, names);
-    Ok(PolicyRun { policy, round, position, summary: Summary::of(&measured), flapping: flap, seconds, records, envoy_counters })
+    let figures = round_figures(s, &summary, &seconds, names);
+    Ok(PolicyRun { policy: policy.name().to_owned(), round, position, figures, summary, seconds, records, envoy_counters })
 }
 
-fn aggregate(s: &Scenario, policy: Policy, runs: &[PolicyRun], names: &[String]) -> PolicyResult {
-    let mine: Vec<&PolicyRun> = runs.iter().filter(|r| r.policy == policy).collect();
-    let measured: Vec<Record> = mine
-        .iter()
-        .flat_map(|r| r.records.iter().filter(|x| x.sent_at >= s.warmup).cloned())
-        .collect();
-    let n = mine.len().max(1) as f64;
-    let flap = Flapping {
-        index_pp: mine.iter().map(|r| r.flapping.index_pp).sum::<f64>() / n,
-        noise_pp: mine.iter().map(|r| r.flapping.noise_pp).sum::<f64>() / n,
-        pairs: mine.iter().map(|r| r.flapping.pairs).sum(),
+/// What the tables show of one run: its measured window's summary, and the per-second shares
+/// (flapping, slow-phase share and recovery).
+pub fn round_figures(s: &Scenario, summary: &Summary, seconds: &[SecondShares], names: &[String]) -> RoundFigures {
+    let mut f = RoundFigures {
+        count: summary.count,
+        avg_ms: summary.avg_ms,
+        p50_ms: summary.p50_ms,
+        p95_ms: summary.p95_ms,
+        p99_ms: summary.p99_ms,
+        p999_ms: summary.p999_ms,
+        errors_pct: 100.0 * summary.error_rate(),
+        dropped: summary.dropped,
+        shares_pct: names.iter().map(|b| (b.clone(), 100.0 * summary.share(b))).collect(),
+        ..RoundFigures::default()
     };
-    let (mut recovery_s, mut slow_phase_share) = (None, None);
-    if let (Some((slow, end)), Some(first)) = (s.recovery(), mine.first()) {
-        let fair = 1.0 / names.len().max(1) as f64;
-        recovery_s = recovery_seconds(&first.seconds, &slow, end, fair);
-        let start = s
-            .backends
-            .iter()
-            .find(|b| b.name == slow)
-            .and_then(|b| b.schedule.iter().map(|p| p.from_s).reduce(f64::min))
-            .unwrap_or(0.0);
-        slow_phase_share = Some(window_share(&first.seconds, &slow, start, end));
-    }
-    PolicyResult { policy, summary: Summary::of(&measured), flapping: flap, recovery_s, slow_phase_share }
+    let steady: Vec<String> = s.backends.iter().filter(|b| b.schedule.is_empty()).map(|b| b.name.clone()).collect();
+    share_figures(&mut f, seconds, s.warmup.as_secs() as usize, names, &steady, s.slowdown().as_ref());
+    f
 }
 
 fn settings(s: &Scenario, rounds: u32) -> serde_json::Value {
@@ -257,7 +250,8 @@ fn settings(s: &Scenario, rounds: u32) -> serde_json::Value {
         "client_timeout_s": s.client_timeout.as_secs_f64(),
         "envoy_concurrency": s.concurrency,
         "rounds": rounds,
-        "policies": s.policies,
+        "policies": s.policies.iter().map(Policy::name).collect::<Vec<_>>(),
+        "variants": s.policies.iter().filter(|p| p.uses_plugin() && p.name() != "ewma_lb").map(|p| (p.name().to_owned(), p.overrides().clone())).collect::<serde_json::Map<_, _>>(),
         "plugin_config": s.plugin_config,
         "backends": s.backends.iter().map(|b| serde_json::json!({
             "name": b.name,
@@ -269,68 +263,13 @@ fn settings(s: &Scenario, rounds: u32) -> serde_json::Value {
     })
 }
 
-fn pct(x: f64) -> String {
-    format!("{:.1}", 100.0 * x)
-}
-
-/// The markdown table of the results.
+/// The markdown table of the results: each figure's median (min-max) over the rounds.
 pub fn markdown_table(report: &Report) -> String {
-    let has_recovery = report.results.iter().any(|r| r.slow_phase_share.is_some());
-    let mut t = String::from("| policy | avg ms | p50 ms | p95 ms | p99 ms | p99.9 ms | errors % |");
-    for b in &report.backends {
-        let _ = write!(t, " {b} % |");
-    }
-    t.push_str(" flap pp | flap noise pp |");
-    if has_recovery {
-        t.push_str(" slow-phase share % | back to fair s |");
-    }
-    t.push('\n');
-    let cols = 7 + report.backends.len() + 2 + if has_recovery { 2 } else { 0 };
-    t.push('|');
-    for _ in 0..cols {
-        t.push_str("---|");
-    }
-    t.push('\n');
-    for r in &report.results {
-        let s = &r.summary;
-        let _ = write!(
-            t,
-            "| {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2} |",
-            r.policy, s.avg_ms, s.p50_ms, s.p95_ms, s.p99_ms, s.p999_ms, 100.0 * s.error_rate()
-        );
-        for b in &report.backends {
-            let _ = write!(t, " {} |", pct(s.share(b)));
-        }
-        let _ = write!(t, " {:.1} | {:.1} |", r.flapping.index_pp, r.flapping.noise_pp);
-        if has_recovery {
-            let share = r.slow_phase_share.map(pct).unwrap_or_else(|| "-".into());
-            let rec = r.recovery_s.map(|x| format!("{x:.0}")).unwrap_or_else(|| "never".into());
-            let _ = write!(t, " {share} | {rec} |");
-        }
-        t.push('\n');
-    }
-    t
+    figures::table(&report.results, &report.backends)
 }
 
 fn ratio_lines(report: &Report) -> String {
-    let get = |p: Policy| report.results.iter().find(|r| r.policy == p);
-    let mut out = String::new();
-    let Some(ewma) = get(Policy::EwmaLb) else { return out };
-    let q = |a: f64, b: f64| if b > 0.0 { format!("{:.2}", a / b) } else { "-".into() };
-    for other in [Policy::LeastRequest, Policy::RoundRobin, Policy::EwmaLowest] {
-        if let Some(o) = get(other) {
-            let _ = writeln!(
-                out,
-                "- ewma_lb / {other}: avg {}, p95 {}, p99 {}, p99.9 {}, flapping {}",
-                q(ewma.summary.avg_ms, o.summary.avg_ms),
-                q(ewma.summary.p95_ms, o.summary.p95_ms),
-                q(ewma.summary.p99_ms, o.summary.p99_ms),
-                q(ewma.summary.p999_ms, o.summary.p999_ms),
-                q(ewma.flapping.index_pp, o.flapping.index_pp),
-            );
-        }
-    }
-    out
+    figures::ratio_lines(&report.results, "ewma_lb", &["ewma_lb_previous", "least_request", "round_robin", "ewma_lowest"])
 }
 
 fn write_outputs(s: &Scenario, opts: &CompareOptions, report: &mut Report) -> Result<()> {
@@ -358,7 +297,7 @@ fn write_outputs(s: &Scenario, opts: &CompareOptions, report: &mut Report) -> Re
         let panels: Vec<plot::SharePanel> = s
             .policies
             .iter()
-            .filter_map(|p| report.runs.iter().find(|r| r.policy == *p))
+            .filter_map(|p| representative_run(&report.runs, p.name()))
             .map(|r| plot::SharePanel { label: format!("{} (round {})", r.policy, r.round), seconds: r.seconds.clone() })
             .collect();
         let title = format!("{}: traffic share per backend per second", s.name);
@@ -373,6 +312,14 @@ fn write_outputs(s: &Scenario, opts: &CompareOptions, report: &mut Report) -> Re
     Ok(())
 }
 
+/// The run of `policy` whose flapping index is the median of its rounds (the lower middle one of
+/// an even count): the one its share plot shows.
+pub fn representative_run<'a>(runs: &'a [PolicyRun], policy: &str) -> Option<&'a PolicyRun> {
+    let mut mine: Vec<&PolicyRun> = runs.iter().filter(|r| r.policy == policy).collect();
+    mine.sort_by(|a, b| a.figures.flap_pp.total_cmp(&b.figures.flap_pp));
+    mine.get(mine.len().saturating_sub(1) / 2).copied()
+}
+
 /// A JSON number with at most 3 decimals, trailing zeros dropped.
 fn num(v: &serde_json::Value) -> String {
     let x = v.as_f64().unwrap_or(0.0);
@@ -382,6 +329,13 @@ fn num(v: &serde_json::Value) -> String {
 
 fn file_name(p: &Path) -> String {
     p.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+/// `; variants: NAME = {...}` for the plugin variants a comparison ran, from its settings.
+fn variants_note(settings: &serde_json::Value) -> String {
+    let Some(v) = settings.get("variants").and_then(|v| v.as_object()).filter(|v| !v.is_empty()) else { return String::new() };
+    let each: Vec<String> = v.iter().map(|(name, c)| format!("`{name}` = `{c}`")).collect();
+    format!("; plugin variants (merged over it): {}", each.join(", "))
 }
 
 /// results.md: the settings, the table, the ratios, the run order and the files.
@@ -398,14 +352,21 @@ pub fn results_markdown(report: &Report) -> String {
     let _ = writeln!(
         md,
         "Load: {load}; {} s per policy and round, the first {} s left out of the latency figures; \
-         route timeout {} s; Envoy --concurrency {}; {} round(s). Plugin configuration: `{}`.\n",
-        num(&st["duration_s"]), num(&st["warmup_s"]), num(&st["route_timeout_s"]), st["envoy_concurrency"], st["rounds"], st["plugin_config"]
+         route timeout {} s; Envoy --concurrency {}; {} round(s) in alternating order, each figure the median \
+         (min-max) over the rounds. Plugin configuration: `{}`{}.\n",
+        num(&st["duration_s"]),
+        num(&st["warmup_s"]),
+        num(&st["route_timeout_s"]),
+        st["envoy_concurrency"],
+        st["rounds"],
+        st["plugin_config"],
+        variants_note(st)
     );
     md.push_str(&markdown_table(report));
     md.push('\n');
     let ratios = ratio_lines(report);
     if !ratios.is_empty() {
-        md.push_str("Ratios in this run:\n\n");
+        md.push_str("Ratios of the medians:\n\n");
         md.push_str(&ratios);
         md.push('\n');
     }

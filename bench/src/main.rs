@@ -34,6 +34,44 @@ enum Cmd {
     Overhead(OverheadArgs),
     /// Only the native micro-benchmarks (weight recompute, pick).
     Micro(MicroArgs),
+    /// A fleet of proxies running the plugin's core against simulated hosts, in virtual time
+    /// (a benchmark scenario, or a fleet file from bench/scenarios/fleet/).
+    Simulate(SimulateArgs),
+}
+
+#[derive(Args)]
+struct SimulateArgs {
+    /// A fleet file (bench/scenarios/fleet/*.toml) or a benchmark scenario.
+    file: PathBuf,
+    /// Output directory [default: bench/out/sim-<name>].
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Override the number of proxies.
+    #[arg(long)]
+    proxies: Option<usize>,
+    /// Override the workers per proxy.
+    #[arg(long)]
+    workers: Option<usize>,
+    /// Override the simulated duration (e.g. 30s).
+    #[arg(long, value_parser = parse_duration)]
+    duration: Option<Duration>,
+    /// Seeds, one run per policy each (e.g. 1,2,3) [default: the file's, else 1].
+    #[arg(long, value_delimiter = ',')]
+    seeds: Vec<u64>,
+    /// Run at each of these fleet sizes instead (same hosts and total load), e.g. 10,100,1000.
+    #[arg(long, value_delimiter = ',')]
+    scale: Vec<usize>,
+    /// Only these policies (names from the file's variants or the built-in ones).
+    #[arg(long, value_delimiter = ',')]
+    policies: Vec<String>,
+    /// Runs at once.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// A few simulated seconds over a few proxies: checks that the tool works.
+    #[arg(long)]
+    smoke: bool,
+    #[arg(long)]
+    no_plots: bool,
 }
 
 #[derive(Args)]
@@ -137,6 +175,7 @@ fn real_main() -> Result<()> {
         Cmd::Compare(a) => compare(a),
         Cmd::Overhead(a) => overhead(a),
         Cmd::Micro(a) => micro(a),
+        Cmd::Simulate(a) => simulate(a),
     }
 }
 
@@ -283,5 +322,47 @@ fn micro(args: MicroArgs) -> Result<()> {
     } else {
         println!("{}", ewma_bench::micro::markdown(&results));
     }
+    Ok(())
+}
+
+fn simulate(args: SimulateArgs) -> Result<()> {
+    use ewma_bench::policy::Policy;
+    use ewma_bench::sim::{self, SimOptions};
+    if cfg!(debug_assertions) && !args.smoke {
+        eprintln!("note: a debug build; run with --release for fleet sizes");
+    }
+    let mut spec = sim::file::load(&args.file, args.smoke)?;
+    if let Some(n) = args.proxies {
+        spec.rate *= n as f64 / spec.proxies as f64;
+        spec.proxies = n;
+    }
+    if let Some(w) = args.workers {
+        spec.workers = w;
+    }
+    if let Some(d) = args.duration {
+        spec.duration = d;
+    }
+    if !args.policies.is_empty() {
+        let known = spec.policies.clone();
+        spec.policies = args
+            .policies
+            .iter()
+            .map(|n| known.iter().find(|p| p.name() == n).cloned().map_or_else(|| Policy::get(n), Ok))
+            .collect::<Result<_>>()?;
+    }
+    sim::file::validate(&spec)?;
+    let seeds = if args.seeds.is_empty() { vec![spec.seed] } else { args.seeds.clone() };
+    let suffix = if args.scale.is_empty() { "" } else { "-scale" };
+    let out = args.out.unwrap_or_else(|| bench_out(&format!("sim-{}{suffix}", spec.name)));
+    let opts = SimOptions { seeds, threads: args.threads.max(1), out_dir: out.clone(), plots: !args.no_plots };
+    let started = std::time::Instant::now();
+    if args.scale.is_empty() {
+        let report = sim::simulate(&spec, &opts)?;
+        println!("\n{}", sim::markdown(&spec, &report));
+    } else {
+        let points = sim::scale(&spec, &args.scale, &opts)?;
+        println!("\n{}", sim::scale_table(&points));
+    }
+    println!("written to {} ({:.1} s)", out.display(), started.elapsed().as_secs_f64());
     Ok(())
 }

@@ -6,6 +6,8 @@ use serde::Serialize;
 
 use harness::summary::SecondShares;
 
+use crate::figures::{Recovery, RoundFigures};
+
 /// Flapping index and its noise floor, in percentage points.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct Flapping {
@@ -81,6 +83,33 @@ pub fn window_share(seconds: &[SecondShares], backend: &str, from_s: f64, to_s: 
         total += s.count;
     }
     if total == 0 { 0.0 } else { n / total as f64 }
+}
+
+/// A slowed host: its name and the seconds its slow phases start and end.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Slowdown {
+    pub host: String,
+    pub from_s: f64,
+    pub to_s: f64,
+}
+
+/// Fills the figures that come from per-second shares: flapping over every backend and over the
+/// steady ones (when some are not), and for a slowdown the slowed host's share while slow and its
+/// recovery. `from` is the first measured second.
+pub fn share_figures(f: &mut RoundFigures, seconds: &[SecondShares], from: usize, names: &[String], steady: &[String], slowdown: Option<&Slowdown>) {
+    let flap = flapping(seconds, from, names);
+    f.flap_pp = flap.index_pp;
+    f.flap_noise_pp = flap.noise_pp;
+    if steady.len() > 1 && steady.len() < names.len() {
+        let s = flapping(seconds, from, steady);
+        f.steady_flap_pp = Some(s.index_pp);
+        f.steady_flap_noise_pp = Some(s.noise_pp);
+    }
+    if let Some(sd) = slowdown {
+        let fair = 1.0 / names.len().max(1) as f64;
+        f.recovery = Some(Recovery::of(recovery_seconds(seconds, &sd.host, sd.to_s, fair)));
+        f.slow_phase_share_pct = Some(100.0 * window_share(seconds, &sd.host, sd.from_s, sd.to_s));
+    }
 }
 
 #[cfg(test)]

@@ -147,9 +147,9 @@ fn config_for(variant: Variant, wasm: &Path, noop: &Path, endpoint: std::net::So
     let timeout = Duration::from_secs(5);
     let no_plugin_config = serde_json::json!({});
     match variant {
-        Variant::NoFilter => Policy::LeastRequest.envoy_config(&no_plugin_config, wasm, &[endpoint], timeout),
+        Variant::NoFilter => Policy::get("least_request")?.envoy_config(&no_plugin_config, wasm, &[endpoint], timeout),
         Variant::NoopWasm => {
-            let mut config = Policy::EwmaLb.envoy_config(&no_plugin_config, noop, &[endpoint], timeout)?;
+            let mut config = Policy::get("ewma_lb")?.envoy_config(&no_plugin_config, noop, &[endpoint], timeout)?;
             config.cluster(CLUSTER)?.use_envoy_lb(EnvoyLb::LeastRequest)?;
             let mut filter = config.plugin()?;
             filter.set_plugin_config("")?;
@@ -158,7 +158,7 @@ fn config_for(variant: Variant, wasm: &Path, noop: &Path, endpoint: std::net::So
             }
             Ok(config)
         }
-        Variant::EwmaLb => Policy::EwmaLb.envoy_config(&no_plugin_config, wasm, &[endpoint], timeout),
+        Variant::EwmaLb => Policy::get("ewma_lb")?.envoy_config(&no_plugin_config, wasm, &[endpoint], timeout),
     }
 }
 

@@ -210,3 +210,66 @@ pub fn share_over_time(dir: &Path, title: &str, panels: &[SharePanel], backends:
     draw_shares(&BitMapBackend::new(&png, size).into_drawing_area(), title, panels, backends).with_context(|| png.display().to_string())?;
     Ok(vec![svg, png])
 }
+
+/// One line of a line chart.
+pub struct Line {
+    pub label: String,
+    pub points: Vec<(f64, f64)>,
+}
+
+fn draw_lines<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, title: &str, axes: (&str, &str), log_x: bool, lines: &[Line]) -> Result<()> {
+    root.fill(&WHITE).map_err(err)?;
+    let pts = || lines.iter().flat_map(|l| l.points.iter());
+    let (x_lo, x_hi) = pts().fold((f64::MAX, f64::MIN), |(lo, hi), (x, _)| (lo.min(*x), hi.max(*x)));
+    let y_hi = pts().fold(0.0f64, |hi, (_, y)| hi.max(*y)) * 1.1;
+    let (x_lo, x_hi) = if x_lo < x_hi { (x_lo, x_hi) } else { (x_lo - 1.0, x_lo + 1.0) };
+    let y_hi = if y_hi > 0.0 { y_hi } else { 1.0 };
+    let mut builder = ChartBuilder::on(root);
+    builder.caption(title, (FONT, 22)).margin(12).x_label_area_size(45).y_label_area_size(60);
+    macro_rules! finish {
+        ($chart:expr) => {{
+            let mut chart = $chart;
+            chart
+                .configure_mesh()
+                .x_desc(axes.0)
+                .y_desc(axes.1)
+                .label_style((FONT, 14))
+                .draw()
+                .map_err(err)?;
+            for (i, line) in lines.iter().enumerate() {
+                let color = palette(i);
+                chart
+                    .draw_series(LineSeries::new(line.points.clone(), color.stroke_width(2)))
+                    .map_err(err)?
+                    .label(line.label.clone())
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+                chart.draw_series(line.points.iter().map(|p| Circle::new(*p, 3, color.filled()))).map_err(err)?;
+            }
+            chart
+                .configure_series_labels()
+                .label_font((FONT, 14))
+                .background_style(WHITE.mix(0.85))
+                .border_style(BLACK)
+                .position(SeriesLabelPosition::UpperLeft)
+                .draw()
+                .map_err(err)?;
+        }};
+    }
+    if log_x {
+        finish!(builder.build_cartesian_2d((x_lo * 0.8..x_hi * 1.25).log_scale(), 0f64..y_hi).map_err(err)?);
+    } else {
+        finish!(builder.build_cartesian_2d(x_lo..x_hi, 0f64..y_hi).map_err(err)?);
+    }
+    root.present().map_err(err)?;
+    Ok(())
+}
+
+/// Writes `<stem>.svg` and `<stem>.png`, a line chart (x on a log scale when `log_x`).
+pub fn lines(dir: &Path, stem: &str, title: &str, axes: (&str, &str), log_x: bool, lines: &[Line]) -> Result<Vec<PathBuf>> {
+    ensure_font()?;
+    let (svg, png) = (dir.join(format!("{stem}.svg")), dir.join(format!("{stem}.png")));
+    let size = (1000, 600);
+    draw_lines(&SVGBackend::new(&svg, size).into_drawing_area(), title, axes, log_x, lines).with_context(|| svg.display().to_string())?;
+    draw_lines(&BitMapBackend::new(&png, size).into_drawing_area(), title, axes, log_x, lines).with_context(|| png.display().to_string())?;
+    Ok(vec![svg, png])
+}

@@ -5,7 +5,6 @@
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -15,50 +14,123 @@ use harness::{free_port, EnvoyConfig};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// One way of choosing the upstream host.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+/// Which balancer a policy runs: one of Envoy's own, or the plugin.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Policy {
+pub enum Balancer {
     /// Envoy's `lb_policy: ROUND_ROBIN`.
     RoundRobin,
     /// Envoy's `lb_policy: RANDOM`.
     Random,
     /// Envoy's `lb_policy: LEAST_REQUEST` (power of two choices by active requests).
     LeastRequest,
-    /// The plugin with the scenario's configuration, as envoy-config/envoy.yaml runs it (it is
-    /// that file, see [`Policy::envoy_config`]).
-    EwmaLb,
-    /// The plugin with `"pick": "lowest_latency"`: always the host of lowest EWMA (the naive
-    /// balancer the seeds warn about).
-    EwmaLowest,
+    /// The plugin, as envoy-config/envoy.yaml runs it, with a plugin configuration.
+    Plugin,
+}
+
+/// One way of choosing the upstream host, by name: Envoy's balancers, the plugin with the
+/// scenario's configuration, and variants of the plugin that change a few settings on top of it
+/// (so two settings run against the same backends in the same run).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Policy {
+    name: String,
+    balancer: Balancer,
+    /// Merged over the scenario's plugin configuration ([`merge`]); `{}` for none.
+    overrides: Value,
+}
+
+/// The plugin's defaults before this round's changes (issue 11), as a plugin configuration: the
+/// `ewma_lb_previous` variant runs them beside `ewma_lb`. README, "Configuration", says what
+/// changed and why.
+pub fn previous_defaults() -> Value {
+    serde_json::json!({
+        "smoothing": {"algorithm": "peak_ewma", "tau_ms": 2000, "peak_samples": 1},
+        "weights": {"exponent": 2.0, "noise_gain": 1.0},
+    })
 }
 
 impl Policy {
-    /// All five, in the default order of a comparison.
-    pub const ALL: [Policy; 5] = [Policy::RoundRobin, Policy::Random, Policy::LeastRequest, Policy::EwmaLb, Policy::EwmaLowest];
+    /// The built-in policies, in the default order of a comparison.
+    pub const DEFAULT: [&'static str; 5] = ["round_robin", "random", "least_request", "ewma_lb", "ewma_lowest"];
+    /// Every built-in name ([`Policy::builtin`]).
+    pub const BUILTIN: [&'static str; 6] = ["round_robin", "random", "least_request", "ewma_lb", "ewma_lowest", "ewma_lb_previous"];
 
-    pub fn name(self) -> &'static str {
-        match self {
-            Policy::RoundRobin => "round_robin",
-            Policy::Random => "random",
-            Policy::LeastRequest => "least_request",
-            Policy::EwmaLb => "ewma_lb",
-            Policy::EwmaLowest => "ewma_lowest",
+    /// A built-in policy:
+    /// - `round_robin`, `random`, `least_request`: Envoy's own balancers;
+    /// - `ewma_lb`: the plugin with the scenario's configuration;
+    /// - `ewma_lowest`: the same with `"pick": "lowest_latency"`, always the host of lowest EWMA
+    ///   (the naive balancer the seeds warn about);
+    /// - `ewma_lb_previous`: the same with the previous defaults ([`previous_defaults`]).
+    pub fn builtin(name: &str) -> Option<Policy> {
+        let envoy = |balancer| Some(Policy { name: name.to_owned(), balancer, overrides: Value::Object(Default::default()) });
+        match name {
+            "round_robin" => envoy(Balancer::RoundRobin),
+            "random" => envoy(Balancer::Random),
+            "least_request" => envoy(Balancer::LeastRequest),
+            "ewma_lb" => Policy::variant(name, serde_json::json!({})),
+            "ewma_lowest" => Policy::variant(name, serde_json::json!({"pick": "lowest_latency"})),
+            "ewma_lb_previous" => Policy::variant(name, previous_defaults()),
+            _ => None,
         }
     }
 
+    /// [`Policy::builtin`], as an error naming the policy when there is none of that name.
+    pub fn get(name: &str) -> Result<Policy> {
+        Policy::builtin(name).with_context(|| format!("no built-in policy {name:?}"))
+    }
+
+    /// The plugin with `overrides` merged over the scenario's configuration; `None` unless
+    /// `overrides` is a JSON object.
+    pub fn variant(name: &str, overrides: Value) -> Option<Policy> {
+        overrides.is_object().then(|| Policy { name: name.to_owned(), balancer: Balancer::Plugin, overrides })
+    }
+
+    /// The built-in policy `name`, or the variant of that name in `variants` (a scenario's
+    /// `[variants.NAME]` tables).
+    pub fn named(name: &str, variants: &serde_json::Map<String, Value>) -> Result<Policy> {
+        let name = name.trim();
+        if let Some(p) = Policy::builtin(name) {
+            return Ok(p);
+        }
+        match variants.get(name) {
+            Some(overrides) => Policy::variant(name, overrides.clone()).with_context(|| format!("variant {name}: must be a table")),
+            None => bail!(
+                "unknown policy {name:?}: not one of {} nor a [variants.{name}] table of the scenario",
+                Policy::BUILTIN.join(", ")
+            ),
+        }
+    }
+
+    /// The default policies of a comparison.
+    pub fn defaults() -> Vec<Policy> {
+        Policy::DEFAULT.iter().filter_map(|n| Policy::builtin(n)).collect()
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The plugin settings this policy merges over the scenario's.
+    pub fn overrides(&self) -> &Value {
+        &self.overrides
+    }
+
+    pub fn balancer(&self) -> Balancer {
+        self.balancer
+    }
+
     /// Whether this policy runs the plugin.
-    pub fn uses_plugin(self) -> bool {
-        matches!(self, Policy::EwmaLb | Policy::EwmaLowest)
+    pub fn uses_plugin(&self) -> bool {
+        self.balancer == Balancer::Plugin
     }
 
     /// Envoy's own balancer this policy is, `None` for the plugin's.
-    pub fn envoy_lb(self) -> Option<EnvoyLb> {
-        match self {
-            Policy::RoundRobin => Some(EnvoyLb::RoundRobin),
-            Policy::Random => Some(EnvoyLb::Random),
-            Policy::LeastRequest => Some(EnvoyLb::LeastRequest),
-            Policy::EwmaLb | Policy::EwmaLowest => None,
+    pub fn envoy_lb(&self) -> Option<EnvoyLb> {
+        match self.balancer {
+            Balancer::RoundRobin => Some(EnvoyLb::RoundRobin),
+            Balancer::Random => Some(EnvoyLb::Random),
+            Balancer::LeastRequest => Some(EnvoyLb::LeastRequest),
+            Balancer::Plugin => None,
         }
     }
 
@@ -68,7 +140,7 @@ impl Policy {
     /// - the plugin's: the plugin configuration [`Policy::plugin_config`] makes of the scenario's,
     ///   the module `wasm`, and `override_host` reading the header that configuration names;
     /// - every policy: the bench's observation edits ([`observe`]).
-    pub fn envoy_config(self, scenario_config: &Value, wasm: &Path, endpoints: &[SocketAddr], route_timeout: Duration) -> Result<EnvoyConfig> {
+    pub fn envoy_config(&self, scenario_config: &Value, wasm: &Path, endpoints: &[SocketAddr], route_timeout: Duration) -> Result<EnvoyConfig> {
         let mut config = EnvoyConfig::local(free_port()?, wasm)?;
         config.cluster(CLUSTER)?.set_endpoints(endpoints)?;
         if let Some(lb) = self.envoy_lb() {
@@ -84,37 +156,43 @@ impl Policy {
         Ok(config)
     }
 
-    /// The plugin configuration this policy runs with: the scenario's, plus the naive pick for
-    /// [`Policy::EwmaLowest`]. `None` for Envoy's own policies.
-    pub fn plugin_config(self, scenario_config: &Value) -> Option<Value> {
-        match self {
-            Policy::EwmaLb => Some(scenario_config.clone()),
-            Policy::EwmaLowest => {
-                let mut c = scenario_config.clone();
-                if let Some(map) = c.as_object_mut() {
-                    map.insert("pick".into(), Value::String("lowest_latency".into()));
+    /// The plugin configuration this policy runs with: the scenario's with the policy's
+    /// overrides merged over it. `None` for Envoy's own policies.
+    pub fn plugin_config(&self, scenario_config: &Value) -> Option<Value> {
+        self.uses_plugin().then(|| {
+            let mut c = scenario_config.clone();
+            merge(&mut c, &self.overrides);
+            c
+        })
+    }
+}
+
+/// Merges `patch` into `base`: objects key by key (recursively), anything else replaces.
+pub fn merge(base: &mut Value, patch: &Value) {
+    match (base, patch) {
+        (Value::Object(b), Value::Object(p)) => {
+            for (k, v) in p {
+                match b.get_mut(k) {
+                    Some(existing) if existing.is_object() && v.is_object() => merge(existing, v),
+                    _ => {
+                        b.insert(k.clone(), v.clone());
+                    }
                 }
-                Some(c)
             }
-            _ => None,
         }
+        (b, p) => *b = p.clone(),
+    }
+}
+
+impl Serialize for Policy {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(&self.name)
     }
 }
 
 impl fmt::Display for Policy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.pad(self.name())
-    }
-}
-
-impl FromStr for Policy {
-    type Err = anyhow::Error;
-
-    fn from_str(s: &str) -> Result<Self> {
-        Policy::ALL
-            .into_iter()
-            .find(|p| p.name() == s.trim())
-            .with_context(|| format!("unknown policy {s:?} (round_robin, random, least_request, ewma_lb, ewma_lowest)"))
+        f.pad(&self.name)
     }
 }
 
@@ -159,7 +237,7 @@ mod tests {
 
     #[test]
     fn envoy_policies_are_the_shipped_config_with_the_policy_swapped() {
-        let mut c = config(Policy::LeastRequest, json!({}));
+        let mut c = config(Policy::builtin("least_request").unwrap(), json!({}));
         assert_eq!(c.cluster(CLUSTER).unwrap().lb_policy().unwrap(), LbPolicy::Envoy(EnvoyLb::LeastRequest));
         assert!(c.plugin().is_err(), "no plugin");
         assert_eq!(c.cluster(CLUSTER).unwrap().endpoints().unwrap(), endpoints());
@@ -175,22 +253,33 @@ mod tests {
 
     #[test]
     fn plugin_policies_carry_the_scenario_config_and_override_host() {
-        let mut c = config(Policy::EwmaLowest, json!({"weights": {"exponent": 3.0}}));
+        let mut c = config(Policy::builtin("ewma_lowest").unwrap(), json!({"weights": {"exponent": 3.0}}));
         assert_eq!(c.plugin().unwrap().plugin_config().unwrap(), r#"{"pick":"lowest_latency","weights":{"exponent":3.0}}"#);
         assert_eq!(c.plugin().unwrap().module_file().unwrap(), "/d/ewma_lb.wasm");
         assert_eq!(
             c.cluster(CLUSTER).unwrap().lb_policy().unwrap(),
             LbPolicy::OverrideHost { header: "x-ewma-lb-host".into(), fallback: EnvoyLb::LeastRequest }
         );
-        let mut c = config(Policy::EwmaLb, json!({"override_header": "x-other"}));
+        let mut c = config(Policy::builtin("ewma_lb").unwrap(), json!({"override_header": "x-other"}));
         assert!(matches!(c.cluster(CLUSTER).unwrap().lb_policy().unwrap(), LbPolicy::OverrideHost { header, .. } if header == "x-other"));
     }
 
     #[test]
-    fn policy_names_round_trip() {
-        for p in Policy::ALL {
-            assert_eq!(p.name().parse::<Policy>().unwrap(), p);
+    fn policies_by_name_and_variants() {
+        let none = serde_json::Map::new();
+        for name in Policy::BUILTIN {
+            assert_eq!(Policy::named(name, &none).unwrap().name(), name);
         }
-        assert!("fastest".parse::<Policy>().is_err());
+        assert!(Policy::named("fastest", &none).is_err());
+        let mut variants = serde_json::Map::new();
+        variants.insert("slow_tau".into(), json!({"smoothing": {"tau_ms": 5000}}));
+        let v = Policy::named("slow_tau", &variants).unwrap();
+        assert!(v.uses_plugin());
+        let scenario = json!({"smoothing": {"algorithm": "peak_ewma"}, "pick": "weighted_random"});
+        assert_eq!(
+            v.plugin_config(&scenario).unwrap(),
+            json!({"smoothing": {"algorithm": "peak_ewma", "tau_ms": 5000}, "pick": "weighted_random"})
+        );
+        assert_eq!(Policy::named("least_request", &variants).unwrap().plugin_config(&scenario), None);
     }
 }

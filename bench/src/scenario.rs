@@ -10,10 +10,23 @@ use serde::Deserialize;
 use harness::latency::parse_duration;
 use harness::BackendSpec;
 
+use crate::metrics::Slowdown;
 use crate::policy::Policy;
+
+/// The first of `(name, phases)` with phases, from its first phase's start to its last one's end.
+pub fn slowdown_of<'a>(hosts: impl IntoIterator<Item = (&'a str, &'a [harness::Phase])>) -> Option<Slowdown> {
+    hosts.into_iter().find(|(_, phases)| !phases.is_empty()).map(|(name, phases)| Slowdown {
+        host: name.to_owned(),
+        from_s: phases.iter().map(|p| p.from_s).fold(f64::INFINITY, f64::min),
+        to_s: phases.iter().map(|p| p.to_s).fold(0.0, f64::max),
+    })
+}
 
 /// Upper bound of one policy's run, so a typo cannot run for hours.
 pub const MAX_RUN: Duration = Duration::from_secs(600);
+/// Rounds of every policy when a scenario does not say: one round's figures swing by several
+/// percent on a shared machine, so every table is a median of at least three.
+pub const DEFAULT_ROUNDS: u32 = 3;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -38,6 +51,10 @@ struct File {
     /// The plugin configuration, as a TOML table (it becomes the JSON object the plugin reads).
     #[serde(default)]
     plugin_config: Option<toml::Table>,
+    /// Plugin variants by name, each a table of settings merged over `plugin_config`; a name
+    /// listed in `policies` that is not built in must be one of them.
+    #[serde(default)]
+    variants: Option<toml::Table>,
     #[serde(rename = "backend")]
     backends: Vec<FileBackend>,
     #[serde(default)]
@@ -125,11 +142,17 @@ impl Scenario {
             client_timeout: f.client_timeout.as_deref().map(|t| dur(t, "client_timeout")).transpose()?.unwrap_or(Duration::from_secs(10)),
             max_in_flight: f.max_in_flight.unwrap_or(2000),
             concurrency: f.concurrency.unwrap_or(2),
-            policies: match f.policies {
-                Some(ps) => ps.iter().map(|p| p.parse()).collect::<Result<_>>()?,
-                None => Policy::ALL.to_vec(),
+            policies: {
+                let variants = match serde_json::to_value(f.variants.unwrap_or_default())? {
+                    serde_json::Value::Object(m) => m,
+                    _ => serde_json::Map::new(),
+                };
+                match f.policies {
+                    Some(ps) => ps.iter().map(|p| Policy::named(p, &variants)).collect::<Result<_>>()?,
+                    None => Policy::defaults(),
+                }
             },
-            rounds: f.rounds.unwrap_or(1),
+            rounds: f.rounds.unwrap_or(DEFAULT_ROUNDS),
             pause: f.pause.as_deref().map(|p| dur(p, "pause")).transpose()?.unwrap_or(Duration::from_secs(2)),
             plugin_config: serde_json::to_value(f.plugin_config.unwrap_or_default())?,
             backends: Vec::new(),
@@ -187,6 +210,11 @@ impl Scenario {
         if self.policies.is_empty() {
             bail!("policies must not be empty");
         }
+        let mut names: Vec<&str> = self.policies.iter().map(Policy::name).collect();
+        names.sort_unstable();
+        if names.windows(2).any(|w| w[0] == w[1]) {
+            bail!("policies must be listed once each");
+        }
         if !self.plugin_config.is_object() {
             bail!("plugin_config must be a table");
         }
@@ -203,12 +231,10 @@ impl Scenario {
         v
     }
 
-    /// The backend with a schedule and the second its last phase ends: the slowdown to watch.
-    pub fn recovery(&self) -> Option<(String, f64)> {
-        self.backends.iter().find(|b| !b.schedule.is_empty()).map(|b| {
-            let end = b.schedule.iter().map(|p| p.to_s).fold(0.0, f64::max);
-            (b.name.clone(), end)
-        })
+    /// The first backend with a schedule, from its first phase's start to its last one's end:
+    /// the slowdown to watch.
+    pub fn slowdown(&self) -> Option<Slowdown> {
+        slowdown_of(self.backends.iter().map(|b| (b.name.as_str(), b.schedule.as_slice())))
     }
 }
 
@@ -241,12 +267,13 @@ phases = ["5-35@uniform:300-600"]
         assert_eq!(s.name, "x");
         assert_eq!(s.duration, Duration::from_secs(30));
         assert_eq!(s.route_timeout, Duration::from_millis(1640));
-        assert_eq!(s.policies, Policy::ALL.to_vec());
+        assert_eq!(s.policies, Policy::defaults());
+        assert_eq!(s.rounds, DEFAULT_ROUNDS);
         assert_eq!(s.concurrency, 2);
         assert_eq!(s.plugin_config, serde_json::json!({"refresh_interval_ms": 500, "weights": {"exponent": 3.0}}));
         assert_eq!(s.backends[1].capacity, Some(4));
-        assert_eq!(s.recovery(), Some(("b".to_string(), 35.0)));
-        assert_eq!(s.order(1).first(), Some(&Policy::EwmaLowest));
+        assert_eq!(s.slowdown(), Some(Slowdown { host: "b".into(), from_s: 5.0, to_s: 35.0 }));
+        assert_eq!(s.order(1).first().map(Policy::name), Some("ewma_lowest"));
     }
 
     #[test]
@@ -265,6 +292,7 @@ phases = ["5-35@uniform:300-600"]
             MINIMAL.replace("rate = 200", "rate = 200\ncolour = 1"),
             MINIMAL.replace("uniform:50-100", "gauss:1"),
             format!("policies = [\"fastest\"]\n{MINIMAL}"),
+            format!("policies = [\"ewma_lb\", \"ewma_lb\"]\n{MINIMAL}"),
         ] {
             assert!(Scenario::parse(&bad, "x").is_err(), "{bad}");
         }
