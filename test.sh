@@ -3,7 +3,8 @@
 # Envoy into .venv, the wasm-bindgen test runner into .tools), builds the plugin once, then runs:
 #   clippy (the plugin for wasm32, then the whole workspace with its tests), every test of the
 #   workspace natively (core, harness, bench tool, packaging, end to end against a real Envoy),
-#   the core tests again on wasm32 under Node, and a smoke run of the benchmark tool.
+#   the core tests again on wasm32 under Node, and smoke runs of the benchmark tool and of the
+#   fleet simulator.
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -55,3 +56,6 @@ CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER="$PWD/.tools/bin/wasm-bindgen-test-ru
 
 step "benchmark tool smoke (measures nothing; keeps the tool from rotting)"
 cargo run --quiet -p ewma-bench -- compare bench/scenarios/seed-table.toml --smoke --out target/bench-smoke
+
+step "fleet simulator smoke (10 proxies, 6 simulated seconds)"
+cargo run --quiet -p ewma-bench -- simulate bench/scenarios/fleet/fleet.toml --smoke --out target/sim-smoke

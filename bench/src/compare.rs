@@ -338,22 +338,17 @@ fn variants_note(settings: &serde_json::Value) -> String {
     format!("; plugin variants (merged over it): {}", each.join(", "))
 }
 
-/// results.md: the settings, the table, the ratios, the run order and the files.
-pub fn results_markdown(report: &Report) -> String {
+/// The load, timing, rounds and plugin configuration of a comparison, in one sentence.
+pub fn load_line(report: &Report) -> String {
     let st = &report.settings;
-    let mut md = format!("# Scenario `{}`\n\n", report.scenario);
-    if !report.description.is_empty() {
-        let _ = writeln!(md, "{}\n", report.description);
-    }
     let load = match st.get("closed_loop_workers").and_then(|w| w.as_u64()) {
         Some(w) => format!("closed loop, {w} workers"),
         None => format!("open loop, {} req/s", st.get("rate_per_s").and_then(|r| r.as_f64()).unwrap_or(0.0)),
     };
-    let _ = writeln!(
-        md,
+    format!(
         "Load: {load}; {} s per policy and round, the first {} s left out of the latency figures; \
          route timeout {} s; Envoy --concurrency {}; {} round(s) in alternating order, each figure the median \
-         (min-max) over the rounds. Plugin configuration: `{}`{}.\n",
+         (min-max) over the rounds. Plugin configuration: `{}`{}.",
         num(&st["duration_s"]),
         num(&st["warmup_s"]),
         num(&st["route_timeout_s"]),
@@ -361,7 +356,16 @@ pub fn results_markdown(report: &Report) -> String {
         st["rounds"],
         st["plugin_config"],
         variants_note(st)
-    );
+    )
+}
+
+/// results.md: the settings, the table, the ratios, the run order and the files.
+pub fn results_markdown(report: &Report) -> String {
+    let mut md = format!("# Scenario `{}`\n\n", report.scenario);
+    if !report.description.is_empty() {
+        let _ = writeln!(md, "{}\n", report.description);
+    }
+    let _ = writeln!(md, "{}\n", load_line(report));
     md.push_str(&markdown_table(report));
     md.push('\n');
     let ratios = ratio_lines(report);

@@ -1,6 +1,8 @@
 //! The benchmark tool: one scenario through a real Envoy with each policy (`compare`), what the
-//! plugin costs per request (`overhead`, `micro`), plots. Envoy, backends, load and the shipped
-//! config's edits come from the harness crate, the same the end-to-end tests use.
+//! plugin costs per request (`overhead`, `micro`), a fleet of proxies simulated over the plugin's
+//! own core (`simulate`), plots, and the published tables rendered from the results (`tables`).
+//! Envoy, backends, load and the shipped config's edits come from the harness crate, the same the
+//! end-to-end tests use.
 
 pub mod backend_arg;
 pub mod compare;
@@ -12,3 +14,4 @@ pub mod plot;
 pub mod policy;
 pub mod scenario;
 pub mod sim;
+pub mod tables;

@@ -37,6 +37,17 @@ enum Cmd {
     /// A fleet of proxies running the plugin's core against simulated hosts, in virtual time
     /// (a benchmark scenario, or a fleet file from bench/scenarios/fleet/).
     Simulate(SimulateArgs),
+    /// Rewrite the marked sections of README.md and bench/README.md from bench/out/*/results.json.
+    Tables(TablesArgs),
+}
+
+#[derive(Args)]
+struct TablesArgs {
+    /// Files with `<!-- bench:... -->` sections [default: README.md bench/README.md].
+    files: Vec<PathBuf>,
+    /// Where the results are [default: bench/out].
+    #[arg(long)]
+    from: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -106,9 +117,9 @@ struct OverheadArgs {
     /// The no-op filter module [default: built from bench/noop-filter].
     #[arg(long)]
     noop_wasm: Option<PathBuf>,
-    /// Rounds, in alternating order.
-    #[arg(long, default_value_t = 2)]
-    rounds: u32,
+    /// Rounds, in alternating order [default: 5].
+    #[arg(long)]
+    rounds: Option<u32>,
     /// About a second per phase: checks that the tool works, measures nothing.
     #[arg(long)]
     smoke: bool,
@@ -176,6 +187,7 @@ fn real_main() -> Result<()> {
         Cmd::Overhead(a) => overhead(a),
         Cmd::Micro(a) => micro(a),
         Cmd::Simulate(a) => simulate(a),
+        Cmd::Tables(a) => tables(a),
     }
 }
 
@@ -302,7 +314,9 @@ fn overhead(args: OverheadArgs) -> Result<()> {
     let out = args.out.unwrap_or_else(|| bench_out("overhead"));
     let mut opts = OverheadOptions::new(out.clone(), args.wasm);
     opts.noop_wasm = args.noop_wasm;
-    opts.rounds = args.rounds.clamp(1, 10);
+    if let Some(r) = args.rounds {
+        opts.rounds = r.clamp(1, 20);
+    }
     if args.smoke {
         opts = opts.smoke();
     }
@@ -358,11 +372,20 @@ fn simulate(args: SimulateArgs) -> Result<()> {
     let started = std::time::Instant::now();
     if args.scale.is_empty() {
         let report = sim::simulate(&spec, &opts)?;
-        println!("\n{}", sim::markdown(&spec, &report));
+        println!("\n{}", sim::markdown(&report));
     } else {
         let points = sim::scale(&spec, &args.scale, &opts)?;
         println!("\n{}", sim::scale_table(&points));
     }
     println!("written to {} ({:.1} s)", out.display(), started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+fn tables(args: TablesArgs) -> Result<()> {
+    let root = harness::repo_root();
+    let files = if args.files.is_empty() { vec![root.join("README.md"), root.join("bench/README.md")] } else { args.files };
+    let from = args.from.unwrap_or_else(|| bench_out(""));
+    let n = ewma_bench::tables::rewrite(&files, &from)?;
+    println!("rewrote {n} section(s) of {}", files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(", "));
     Ok(())
 }

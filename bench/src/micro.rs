@@ -14,20 +14,20 @@ use ewma_lb::rules::normalize_bytes;
 use ewma_lb::state::{Accumulator, ClusterBatch, ClusterState};
 use ewma_lb::sync::{self, SharedStore, StoreError, SyncContext};
 use ewma_lb::weights::{shares, HostInput, WeightParams};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// Host counts measured.
 pub const HOST_COUNTS: [usize; 4] = [10, 100, 1_000, 10_000];
 
 /// One measurement; `hosts` is 0 for one that does not depend on a host count.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct MicroResult {
     pub op: String,
     pub hosts: usize,
     pub ns_per_op: f64,
     pub iterations: u64,
     /// For size measurements (the row's unit is bytes, not ns).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bytes: Option<u64>,
 }
 

@@ -144,7 +144,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use anyhow::{Context, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use report::SimResult;
 
@@ -160,11 +160,14 @@ pub struct SimOptions {
 }
 
 /// Everything a simulation produced.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct SimReport {
     pub name: String,
     pub description: String,
     pub settings: serde_json::Value,
+    /// Host names when there are few enough for a column each ([`report::PER_HOST_LIMIT`]).
+    pub hosts: Vec<String>,
+    pub groups: Vec<report::Group>,
     pub results: Vec<SimResult>,
     pub files: Vec<String>,
 }
@@ -243,6 +246,8 @@ pub fn simulate(spec: &SimSpec, opts: &SimOptions) -> Result<SimReport> {
         name: spec.name.clone(),
         description: spec.description.clone(),
         settings: settings(spec, &opts.seeds),
+        hosts: if spec.hosts.len() <= report::PER_HOST_LIMIT { spec.hosts.iter().map(|h| h.name.clone()).collect() } else { Vec::new() },
+        groups: report::groups(spec),
         results,
         files: Vec::new(),
     };
@@ -251,7 +256,7 @@ pub fn simulate(spec: &SimSpec, opts: &SimOptions) -> Result<SimReport> {
             report.files.push(f.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
         }
     }
-    std::fs::write(opts.out_dir.join("results.md"), markdown(spec, &report)).context("writing results.md")?;
+    std::fs::write(opts.out_dir.join("results.md"), markdown(&report)).context("writing results.md")?;
     std::fs::write(opts.out_dir.join("results.json"), serde_json::to_string_pretty(&report)?).context("writing results.json")?;
     report.files.extend(["results.md".to_string(), "results.json".to_string()]);
     Ok(report)
@@ -275,38 +280,44 @@ fn settings(spec: &SimSpec, seeds: &[u64]) -> serde_json::Value {
     })
 }
 
+/// The load line of a simulation: fleet, arrivals, duration, plugin configuration, seeds.
+pub fn load_line(report: &SimReport) -> String {
+    let st = &report.settings;
+    let n = |k: &str| st[k].as_f64().unwrap_or(0.0);
+    format!(
+        "{} proxies x {} workers, {} hosts; {} arrivals at {:.0} req/s over the fleet; {} s simulated, the first {} s left out of \
+         the figures; route timeout {} s; plugin configuration `{}`{}; seeds {} (each figure the median (min-max) over them).",
+        st["proxies"],
+        st["workers"],
+        st["hosts"],
+        st["arrivals"].as_str().unwrap_or("?"),
+        n("rate_per_s"),
+        n("duration_s"),
+        n("warmup_s"),
+        n("route_timeout_s"),
+        st["plugin_config"],
+        if st["static_endpoints"].as_bool().unwrap_or(false) { ", the first hosts as its static endpoints" } else { ", hosts learned from traffic" },
+        st["seeds"],
+    )
+}
+
 /// results.md of a simulation.
-pub fn markdown(spec: &SimSpec, report: &SimReport) -> String {
+pub fn markdown(report: &SimReport) -> String {
     use std::fmt::Write as _;
-    let mut md = format!("# Simulation `{}`\n\n", spec.name);
-    if !spec.description.is_empty() {
-        let _ = writeln!(md, "{}\n", spec.description);
+    let mut md = format!("# Simulation `{}`\n\n", report.name);
+    if !report.description.is_empty() {
+        let _ = writeln!(md, "{}\n", report.description);
     }
-    let _ = writeln!(
-        md,
-        "{} proxies x {} workers, {} hosts; {} arrivals at {:.0} req/s over the fleet; {} s simulated, the first {} s left out of the figures; \
-         route timeout {} s; plugin configuration `{}`{}; seeds {:?} (each figure the median (min-max) over them).\n",
-        spec.proxies,
-        spec.workers,
-        spec.hosts.len(),
-        format!("{:?}", spec.arrivals).to_lowercase(),
-        spec.rate,
-        spec.duration.as_secs_f64(),
-        spec.warmup.as_secs_f64(),
-        spec.route_timeout.as_secs_f64(),
-        spec.plugin_config,
-        if spec.static_endpoints { ", the first hosts as its static endpoints" } else { ", hosts learned from traffic" },
-        report.settings["seeds"].as_array().map(|a| a.iter().filter_map(|v| v.as_u64()).collect::<Vec<_>>()).unwrap_or_default(),
-    );
-    if spec.hosts.len() <= report::PER_HOST_LIMIT {
-        md.push_str(&report::bench_table(spec, &report.results));
+    let _ = writeln!(md, "{}\n", load_line(report));
+    if !report.hosts.is_empty() {
+        md.push_str(&report::bench_table(&report.hosts, &report.results));
         md.push('\n');
     }
     md.push_str(&report::fleet_table(&report.results));
     md.push('\n');
-    if spec.hosts.len() > report::PER_HOST_LIMIT {
+    if report.hosts.is_empty() {
         md.push_str("Traffic per host group:\n\n");
-        md.push_str(&report::group_table(spec, &report.results));
+        md.push_str(&report::group_table(&report.groups, &report.results));
         md.push('\n');
     }
     let wall: f64 = report.results.iter().flat_map(|r| r.fleet.iter().map(|f| f.wall_s)).sum();
@@ -319,7 +330,7 @@ pub fn markdown(spec: &SimSpec, report: &SimReport) -> String {
 }
 
 /// One fleet size of a scaling run.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ScalePoint {
     pub proxies: usize,
     pub rate_per_proxy: f64,

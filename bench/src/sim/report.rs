@@ -237,8 +237,16 @@ pub fn fleet_table(results: &[SimResult]) -> String {
     t
 }
 
-/// Share of traffic per host group against its share of the capacity.
-pub fn group_table(spec: &SimSpec, results: &[SimResult]) -> String {
+/// A host group of a simulation and its share of the capacity.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Group {
+    pub name: String,
+    pub hosts: usize,
+    pub capacity_pct: f64,
+}
+
+/// The host groups of `spec`, in the order declared.
+pub fn groups(spec: &SimSpec) -> Vec<Group> {
     let mut groups: Vec<(String, usize, f64)> = Vec::new();
     for h in &spec.hosts {
         let cap = h.capacity_per_s().unwrap_or(0.0);
@@ -250,16 +258,21 @@ pub fn group_table(spec: &SimSpec, results: &[SimResult]) -> String {
             None => groups.push((h.group.clone(), 1, cap)),
         }
     }
-    let total_cap: f64 = groups.iter().map(|g| g.2).sum();
+    let total: f64 = groups.iter().map(|g| g.2).sum();
+    groups.into_iter().map(|(name, hosts, cap)| Group { name, hosts, capacity_pct: 100.0 * cap / total.max(1e-9) }).collect()
+}
+
+/// Share of traffic per host group against its share of the capacity.
+pub fn group_table(groups: &[Group], results: &[SimResult]) -> String {
     let mut t = String::from("| policy |");
-    for (g, n, cap) in &groups {
-        let _ = write!(t, " {g} ({n} hosts, {:.1} % of capacity) |", 100.0 * cap / total_cap.max(1e-9));
+    for g in groups {
+        let _ = write!(t, " {} ({} hosts, {:.1} % of capacity) |", g.name, g.hosts, g.capacity_pct);
     }
     let _ = writeln!(t, "\n|{}", "---|".repeat(groups.len() + 1));
     for r in results {
         let _ = write!(t, "| {} |", r.policy);
-        for (g, _, _) in &groups {
-            let s = r.spread(|f| f.group_shares_pct.get(g).copied()).map_or("-".into(), |s| s.show(1));
+        for g in groups {
+            let s = r.spread(|f| f.group_shares_pct.get(&g.name).copied()).map_or("-".into(), |s| s.show(1));
             let _ = write!(t, " {s} % |");
         }
         t.push('\n');
@@ -268,10 +281,9 @@ pub fn group_table(spec: &SimSpec, results: &[SimResult]) -> String {
 }
 
 /// The benchmark's table of a simulated scenario (per-host shares, flapping, recovery).
-pub fn bench_table(spec: &SimSpec, results: &[SimResult]) -> String {
-    let names: Vec<String> = spec.hosts.iter().map(|h| h.name.clone()).collect();
+pub fn bench_table(hosts: &[String], results: &[SimResult]) -> String {
     let figs: Vec<PolicyFigures> = results.iter().map(|r| r.figures.clone()).collect();
-    figures::table(&figs, &names)
+    figures::table(&figs, hosts)
 }
 
 /// Writes the plots of a simulation into `dir`; returns the files.

@@ -1,0 +1,115 @@
+//! The steered per-request path allocates nothing: `Worker::route` and `Worker::finish` on a hot
+//! table, counted by a global allocator that counts this thread's allocations while asked to.
+//!
+//! "Hot" is the steady state a busy VM lives in: the table is adopted, every host has an
+//! in-flight entry and a batch entry (entries are emptied, not removed, at each tick), and the
+//! per-cluster counters exist. The first sample of a host in a VM does allocate (its batch entry,
+//! its in-flight entry); so does a path that needs normalising. Those are not the steady state.
+
+#![allow(clippy::panic, clippy::indexing_slicing, clippy::unwrap_used)] // tests fail by panicking
+#![cfg(not(target_arch = "wasm32"))] // a global allocator of the test binary: native only
+
+mod store;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+use ewma_lb::outcome::Outcome;
+use ewma_lb::worker::{Decision, Finished, Request, Worker};
+use store::{ticked, CLUSTER, SEC};
+
+struct Counting;
+
+thread_local! {
+    static COUNTING: Cell<bool> = const { Cell::new(false) };
+    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+}
+
+fn note() {
+    // `try_with`: the allocator also runs while thread-locals are torn down.
+    let _ = COUNTING.try_with(|on| {
+        if on.get() {
+            let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+        }
+    });
+}
+
+// SAFETY: every call is forwarded to the system allocator unchanged; counting touches only
+// const-initialised thread-locals, which never allocate.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        note();
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        note();
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        note();
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+/// Allocations `f` makes on this thread.
+fn allocations(f: impl FnOnce()) -> u64 {
+    ALLOCATIONS.with(|n| n.set(0));
+    COUNTING.with(|on| on.set(true));
+    f();
+    COUNTING.with(|on| on.set(false));
+    ALLOCATIONS.with(Cell::get)
+}
+
+/// One steered request: route, then finish as the adapter's `on_log` does. Returns whether the
+/// plugin steered it.
+fn request(w: &mut Worker, path: &str, latency_ms: f64) -> bool {
+    let Decision::Override(pick) = w.route(&Request { path, cluster: Some(CLUSTER) }, || None) else { return false };
+    let done = Finished {
+        picked: Some(&pick.host),
+        served_by: Some(&pick.host),
+        attempts: 1,
+        latency_ms,
+        outcome: Some(Outcome::Success),
+        num_endpoints: None,
+        zone: None,
+    };
+    w.finish(CLUSTER, &done);
+    true
+}
+
+#[test]
+fn the_steered_request_path_allocates_nothing_on_a_hot_table() {
+    let hosts = ["10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80", "10.0.0.4:80"];
+    let cfg = format!(r#"{{"exploration_share": 0, "clusters": {{"{CLUSTER}": {{"endpoints": {hosts:?}}}}}}}"#);
+    let (store, mut w) = ticked(&cfg, 3);
+    // Warm up: every host picked and sampled, samples merged, a few tables adopted.
+    for t in 2..12u64 {
+        for _ in 0..200 {
+            request(&mut w, "/", 20.0);
+        }
+        w.tick(t * SEC, &mut store.clone());
+    }
+    let paths = ["/", "/api/v1/items/42?sort=asc", "/orders/7"];
+    let mut steered = 0;
+    let n = allocations(|| {
+        for i in 0..3_000 {
+            steered += usize::from(request(&mut w, paths[i % paths.len()], 15.0 + (i % 7) as f64));
+        }
+    });
+    assert_eq!(steered, 3_000, "every request steered (no exploration configured)");
+    assert_eq!(n, 0, "allocations on the steered path over 3,000 requests");
+    // The counter counts: a tick (merge, encode, adopt) allocates.
+    let tick = allocations(|| {
+        w.tick(12 * SEC, &mut store.clone());
+    });
+    assert!(tick > 0, "the counting allocator saw nothing");
+}
