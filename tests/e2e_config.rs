@@ -10,7 +10,7 @@ use harness::{plugin_wasm, repo_root, Envoy, EnvoyConfig, EnvoyOptions};
 fn an_invalid_configuration_stops_envoy_and_names_the_field() {
     let cases = [
         (r#"{"weights": {"min_share": 0.9}}"#, "weights.min_share: must be in [0, 0.5], got 0.9"),
-        (r#"{"smoothing": {"algorithm": "peak_ewma", "tau": 10}}"#, "smoothing.tau: unknown field `tau`, expected one of `algorithm`, `alpha`, `tau_ms`, `window`, `beta`, `short_tau_ms`, `long_tau_ms`"),
+        (r#"{"smoothing": {"algorithm": "peak_ewma", "tau": 10}}"#, "smoothing.tau: unknown field `tau`, expected one of `algorithm`, `alpha`, `tau_ms`, `peak_samples`, `window`, `beta`, `short_tau_ms`, `long_tau_ms`"),
     ];
     for (plugin_config, message) in cases {
         let mut config = EnvoyConfig::local(0, &plugin_wasm().unwrap()).unwrap();

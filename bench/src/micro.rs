@@ -13,7 +13,9 @@ use ewma_lb::clock::RecordClock;
 use ewma_lb::rules::normalize_bytes;
 use ewma_lb::state::{Accumulator, ClusterBatch, ClusterState};
 use ewma_lb::sync::{self, SharedStore, StoreError, SyncContext};
+use ewma_lb::outcome::Outcome;
 use ewma_lb::weights::{shares, HostInput, WeightParams};
+use ewma_lb::worker::{Decision, Finished, Request, Worker};
 use serde::{Deserialize, Serialize};
 
 /// Host counts measured.
@@ -184,6 +186,26 @@ pub fn run(quick: bool) -> Vec<MicroResult> {
             black_box(sync::sync_cluster(&mut store, &ctx, &batch, &mut clock).ok());
         }));
 
+        // The core's whole per-request work for a steered request (what the adapter adds is host
+        // calls): route (path rules, pick, in-flight +1) and finish (in-flight -1, the sample).
+        if let Some(mut worker) = hot_worker(n) {
+            push("Worker::route+finish (steered, hot table)", n, time_it(budget, 10_000_000, || {
+            let request = Request { path: "/api/v1/items/42?sort=asc", cluster: Some("backend") };
+            if let Decision::Override(pick) = worker.route(&request, || None) {
+                let done = Finished {
+                    picked: Some(&pick.host),
+                    served_by: Some(&pick.host),
+                    attempts: 1,
+                    latency_ms: 20.0,
+                    outcome: Some(Outcome::Success),
+                    num_endpoints: None,
+                    zone: None,
+                };
+                worker.finish("backend", &done);
+            }
+            }));
+        }
+
         let table = PickTable::new(state.hosts.iter().map(|h| (h.address.as_str(), h.share)));
         let mut rng = fastrand::Rng::with_seed(7);
         push("PickTable::weighted", n, time_it(budget, 50_000_000, || {
@@ -201,6 +223,27 @@ pub fn run(quick: bool) -> Vec<MicroResult> {
     }
     out.extend(sizes);
     out
+}
+
+/// A worker with `n` static endpoints whose table is adopted and whose hosts have all been picked
+/// and sampled: the steady state of a busy VM.
+fn hot_worker(n: usize) -> Option<Worker> {
+    let endpoints: Vec<String> = (0..n).map(address).collect();
+    let json = serde_json::json!({"exploration_share": 0, "clusters": {"backend": {"endpoints": endpoints}}});
+    let config = Config::from_json(json.to_string().as_bytes()).ok()?;
+    let mut worker = Worker::new(config, 1);
+    let mut store = Memory::default();
+    for t in 1..=5u64 {
+        for _ in 0..(4 * n) {
+            let request = Request { path: "/", cluster: Some("backend") };
+            if let Decision::Override(pick) = worker.route(&request, || None) {
+                let done = Finished { picked: Some(&pick.host), served_by: Some(&pick.host), attempts: 1, latency_ms: 20.0, outcome: Some(Outcome::Success), ..Finished::default() };
+                worker.finish("backend", &done);
+            }
+        }
+        worker.tick(t * 1_000_000_000, &mut store);
+    }
+    Some(worker)
 }
 
 /// A markdown table: one row per operation, one column per host count; then one row each for

@@ -100,10 +100,20 @@ impl HttpContext for Http {
         let served_by = host::property_string(&["upstream", "address"]);
         let code = host::property_i64(&["response", "code"]);
         let flags = host::property_i64(&["response", "flags"]).map_or(0, |f| f as u64);
-        let attempts = host::property_i64(&["upstream", "request_attempt_count"]).unwrap_or(1);
-        // Without response headers (reset, timeout) the request's whole life is the sample.
-        let now_ns = vm.worker.clock(host::monotonic_ns());
-        let latency_ns = self.latency_ns.unwrap_or_else(|| now_ns.saturating_sub(self.start_ns));
+        // The attempt count only matters when another host served our pick (`Worker::finish`):
+        // one host call less for every other request.
+        let attempts = match (self.picked.as_deref(), served_by.as_deref()) {
+            (Some(picked), Some(served)) if picked != served => {
+                host::property_i64(&["upstream", "request_attempt_count"]).unwrap_or(1)
+            }
+            _ => 1,
+        };
+        // Without response headers (reset, timeout) the request's whole life is the sample; with
+        // them the sample is taken and the clock need not be read again.
+        let latency_ns = match self.latency_ns {
+            Some(latency_ns) => latency_ns,
+            None => vm.worker.clock(host::monotonic_ns()).saturating_sub(self.start_ns),
+        };
         // Facts that rarely change are read only when the worker lacks them.
         let num_endpoints = vm
             .worker

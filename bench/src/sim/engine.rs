@@ -58,7 +58,10 @@ enum Event {
     Timeout { req: u32, generation: u32 },
     Tick { proxy: u32, worker: u32 },
     Join { host: u32 },
+    /// The end of the warm-up: utilisation counts from here ...
     Measure,
+    /// ... to here, the end of the arrivals.
+    MeasureEnd,
 }
 
 struct Req {
@@ -92,8 +95,9 @@ struct Host {
     /// ∫ busy dt since the start, server-ns, up to `last_ns`.
     busy_integral: f64,
     last_ns: u64,
-    /// `busy_integral` at the end of the warm-up.
+    /// `busy_integral` at the end of the warm-up and at the end of the arrivals.
     busy_at_measure: f64,
+    busy_at_end: Option<f64>,
 }
 
 impl Host {
@@ -180,6 +184,7 @@ impl<'a> Engine<'a> {
                 busy_integral: 0.0,
                 last_ns: 0,
                 busy_at_measure: 0.0,
+                busy_at_end: None,
             })
             .collect();
         let present = (0..hosts.len() as u32).filter(|i| hosts[*i as usize].present).collect();
@@ -251,6 +256,7 @@ impl<'a> Engine<'a> {
             engine.schedule((h.join_s * NS_PER_SEC as f64) as u64, Event::Join { host: i as u32 });
         }
         engine.schedule(engine.measure_from_ns, Event::Measure);
+        engine.schedule(engine.arrivals_end_ns, Event::MeasureEnd);
         engine.schedule(0, Event::Arrival);
         Ok(engine)
     }
@@ -281,12 +287,18 @@ impl Engine<'_> {
                         h.busy_at_measure = h.busy_integral;
                     }
                 }
+                Event::MeasureEnd => {
+                    for h in &mut self.hosts {
+                        h.account(at_ns);
+                        h.busy_at_end = Some(h.busy_integral);
+                    }
+                }
             }
         }
         let end = self.end_ns;
         for (h, busy) in self.hosts.iter_mut().zip(&mut self.out.busy_ns) {
             h.account(end);
-            *busy = h.busy_integral - h.busy_at_measure;
+            *busy = h.busy_at_end.unwrap_or(h.busy_integral) - h.busy_at_measure;
         }
     }
 

@@ -386,7 +386,7 @@ pub fn scale(spec: &SimSpec, proxies: &[usize], opts: &SimOptions) -> Result<Vec
 pub fn scale_table(points: &[ScalePoint]) -> String {
     use std::fmt::Write as _;
     let mut t = String::from(
-        "| proxies | req/s per proxy | policy | p50 ms | p99 ms | utilisation spread (CV %) | hottest host % | flap, % of fair | busiest hosts' share (p99, × fair) |\n|---|---|---|---|---|---|---|---|---|\n",
+        "| proxies | req/s per proxy | policy | p50 ms | p95 ms | p99 ms | errors % | utilisation spread (CV %) | hottest host % | flap, % of fair | busiest hosts' share (p99, × fair) |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for pt in points {
         for r in &pt.results {
@@ -394,12 +394,14 @@ pub fn scale_table(points: &[ScalePoint]) -> String {
             let fl = |f: &dyn Fn(&report::FleetFigures) -> Option<f64>, d: usize| r.spread(f).map_or("-".into(), |s| s.show(d));
             let _ = writeln!(
                 t,
-                "| {} | {:.1} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 pt.proxies,
                 pt.rate_per_proxy,
                 r.policy,
                 b(&|f| Some(f.p50_ms)),
+                b(&|f| Some(f.p95_ms)),
                 b(&|f| Some(f.p99_ms)),
+                r.figures.spread(|f| Some(f.errors_pct)).map_or("-".into(), |s| s.show(2)),
                 fl(&|f| Some(f.util_cv_pct), 1),
                 fl(&|f| Some(f.util_max_pct), 1),
                 fl(&|f| Some(f.flap_fair_pct), 1),
@@ -408,4 +410,61 @@ pub fn scale_table(points: &[ScalePoint]) -> String {
         }
     }
     t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(hosts: Vec<HostSpec>, rate: f64, policies: &[&str]) -> SimSpec {
+        SimSpec {
+            name: "t".into(),
+            description: String::new(),
+            proxies: 1,
+            workers: 2,
+            hosts,
+            rate,
+            arrivals: Arrivals::Uniform,
+            duration: Duration::from_secs(6),
+            warmup: Duration::from_secs(2),
+            route_timeout: Duration::from_secs(1),
+            policies: policies.iter().map(|p| Policy::get(p).unwrap()).collect(),
+            plugin_config: serde_json::json!({}),
+            static_endpoints: false,
+            seed: 3,
+        }
+    }
+
+    fn run(s: &SimSpec) -> Vec<SimResult> {
+        run_all(s, &[s.seed], 1, false).unwrap()
+    }
+
+    #[test]
+    fn a_saturated_host_is_busy_all_the_time_and_no_more() {
+        // One server, 10 ms a request, 200 arrivals a second: twice what it can serve.
+        let host = HostSpec { capacity: Some(1), ..HostSpec::new("only", Latency::Fixed(10)) };
+        let r = run(&spec(vec![host], 200.0, &["random"]));
+        let util = r[0].fleet[0].util_max_pct;
+        assert!((99.0..=100.0 + 1e-6).contains(&util), "utilisation {util} %");
+        assert!(r[0].figures.rounds[0].errors_pct > 10.0, "the queue overflows into timeouts");
+    }
+
+    #[test]
+    fn the_same_seed_gives_the_same_run() {
+        let hosts = vec![HostSpec::new("a", Latency::LogNormal { median_ms: 20.0, sigma: 0.3 }), HostSpec::new("b", Latency::Fixed(30))];
+        let s = spec(hosts, 300.0, &["least_request", "ewma_lb"]);
+        let (x, y) = (run(&s), run(&s));
+        for (a, b) in x.iter().zip(&y) {
+            assert_eq!(a.figures, b.figures, "{}", a.policy);
+        }
+    }
+
+    #[test]
+    fn the_plugin_leaves_a_slow_host() {
+        let hosts = vec![HostSpec::new("fast", Latency::Fixed(20)), HostSpec::new("slow", Latency::Fixed(400))];
+        let r = run(&spec(hosts, 200.0, &["random", "ewma_lb"]));
+        let slow = |i: usize| r[i].figures.rounds[0].shares_pct["slow"];
+        assert!((slow(0) - 50.0).abs() < 5.0, "random splits: {}", slow(0));
+        assert!(slow(1) < 2.0, "ewma_lb keeps the slow host to its floor and probes: {}", slow(1));
+    }
 }
