@@ -6,6 +6,7 @@
 
 pub mod backend;
 pub mod config;
+pub mod eds;
 pub mod envoy;
 pub mod http;
 pub mod latency;
@@ -16,8 +17,9 @@ pub mod ports;
 pub mod stack;
 pub mod summary;
 
-pub use backend::{Backend, BackendSpec, Phase};
+pub use backend::{Backend, BackendPool, BackendSpec, Phase};
 pub use config::EnvoyConfig;
+pub use eds::{EdsFile, Endpoint};
 pub use envoy::{Envoy, EnvoyOptions};
 pub use latency::Latency;
 pub use load::{LoadSpec, Record};
