@@ -498,6 +498,7 @@ impl Worker {
         let slow_start_ns = self.config.policy().weights.slow_start_ns;
         let steady_ns = self.clock.last();
         let status = Status {
+            build: crate::telemetry::BUILD,
             shadow: self.config.shadow(),
             local_zone: self.local_zone(),
             clusters: self

@@ -8,7 +8,7 @@
 //!   a real Envoy and really makes it obey the override header;
 //! - the docker-compose stack runs the very envoy.yaml and plugin the end-to-end tests run, on the
 //!   Envoy release the tests use, and `docker-compose config` accepts it;
-//! - the OCI image and the Grafana dashboard refer to what exists.
+//! - the Grafana dashboard refers to what exists.
 
 #![allow(clippy::panic, clippy::indexing_slicing, clippy::unwrap_used)] // tests fail by panicking
 #![cfg(not(target_arch = "wasm32"))] // real processes: native only
@@ -632,26 +632,7 @@ fn docker_compose_runs_the_tested_envoy_config_and_plugin() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// the image and the dashboard
-
-#[test]
-fn the_oci_image_holds_only_plugin_wasm_in_one_layer() {
-    let dockerfile = read("Dockerfile");
-    let instructions: Vec<Vec<&str>> = dockerfile
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .map(|l| l.split_whitespace().collect())
-        .collect();
-    assert_eq!(instructions.first().map(|i| i.as_slice()), Some(["FROM", "scratch"].as_slice()), "the image must start FROM scratch");
-    let layers: Vec<&Vec<&str>> = instructions.iter().filter(|i| ["COPY", "ADD", "RUN"].contains(&i[0].to_uppercase().as_str())).collect();
-    assert_eq!(layers.len(), 1, "Istio reads the last layer: exactly one layer-making instruction, got {layers:?}");
-    let copy = layers[0];
-    assert_eq!(copy[0], "COPY");
-    assert_eq!(copy.last().copied(), Some("/plugin.wasm"), "Istio looks for a file named plugin.wasm");
-    // Built with dist/ as the context (docs/istio.md): the source is the module wasm-build.sh leaves there.
-    assert!(read("wasm-build.sh").contains(&format!("out=dist/{}", copy[1])), "COPY {} is not what ./wasm-build.sh writes to dist/", copy[1]);
-}
+// the dashboard
 
 #[test]
 fn the_dashboard_queries_metrics_the_plugin_defines() {
@@ -682,7 +663,7 @@ fn the_dashboard_queries_metrics_the_plugin_defines() {
 fn the_readme_documents_every_metric_with_its_labels() {
     let readme = read("README.md");
     for metric in Metric::ALL {
-        let labels = std::iter::once(ewma_lb::telemetry::CLUSTER_LABEL).chain(metric.label()).map(|l| format!("`{l}`")).collect::<Vec<_>>().join(", ");
+        let labels = metric.labels().iter().map(|l| format!("`{l}`")).collect::<Vec<_>>().join(", ");
         let row = format!("| `{}` | {labels} |", metric.name());
         assert!(readme.contains(&row), "README's metrics table lacks the row starting {row:?}");
     }
