@@ -783,14 +783,21 @@ fn a_forged_header_is_removed_before_the_plugin_even_when_it_failed_open() {
 /// The sidecar as the shipped manifests make it, with the real plugin and the WasmPlugin's own
 /// configuration: header removal first, the plugin, the router; the steered subset's cluster
 /// patched, and another cluster on the same port (a service the client also calls, with
-/// backends of its own) left as Istio builds it. Under load the plugin steers the subset's
-/// requests (its counter moves; 200 requests naming one of three hosts by a forged header give
-/// that host at most half, where obeying would give it all), and leaves the other cluster to
-/// Envoy: never steered, each of its 200 requests counted as `unlisted_cluster`.
+/// backends of its own) left as Istio builds it. The plugin steers the subset's requests: its
+/// counter moves, and after a warm-up, of 150 requests whose forged header names the one slow
+/// host (100 ms against instant ones) that host serves at most 10 % (least_request alone, one
+/// request at a time, would give it a third; obeying the forged header, all). It leaves the other
+/// cluster to Envoy: never steered, each of its 200 requests counted as `unlisted_cluster`.
 #[test]
 fn the_plugin_steers_only_the_patched_cluster() {
     let variant = variants().into_iter().next().unwrap();
-    let backends = backends(3);
+    // The host a forged header names answers in 100 ms, the others at once: the plugin's own
+    // picks avoid it, so it serves few requests unless the forged header is obeyed.
+    let backends: Vec<Backend> = [0, 100, 0]
+        .iter()
+        .enumerate()
+        .map(|(i, ms)| Backend::start_local(BackendSpec::new(format!("b{i}"), Latency::Fixed(*ms))).unwrap_or_else(|e| panic!("{e}")))
+        .collect();
     let details = self::backends(3);
     let plugin = of_kind(&variant.manifests, "WasmPlugin").into_iter().find(|m| m.file.ends_with("istio/wasmplugin.yaml")).unwrap().clone();
     let mut plugin_config = plugin.spec()["pluginConfig"].clone();
@@ -822,12 +829,13 @@ fn the_plugin_steers_only_the_patched_cluster() {
     config["stats_config"] = harness::EnvoyConfig::shipped().unwrap().value()["stats_config"].clone();
     let envoy = Envoy::start(EnvoyOptions::new(serde_json::to_string_pretty(&config).unwrap())).unwrap_or_else(|e| panic!("envoy: {e:#}"));
     let named = backends[1].addr().to_string();
-    for _ in 0..20 {
-        for route in [0, 1] {
-            send(listen, route, "x-ewma-lb-host", &named, 10);
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    // Warm-up: the plugin learns the hosts and their latency.
+    send(listen, 0, "x-ewma-lb-host", &named, 60);
+    send(listen, 1, "x-ewma-lb-host", &named, 50);
+    std::thread::sleep(Duration::from_millis(600));
+    let before = served(&backends);
+    send(listen, 0, "x-ewma-lb-host", &named, 150);
+    send(listen, 1, "x-ewma-lb-host", &named, 150);
     let metric = |series: &str| -> f64 {
         let text = envoy.admin_get("/stats/prometheus").unwrap();
         text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok()).unwrap_or(0.0)
@@ -842,10 +850,10 @@ fn the_plugin_steers_only_the_patched_cluster() {
     assert!(seen.is_some(), "steered {steered_total} on {steered}, unlisted {unlisted} on details");
     assert_eq!(other_steered, 0.0, "the plugin must never steer a cluster outside steered_clusters");
     assert_eq!(unlisted, 200.0, "every request to details is counted as unlisted_cluster");
-    let got = served(&backends);
-    eprintln!("subset served of 200 forged to name b1: {got:?}; steered {steered_total}, unlisted {unlisted}");
-    assert_eq!(got.iter().sum::<u64>(), 200, "{got:?}");
-    assert!(got[1] <= 100, "200 requests to the subset named {named} by a forged header: {got:?}; the named host got more than its share");
+    let got: Vec<u64> = served(&backends).iter().zip(&before).map(|(a, b)| a - b).collect();
+    eprintln!("subset served of 150 forged to name the slow b1: {got:?}; steered {steered_total}, unlisted {unlisted}");
+    assert_eq!(got.iter().sum::<u64>(), 150, "{got:?}");
+    assert!(got[1] <= 15, "150 requests to the subset named the slow {named} by a forged header: {got:?}; least_request alone would give it a third, obeying the header all");
     assert_eq!(served(&details).iter().sum::<u64>(), 200);
     drop(envoy);
 }
