@@ -130,7 +130,7 @@ fn the_image_is_built_by_wasm_build_sh_on_the_pinned_toolchain() {
     // command sets: every documented build command sets it.
     for doc in ["docs/istio.md", "docs/envoy-gateway.md"] {
         let text = read(doc);
-        let builds: Vec<&str> = text.lines().filter(|l| l.contains("docker buildx build")).collect();
+        let builds: Vec<&str> = text.lines().map(str::trim).filter(|l| l.starts_with("docker buildx build")).collect();
         assert!(!builds.is_empty(), "{doc}: no build command");
         for b in builds {
             assert!(b.contains("--annotation manifest:module.wasm.image/variant=compat"), "{doc}: {b}");
