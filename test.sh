@@ -13,7 +13,7 @@ step "toolchain"
 for target in wasm32-wasip1 wasm32-unknown-unknown; do
   rustup target list --installed | grep -qx "$target" || rustup target add "$target"
 done
-# binaryen (wasm-opt) shrinks the plugin, docker-compose checks the compose file, DejaVu is the
+# binaryen (wasm-opt, which wasm-build.sh requires for a reproducible module), docker-compose checks the compose file, DejaVu is the
 # font the benchmark plots use.
 missing=()
 command -v wasm-opt >/dev/null 2>&1 || missing+=(binaryen)
