@@ -344,15 +344,15 @@ fn clusters_outside_steered_clusters_are_left_to_envoy_and_counted() {
     let cfg = r#"{"exploration_share": 0, "steered_clusters": ["back*"],
                  "clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}}"#;
     let (store, mut w) = ticked(cfg, 1);
-    let other = Request { path: "/orders", cluster: Some("details") };
+    let other = Request { path: b"/orders", cluster: Some("details") };
     for _ in 0..4 {
         let decision = w.route(&other, || None);
         assert_eq!(decision, Decision::Fallback(FallbackReason::UnlistedCluster));
         assert!(!decision.is_sampled(), "a cluster the plugin does not steer is not sampled either");
     }
-    assert!(matches!(w.route(&Request { path: "/orders", cluster: Some(CLUSTER) }, || None), Decision::Override(_)));
+    assert!(matches!(w.route(&Request { path: b"/orders", cluster: Some(CLUSTER) }, || None), Decision::Override(_)));
     // The path rules still hold on any cluster: a management path is guarded there too.
-    assert_eq!(w.route(&Request { path: "/actuator/env", cluster: Some("details") }, || Some("192.0.2.1:1".into())), Decision::Deny);
+    assert_eq!(w.route(&Request { path: b"/actuator/env", cluster: Some("details") }, || Some("192.0.2.1:1".into())), Decision::Deny);
     let report = w.tick(2 * SEC, &mut store.clone());
     let fallback: Vec<(String, Option<String>, Change)> = report
         .metrics
