@@ -9,7 +9,7 @@
 //! Envoy passes the configuration as a `google.protobuf.StringValue`; it reaches `on_configure`
 //! byte for byte. Unknown fields are rejected: a typo must not silently become a default.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -53,6 +53,10 @@ pub struct PluginConfig {
     pub outlier_detection: OutlierConfig,
     /// Zone-aware steering: keep traffic in the proxy's zone while it serves well.
     pub locality: LocalityConfig,
+    /// The Envoy clusters the plugin may steer: exact names, or prefixes ending in `*`. Only
+    /// clusters whose load-balancing policy obeys the header belong here; requests to any other
+    /// are left to Envoy and counted as `unlisted_cluster`.
+    pub steered_clusters: Vec<String>,
     /// Optional static endpoints per Envoy cluster name; others are learned from traffic.
     pub clusters: BTreeMap<String, ClusterConfig>,
     /// Health probes: passed untouched, never steered, never sampled.
@@ -140,6 +144,7 @@ impl Default for PluginConfig {
             max_hosts_per_cluster: 1024,
             outlier_detection: OutlierConfig::default(),
             locality: LocalityConfig::default(),
+            steered_clusters: vec![ANY_CLUSTER.into()],
             clusters: BTreeMap::new(),
             health_paths: default_health_paths(),
             management: ManagementConfig::default(),
@@ -188,6 +193,7 @@ pub struct Config {
     pick: PickAlgorithm,
     exploration_share: f64,
     rules: Rules,
+    steered: SteeredClusters,
     static_endpoints: BTreeMap<String, Vec<String>>,
     status_path: String,
     shadow: bool,
@@ -229,6 +235,11 @@ impl Config {
 
     pub fn rules(&self) -> &Rules {
         &self.rules
+    }
+
+    /// Whether requests to `cluster` may be steered (`steered_clusters`).
+    pub fn steers(&self, cluster: &str) -> bool {
+        self.steered.contains(cluster)
     }
 
     /// Static endpoints of `cluster`, empty when it has none.
@@ -312,7 +323,8 @@ impl PluginConfig {
         let max_hosts = in_range("max_hosts_per_cluster", self.max_hosts_per_cluster, 1, MAX_RECORD_HOSTS)?;
         let outlier = self.outlier_detection.compile()?;
         let locality = self.locality.compile()?;
-        let static_endpoints = compile_clusters(self.clusters, max_hosts)?;
+        let steered = SteeredClusters::compile(&self.steered_clusters)?;
+        let static_endpoints = compile_clusters(self.clusters, max_hosts, &steered)?;
         let status_path = self.status_path;
         if !status_path.starts_with('/') || normalize(&status_path) != status_path {
             return Err(err(
@@ -337,6 +349,7 @@ impl PluginConfig {
             pick: self.pick,
             exploration_share,
             rules,
+            steered,
             static_endpoints,
             status_path,
             shadow: self.shadow,
@@ -369,13 +382,67 @@ impl OutlierConfig {
     }
 }
 
+/// `steered_clusters` entry that matches every cluster (the default).
+pub const ANY_CLUSTER: &str = "*";
+
+/// The compiled `steered_clusters`: exact names, and prefixes (an entry ending in `*`).
+///
+/// Istio names clusters `outbound|PORT|SUBSET|FQDN` and Envoy Gateway `httproute/NS/NAME/rule/N`,
+/// so an exact name or a prefix says everything an operator needs; a regex would be one more
+/// language to get wrong in a list that decides where Envoy obeys the plugin.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SteeredClusters {
+    exact: BTreeSet<String>,
+    prefixes: Vec<String>,
+}
+
+impl SteeredClusters {
+    fn compile(entries: &[String]) -> Result<SteeredClusters, ConfigError> {
+        let mut set = SteeredClusters::default();
+        for (i, entry) in entries.iter().enumerate() {
+            let field = || format!("steered_clusters[{i}]");
+            let (name, is_prefix) = match entry.strip_suffix('*') {
+                Some(prefix) => (prefix, true),
+                None => (entry.as_str(), false),
+            };
+            if name.contains('*') {
+                return Err(err(field(), format!("`*` may only end a prefix, got {entry:?}")));
+            }
+            if !is_prefix && name.is_empty() {
+                return Err(err(field(), "must be a cluster name or a prefix ending in `*`, got \"\""));
+            }
+            if name.chars().any(char::is_whitespace) {
+                return Err(err(field(), format!("cluster names have no white space, got {entry:?}")));
+            }
+            if is_prefix {
+                set.prefixes.push(name.to_owned());
+            } else {
+                set.exact.insert(name.to_owned());
+            }
+        }
+        Ok(set)
+    }
+
+    /// Whether `cluster` is listed, by name or by prefix.
+    pub fn contains(&self, cluster: &str) -> bool {
+        self.exact.contains(cluster) || self.prefixes.iter().any(|p| cluster.starts_with(p.as_str()))
+    }
+}
+
 fn compile_clusters(
     clusters: BTreeMap<String, ClusterConfig>,
     max_hosts: usize,
+    steered: &SteeredClusters,
 ) -> Result<BTreeMap<String, Vec<String>>, ConfigError> {
     for (name, cluster) in &clusters {
         if name.is_empty() {
             return Err(err("clusters", "cluster names must not be empty"));
+        }
+        if !steered.contains(name) {
+            return Err(err(
+                format!("clusters.{name}"),
+                "has static endpoints but is not in steered_clusters: the plugin would never steer it",
+            ));
         }
         if cluster.endpoints.len() > max_hosts {
             return Err(err(

@@ -47,12 +47,12 @@ impl HttpContext for Http {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         let Ok(mut vm) = self.vm.try_borrow_mut() else { return Action::Continue };
         let Vm { worker, header_value, .. } = &mut *vm;
-        let path = host::request_header(":path").unwrap_or_default();
+        let path = host::request_header_bytes(":path").unwrap_or_default();
         let cluster = host::property_string(&["xds", "cluster_name"]);
         let decision = worker.route(&Request { path: &path, cluster: cluster.as_deref() }, || {
             host::property_string(&["source", "address"])
         });
-        trace!("ewma-lb: {path} -> {decision:?}");
+        trace!("ewma-lb: {} -> {decision:?}", path.escape_ascii());
         let header = worker.config().override_header();
         // The client's copy is replaced or removed whatever happens: client input never chooses
         // the host.

@@ -12,6 +12,7 @@ use super::host::{self, SharedData};
 use super::http::Http;
 use super::vm::Vm;
 use crate::config::Config;
+use crate::telemetry::BUILD;
 use crate::units::ns_to_whole_ms;
 use crate::worker::Worker;
 
@@ -45,7 +46,9 @@ impl RootContext for Root {
         }
         let policy = config.policy();
         info!(
-            "ewma-lb: configured: smoothing {}, pick {:?}, refresh every {} ms{}",
+            "ewma-lb {} ({}): configured: smoothing {}, pick {:?}, refresh every {} ms{}",
+            BUILD.version,
+            BUILD.commit,
             policy.smoother.name(),
             config.pick(),
             ns_to_whole_ms(policy.refresh_interval_ns),
@@ -53,7 +56,9 @@ impl RootContext for Root {
         );
         let mut worker = Worker::new(config, random_seed());
         learn_local_zone(&mut worker);
-        self.vm = Some(Rc::new(RefCell::new(Vm::new(worker))));
+        let mut vm = Vm::new(worker);
+        vm.metrics.build_info(&BUILD);
+        self.vm = Some(Rc::new(RefCell::new(vm)));
         true
     }
 
