@@ -4,9 +4,11 @@
 
 pub mod backend_arg;
 pub mod compare;
+pub mod membership;
 pub mod metrics;
 pub mod micro;
 pub mod overhead;
 pub mod plot;
 pub mod policy;
 pub mod scenario;
+pub mod windows;
