@@ -17,6 +17,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::locality::LocalityParams;
+use crate::outcome::{GrpcCode, GrpcCodes};
 use crate::outlier::OutlierParams;
 use crate::pick::PickAlgorithm;
 use crate::rules::{default_health_paths, normalize, ManagementConfig, PathSet, Rules};
@@ -43,6 +44,9 @@ pub struct PluginConfig {
     pub weights: WeightsConfig,
     /// Latency a failed request counts as at least, so a host that fails fast never looks fast.
     pub failure_penalty_ms: u64,
+    /// gRPC status codes (canonical names, e.g. `UNAVAILABLE`) that are the serving host's
+    /// failure, read from a gRPC response's trailers or trailers-only headers.
+    pub grpc_failure_status_codes: Vec<String>,
     pub pick: PickAlgorithm,
     /// Share of requests left to the cluster's fallback policy, which finds endpoints the table
     /// does not know yet (EDS, Kubernetes).
@@ -134,6 +138,7 @@ impl Default for PluginConfig {
             smoothing: Smoother::default(),
             weights: WeightsConfig::default(),
             failure_penalty_ms: 1_000,
+            grpc_failure_status_codes: GrpcCodes::DEFAULT_FAILURES.iter().map(|c| c.name().to_owned()).collect(),
             pick: PickAlgorithm::default(),
             exploration_share: 0.002,
             host_ttl_ms: 60_000,
@@ -185,6 +190,7 @@ pub struct Config {
     tick_period: Duration,
     policy: Policy,
     failure_penalty_ms: f64,
+    grpc_failures: GrpcCodes,
     pick: PickAlgorithm,
     exploration_share: f64,
     rules: Rules,
@@ -217,6 +223,11 @@ impl Config {
     /// Latency a failed request counts as at least.
     pub fn failure_penalty_ms(&self) -> f64 {
         self.failure_penalty_ms
+    }
+
+    /// gRPC codes that are the serving host's failure.
+    pub fn grpc_failures(&self) -> GrpcCodes {
+        self.grpc_failures
     }
 
     pub fn pick(&self) -> PickAlgorithm {
@@ -307,6 +318,7 @@ impl PluginConfig {
         let smoother = check_smoother(self.smoothing)?;
         let weights = self.weights.compile()?;
         let failure_penalty_ms = in_range("failure_penalty_ms", self.failure_penalty_ms, 0, 600_000)?;
+        let grpc_failures = compile_grpc_codes(&self.grpc_failure_status_codes)?;
         let exploration_share = in_range("exploration_share", self.exploration_share, 0.0, 0.5)?;
         let host_ttl_ms = in_range("host_ttl_ms", self.host_ttl_ms, refresh_interval_ms, 86_400_000)?;
         let max_hosts = in_range("max_hosts_per_cluster", self.max_hosts_per_cluster, 1, MAX_RECORD_HOSTS)?;
@@ -334,6 +346,7 @@ impl PluginConfig {
                 max_hosts,
             },
             failure_penalty_ms: failure_penalty_ms as f64,
+            grpc_failures,
             pick: self.pick,
             exploration_share,
             rules,
@@ -390,6 +403,32 @@ fn compile_clusters(
         }
     }
     Ok(clusters.into_iter().map(|(name, c)| (name, c.endpoints)).collect())
+}
+
+/// `grpc_failure_status_codes`: canonical names only. OK is a success and CANCELLED no sample
+/// at all (the caller gave up), so neither can be a host's failure.
+fn compile_grpc_codes(names: &[String]) -> Result<GrpcCodes, ConfigError> {
+    const FIELD: &str = "grpc_failure_status_codes";
+    let mut codes = Vec::with_capacity(names.len());
+    for (i, name) in names.iter().enumerate() {
+        let field = format!("{FIELD}[{i}]");
+        let Some(code) = GrpcCode::from_name(name) else {
+            let canonical = name.trim().to_ascii_uppercase().replace('-', "_");
+            let hint = match GrpcCode::from_name(&canonical) {
+                Some(c) => format!("write it as {c}"),
+                None => format!("one of {}", GrpcCode::ALL.iter().map(|(_, n)| *n).collect::<Vec<_>>().join(", ")),
+            };
+            return Err(err(field, format!("must be a gRPC status code name ({hint}), got {name:?}")));
+        };
+        match code {
+            GrpcCode::Ok => return Err(err(field, "OK is a success, not a failure")),
+            GrpcCode::Cancelled => {
+                return Err(err(field, "CANCELLED is never a sample: the call was abandoned, most often by the client"))
+            }
+            _ => codes.push(code),
+        }
+    }
+    Ok(codes.into_iter().collect())
 }
 
 fn check_smoother(smoother: Smoother) -> Result<Smoother, ConfigError> {

@@ -69,3 +69,9 @@ impl SharedStore for SharedData {
 pub fn request_header(name: &str) -> Option<String> {
     hostcalls::get_map_value(MapType::HttpRequestHeaders, name).ok().flatten()
 }
+
+/// A response header or trailer as bytes, `None` when absent or unreadable. Never the SDK's
+/// String getters: they unwrap UTF-8 and panic on anything else.
+pub fn response_map_bytes(map: MapType, name: &str) -> Option<Vec<u8>> {
+    hostcalls::get_map_value_bytes(map, name).ok().flatten()
+}
