@@ -39,6 +39,9 @@ fn codes_and_flags_classify_the_host() {
     assert!(Outcome::GrpcFailure(GrpcCode::Unavailable).is_failure());
 }
 
+/// content-type, the headers' grpc-status, the trailers' grpc-status, HTTP code, flags: outcome.
+type Case = (Option<&'static str>, Option<&'static str>, Option<&'static str>, i64, u64, Option<Outcome>);
+
 /// One response end to end through the pure functions the adapter calls: the response headers'
 /// content-type and grpc-status, the trailers' grpc-status (`None`: no trailers), Envoy's code
 /// and flags, and the default failure codes.
@@ -51,7 +54,7 @@ fn grpc_responses_are_classified_by_their_status_only_when_they_are_grpc() {
     let failed = |c| Some(Outcome::GrpcFailure(c));
     let ok = Some(Outcome::Success);
     #[rustfmt::skip]
-    let cases: &[(Option<&str>, Option<&str>, Option<&str>, i64, u64, Option<Outcome>)] = &[
+    let cases: &[Case] = &[
         // content-type, headers' grpc-status, trailers' grpc-status, HTTP code, flags: outcome
         // Status in the trailers, HTTP 200: the usual gRPC answer.
         (GRPC, None, Some("0"), 200, 0, ok),
