@@ -155,5 +155,7 @@ fn http2_upstream_sets_the_protocol_options_and_envoy_accepts_them() {
     assert_eq!(options[key]["explicit_http_config"], json!({"http2_protocol_options": {}}));
     // Nothing else moved: the balancing policy is still the plugin's.
     assert!(matches!(c.cluster(CLUSTER).unwrap().lb_policy().unwrap(), LbPolicy::OverrideHost { .. }));
-    Envoy::validate(&c.to_yaml().unwrap()).unwrap();
+    let mut runnable = EnvoyConfig::local(0, &harness::plugin_wasm().unwrap()).unwrap();
+    runnable.cluster(CLUSTER).unwrap().use_http2().unwrap();
+    Envoy::validate(&runnable.to_yaml().unwrap()).unwrap();
 }
