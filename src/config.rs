@@ -9,7 +9,7 @@
 //! Envoy passes the configuration as a `google.protobuf.StringValue`; it reaches `on_configure`
 //! byte for byte. Unknown fields are rejected: a typo must not silently become a default.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -44,9 +44,6 @@ pub struct PluginConfig {
     pub weights: WeightsConfig,
     /// Latency a failed request counts as at least, so a host that fails fast never looks fast.
     pub failure_penalty_ms: u64,
-    /// gRPC status codes (canonical names, e.g. `UNAVAILABLE`) that are the serving host's
-    /// failure, read from a gRPC response's trailers or trailers-only headers.
-    pub grpc_failure_status_codes: Vec<String>,
     pub pick: PickAlgorithm,
     /// Share of requests left to the cluster's fallback policy, which finds endpoints the table
     /// does not know yet (EDS, Kubernetes).
@@ -57,6 +54,13 @@ pub struct PluginConfig {
     pub outlier_detection: OutlierConfig,
     /// Zone-aware steering: keep traffic in the proxy's zone while it serves well.
     pub locality: LocalityConfig,
+    /// The Envoy clusters the plugin may steer: exact names, or prefixes ending in `*`. Only
+    /// clusters whose load-balancing policy obeys the header belong here; requests to any other
+    /// are left to Envoy and counted as `unlisted_cluster`.
+    pub steered_clusters: Vec<String>,
+    /// gRPC status codes (canonical names, e.g. `UNAVAILABLE`) that are the serving host's
+    /// failure, read from a gRPC response's trailers or trailers-only headers.
+    pub grpc_failure_status_codes: Vec<String>,
     /// Optional static endpoints per Envoy cluster name; others are learned from traffic.
     pub clusters: BTreeMap<String, ClusterConfig>,
     /// Health probes: passed untouched, never steered, never sampled.
@@ -138,13 +142,14 @@ impl Default for PluginConfig {
             smoothing: Smoother::default(),
             weights: WeightsConfig::default(),
             failure_penalty_ms: 1_000,
-            grpc_failure_status_codes: GrpcCodes::DEFAULT_FAILURES.iter().map(|c| c.name().to_owned()).collect(),
             pick: PickAlgorithm::default(),
             exploration_share: 0.002,
             host_ttl_ms: 60_000,
             max_hosts_per_cluster: 1024,
             outlier_detection: OutlierConfig::default(),
             locality: LocalityConfig::default(),
+            steered_clusters: vec![ANY_CLUSTER.into()],
+            grpc_failure_status_codes: GrpcCodes::DEFAULT_FAILURES.iter().map(|c| c.name().to_owned()).collect(),
             clusters: BTreeMap::new(),
             health_paths: default_health_paths(),
             management: ManagementConfig::default(),
@@ -194,6 +199,7 @@ pub struct Config {
     pick: PickAlgorithm,
     exploration_share: f64,
     rules: Rules,
+    steered: SteeredClusters,
     static_endpoints: BTreeMap<String, Vec<String>>,
     status_path: String,
     shadow: bool,
@@ -240,6 +246,11 @@ impl Config {
 
     pub fn rules(&self) -> &Rules {
         &self.rules
+    }
+
+    /// Whether requests to `cluster` may be steered (`steered_clusters`).
+    pub fn steers(&self, cluster: &str) -> bool {
+        self.steered.contains(cluster)
     }
 
     /// Static endpoints of `cluster`, empty when it has none.
@@ -324,7 +335,8 @@ impl PluginConfig {
         let max_hosts = in_range("max_hosts_per_cluster", self.max_hosts_per_cluster, 1, MAX_RECORD_HOSTS)?;
         let outlier = self.outlier_detection.compile()?;
         let locality = self.locality.compile()?;
-        let static_endpoints = compile_clusters(self.clusters, max_hosts)?;
+        let steered = SteeredClusters::compile(&self.steered_clusters)?;
+        let static_endpoints = compile_clusters(self.clusters, max_hosts, &steered)?;
         let status_path = self.status_path;
         if !status_path.starts_with('/') || normalize(&status_path) != status_path {
             return Err(err(
@@ -350,6 +362,7 @@ impl PluginConfig {
             pick: self.pick,
             exploration_share,
             rules,
+            steered,
             static_endpoints,
             status_path,
             shadow: self.shadow,
@@ -382,13 +395,67 @@ impl OutlierConfig {
     }
 }
 
+/// `steered_clusters` entry that matches every cluster (the default).
+pub const ANY_CLUSTER: &str = "*";
+
+/// The compiled `steered_clusters`: exact names, and prefixes (an entry ending in `*`).
+///
+/// Istio names clusters `outbound|PORT|SUBSET|FQDN` and Envoy Gateway `httproute/NS/NAME/rule/N`,
+/// so an exact name or a prefix says everything an operator needs; a regex would be one more
+/// language to get wrong in a list that decides where Envoy obeys the plugin.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SteeredClusters {
+    exact: BTreeSet<String>,
+    prefixes: Vec<String>,
+}
+
+impl SteeredClusters {
+    fn compile(entries: &[String]) -> Result<SteeredClusters, ConfigError> {
+        let mut set = SteeredClusters::default();
+        for (i, entry) in entries.iter().enumerate() {
+            let field = || format!("steered_clusters[{i}]");
+            let (name, is_prefix) = match entry.strip_suffix('*') {
+                Some(prefix) => (prefix, true),
+                None => (entry.as_str(), false),
+            };
+            if name.contains('*') {
+                return Err(err(field(), format!("`*` may only end a prefix, got {entry:?}")));
+            }
+            if !is_prefix && name.is_empty() {
+                return Err(err(field(), "must be a cluster name or a prefix ending in `*`, got \"\""));
+            }
+            if name.chars().any(char::is_whitespace) {
+                return Err(err(field(), format!("cluster names have no white space, got {entry:?}")));
+            }
+            if is_prefix {
+                set.prefixes.push(name.to_owned());
+            } else {
+                set.exact.insert(name.to_owned());
+            }
+        }
+        Ok(set)
+    }
+
+    /// Whether `cluster` is listed, by name or by prefix.
+    pub fn contains(&self, cluster: &str) -> bool {
+        self.exact.contains(cluster) || self.prefixes.iter().any(|p| cluster.starts_with(p.as_str()))
+    }
+}
+
 fn compile_clusters(
     clusters: BTreeMap<String, ClusterConfig>,
     max_hosts: usize,
+    steered: &SteeredClusters,
 ) -> Result<BTreeMap<String, Vec<String>>, ConfigError> {
     for (name, cluster) in &clusters {
         if name.is_empty() {
             return Err(err("clusters", "cluster names must not be empty"));
+        }
+        if !steered.contains(name) {
+            return Err(err(
+                format!("clusters.{name}"),
+                "has static endpoints but is not in steered_clusters: the plugin would never steer it",
+            ));
         }
         if cluster.endpoints.len() > max_hosts {
             return Err(err(

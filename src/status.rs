@@ -3,10 +3,13 @@
 use serde::Serialize;
 
 use crate::state::{ClusterState, HostState};
+use crate::telemetry::Build;
 use crate::units::ns_to_whole_ms;
 
 #[derive(Serialize)]
 pub struct Status<'a> {
+    /// The plugin's version and git commit.
+    pub build: Build,
     /// True when the plugin computes everything but never overrides Envoy's choice.
     pub shadow: bool,
     /// The proxy's own zone; `null` when the node has none.

@@ -13,7 +13,7 @@ use crate::clock::{RecordClock, VmClock};
 use crate::config::Config;
 use crate::outcome::{GrpcCode, Outcome};
 use crate::pick::PickTable;
-use crate::rules::{normalize, PathClass};
+use crate::rules::{normalize_bytes, PathClass};
 use crate::state::{ClusterBatch, ClusterState};
 use crate::status::{ClusterStatus, HostPhase, Status};
 use crate::sync::{self, sync_cluster, DecodeError, SharedStore, SyncContext, SyncError};
@@ -93,10 +93,13 @@ pub enum FallbackReason {
     NoCluster,
     /// Shadow mode: the table is computed and sampled, never applied.
     Shadow,
+    /// A cluster outside `steered_clusters`: its policy may not obey the header, so the plugin
+    /// leaves it to Envoy and keeps no state for it.
+    UnlistedCluster,
 }
 
 impl FallbackReason {
-    pub const ALL: [FallbackReason; 7] = [
+    pub const ALL: [FallbackReason; 8] = [
         FallbackReason::Exploring,
         FallbackReason::TableNotReady,
         FallbackReason::HealthPath,
@@ -104,6 +107,7 @@ impl FallbackReason {
         FallbackReason::Excluded,
         FallbackReason::NoCluster,
         FallbackReason::Shadow,
+        FallbackReason::UnlistedCluster,
     ];
 
     /// The `reason` label of `ewma_lb_fallback_requests_total`.
@@ -116,6 +120,7 @@ impl FallbackReason {
             FallbackReason::Excluded => "excluded",
             FallbackReason::NoCluster => "no_cluster",
             FallbackReason::Shadow => "shadow",
+            FallbackReason::UnlistedCluster => "unlisted_cluster",
         }
     }
 
@@ -127,7 +132,8 @@ impl FallbackReason {
 /// What the filter knows of a request when it arrives.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Request<'a> {
-    pub path: &'a str,
+    /// `:path` as the client sent it: bytes, not necessarily UTF-8.
+    pub path: &'a [u8],
     /// `xds.cluster_name`: the cluster the route chose.
     pub cluster: Option<&'a str>,
 }
@@ -291,7 +297,7 @@ impl Worker {
     }
 
     fn decide(&mut self, request: &Request, source: impl FnOnce() -> Option<String>) -> Decision {
-        let path = normalize(request.path);
+        let path = normalize_bytes(request.path);
         let rules = self.config.rules();
         let class = rules.classify_normalized(&path);
         let is_status = class != PathClass::Health && path == self.config.status_path();
@@ -308,6 +314,7 @@ impl Worker {
             PathClass::Management => Decision::Deny,
             PathClass::Excluded => Decision::Fallback(FallbackReason::Excluded),
             PathClass::Business => match request.cluster {
+                Some(cluster) if !self.config.steers(cluster) => Decision::Fallback(FallbackReason::UnlistedCluster),
                 Some(cluster) if self.config.shadow() => {
                     if let Some(local) = local_entry(&mut self.clusters, cluster) {
                         local.used = true;
@@ -497,6 +504,7 @@ impl Worker {
         let slow_start_ns = self.config.policy().weights.slow_start_ns;
         let steady_ns = self.clock.last();
         let status = Status {
+            build: crate::telemetry::BUILD,
             shadow: self.config.shadow(),
             local_zone: self.local_zone(),
             clusters: self

@@ -58,7 +58,7 @@ fn invalid_configurations_name_the_field_and_the_value() {
     let cases: &[(&str, &str)] = &[
         (r#"{"weights": {"min_share": 0.9}}"#, "weights.min_share: must be in [0, 0.5], got 0.9"),
         (r#"{"weights": {"min_shares": 0.1}}"#, "weights.min_shares: unknown field `min_shares`, expected one of `exponent`, `min_share`, `max_step_ratio`, `slow_start_ms`, `slow_start_min_factor`"),
-        (r#"{"refresh_interval": 5}"#, "refresh_interval: unknown field `refresh_interval`, expected one of `override_header`, `tick_period_ms`, `refresh_interval_ms`, `smoothing`, `weights`, `failure_penalty_ms`, `grpc_failure_status_codes`, `pick`, `exploration_share`, `host_ttl_ms`, `max_hosts_per_cluster`, `outlier_detection`, `locality`, `clusters`, `health_paths`, `management`, `excluded_paths`, `status_path`, `shadow`"),
+        (r#"{"refresh_interval": 5}"#, "refresh_interval: unknown field `refresh_interval`, expected one of `override_header`, `tick_period_ms`, `refresh_interval_ms`, `smoothing`, `weights`, `failure_penalty_ms`, `pick`, `exploration_share`, `host_ttl_ms`, `max_hosts_per_cluster`, `outlier_detection`, `locality`, `steered_clusters`, `grpc_failure_status_codes`, `clusters`, `health_paths`, `management`, `excluded_paths`, `status_path`, `shadow`"),
         (r#"{"weights": {"exponent": "two"}}"#, "weights.exponent: invalid type: string \"two\", expected f64"),
         (r#"{"smoothing": {"algorithm": "ewma", "alpha": 1.5}}"#, "smoothing.alpha: must be in (0, 1], got 1.5"),
         (r#"{"smoothing": {"algorithm": "peak_ewma", "tau_ms": 0}}"#, "smoothing.tau_ms: must be in [1, 600000], got 0"),
@@ -81,6 +81,11 @@ fn invalid_configurations_name_the_field_and_the_value() {
         (r#"{"locality": {"zone": "a"}}"#, "locality.zone: unknown field `zone`, expected one of `enabled`, `spillover_latency_ratio`, `min_local_hosts`"),
         (r#"{"clusters": {"backend": {"endpoints": ["localhost:80"]}}}"#, "clusters.backend.endpoints[0]: must be IP:port, got \"localhost:80\""),
         (r#"{"clusters": {"backend": {"hosts": []}}}"#, "clusters.backend.hosts: unknown field `hosts`, expected `endpoints`"),
+        (r#"{"steered_clusters": ["outbound|*|reviews"]}"#, "steered_clusters[0]: `*` may only end a prefix, got \"outbound|*|reviews\""),
+        (r#"{"steered_clusters": ["a", ""]}"#, "steered_clusters[1]: must be a cluster name or a prefix ending in `*`, got \"\""),
+        (r#"{"steered_clusters": ["backend "]}"#, "steered_clusters[0]: cluster names have no white space, got \"backend \""),
+        (r#"{"steered_clusters": "backend"}"#, "steered_clusters: invalid type: string \"backend\", expected a sequence"),
+        (r#"{"steered_clusters": ["other"], "clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}}"#, "clusters.backend: has static endpoints but is not in steered_clusters: the plugin would never steer it"),
         (r#"{"status_path": "status"}"#, "status_path: must be a normalised absolute path such as /ewma-lb/status, got \"status\""),
         (r#"{"status_path": "/Status//x"}"#, "status_path: must be a normalised absolute path such as /ewma-lb/status, got \"/Status//x\""),
         (r#"{"grpc_failure_status_codes": ["resource-exhausted"]}"#, "grpc_failure_status_codes[0]: must be a gRPC status code name (write it as RESOURCE_EXHAUSTED), got \"resource-exhausted\""),
@@ -101,4 +106,30 @@ fn invalid_configurations_name_the_field_and_the_value() {
         })
         .collect();
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn steered_clusters_match_exact_names_and_prefixes() {
+    let reviews = "outbound|9080|ewma-lb|reviews.default.svc.cluster.local";
+    let steers = |json: &str, cluster: &str| Config::from_json(json.as_bytes()).unwrap_or_else(|e| panic!("{json}: {e}")).steers(cluster);
+    let cases: &[(&str, &str, bool)] = &[
+        // The default steers every cluster, as before the option existed.
+        ("{}", "backend", true),
+        ("{}", reviews, true),
+        (r#"{"steered_clusters": ["*"]}"#, "anything", true),
+        // An empty list steers nothing, as an empty allowlist allows nothing.
+        (r#"{"steered_clusters": []}"#, "backend", false),
+        (r#"{"steered_clusters": ["outbound|9080|ewma-lb|reviews.default.svc.cluster.local"]}"#, reviews, true),
+        (r#"{"steered_clusters": ["outbound|9080|ewma-lb|reviews.default.svc.cluster.local"]}"#, "outbound|9080||reviews.default.svc.cluster.local", false),
+        (r#"{"steered_clusters": ["outbound|9080|ewma-lb|reviews.default.svc.cluster.local"]}"#, "outbound|9080|ewma-lb|reviews.default.svc.cluster.local.", false),
+        (r#"{"steered_clusters": ["httproute/default/reviews/*"]}"#, "httproute/default/reviews/rule/0", true),
+        (r#"{"steered_clusters": ["httproute/default/reviews/*"]}"#, "httproute/default/reviewsx/rule/0", false),
+        (r#"{"steered_clusters": ["httproute/default/reviews/*"]}"#, "httproute/default/reviews/", true),
+        (r#"{"steered_clusters": ["a", "b*"]}"#, "bee", true),
+        (r#"{"steered_clusters": ["a", "b*"]}"#, "ab", false),
+    ];
+    for (json, cluster, want) in cases {
+        assert_eq!(steers(json, cluster), *want, "{json} steers {cluster:?}");
+    }
 }

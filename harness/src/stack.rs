@@ -41,17 +41,28 @@ impl Stack {
 
     /// The shipped config pointed at `specs`' backends, then `edit` applied to it.
     pub fn start_with(specs: Vec<BackendSpec>, edit: impl FnOnce(&mut EnvoyConfig) -> Result<()>) -> Result<Stack> {
+        Stack::start_with_options(specs, edit, |_| {})
+    }
+
+    /// As [`Stack::start_with`], with Envoy's command line changed by `options` (e.g. its
+    /// `concurrency`).
+    pub fn start_with_options(
+        specs: Vec<BackendSpec>,
+        edit: impl FnOnce(&mut EnvoyConfig) -> Result<()>,
+        options: impl FnOnce(&mut EnvoyOptions),
+    ) -> Result<Stack> {
         let backends: Vec<Backend> = specs.into_iter().map(Backend::start_local).collect::<Result<_>>()?;
         let mut config = EnvoyConfig::local(ports::free_port()?, &paths::plugin_wasm()?)?;
         config.cluster(CLUSTER)?.set_endpoints(&backends.iter().map(Backend::addr).collect::<Vec<_>>())?;
         edit(&mut config)?;
         let port = config.listener(LISTENER)?.port()?;
         // Flush Envoy's log often: some tests read what the plugin logged moments ago.
-        let options = EnvoyOptions {
+        let mut opts = EnvoyOptions {
             extra_args: vec!["--file-flush-interval-msec".into(), "100".into()],
             ..EnvoyOptions::new(config.to_yaml()?)
         };
-        let envoy = Envoy::start(options)?;
+        options(&mut opts);
+        let envoy = Envoy::start(opts)?;
         Ok(Stack { envoy, backends, url: format!("http://127.0.0.1:{port}") })
     }
 

@@ -33,7 +33,7 @@ fn reads_what_the_shipped_config_says() {
         LbPolicy::OverrideHost { header: "x-ewma-lb-host".into(), fallback: EnvoyLb::LeastRequest }
     );
     let plugin: Value = serde_json::from_str(c.plugin().unwrap().plugin_config().unwrap()).unwrap();
-    assert_eq!(plugin, json!({"override_header": "x-ewma-lb-host"}));
+    assert_eq!(plugin, json!({"override_header": "x-ewma-lb-host", "steered_clusters": ["backend"]}));
     assert_eq!(c.plugin().unwrap().module_file().unwrap(), "dist/ewma_lb.wasm");
 }
 

@@ -49,12 +49,12 @@ impl HttpContext for Http {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         let Ok(mut vm) = self.vm.try_borrow_mut() else { return Action::Continue };
         let Vm { worker, header_value, .. } = &mut *vm;
-        let path = host::request_header(":path").unwrap_or_default();
+        let path = host::request_header_bytes(":path").unwrap_or_default();
         let cluster = host::property_string(&["xds", "cluster_name"]);
         let decision = worker.route(&Request { path: &path, cluster: cluster.as_deref() }, || {
             host::property_string(&["source", "address"])
         });
-        trace!("ewma-lb: {path} -> {decision:?}");
+        trace!("ewma-lb: {} -> {decision:?}", path.escape_ascii());
         let header = worker.config().override_header();
         // The client's copy is replaced or removed whatever happens: client input never chooses
         // the host.
@@ -93,9 +93,9 @@ impl HttpContext for Http {
                 self.latency_ns = Some(vm.worker.clock(host::monotonic_ns()).saturating_sub(self.start_ns));
             }
             // A trailers-only gRPC response (an error before any message) has its grpc-status here.
-            let content_type = host::response_map_bytes(MapType::HttpResponseHeaders, "content-type");
+            let content_type = host::map_value_bytes(MapType::HttpResponseHeaders, "content-type");
             self.grpc = GrpcResponse::from_headers(content_type.as_deref(), || {
-                host::response_map_bytes(MapType::HttpResponseHeaders, "grpc-status")
+                host::map_value_bytes(MapType::HttpResponseHeaders, "grpc-status")
             });
         }
         Action::Continue
@@ -103,7 +103,7 @@ impl HttpContext for Http {
 
     fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
         if self.sampled_cluster.is_some() {
-            self.grpc.trailers(|| host::response_map_bytes(MapType::HttpResponseTrailers, "grpc-status"));
+            self.grpc.trailers(|| host::map_value_bytes(MapType::HttpResponseTrailers, "grpc-status"));
         }
         Action::Continue
     }

@@ -12,6 +12,7 @@ use super::host::{self, SharedData};
 use super::http::Http;
 use super::vm::Vm;
 use crate::config::Config;
+use crate::telemetry::BUILD;
 use crate::units::ns_to_whole_ms;
 use crate::worker::Worker;
 
@@ -45,13 +46,17 @@ impl RootContext for Root {
         }
         let policy = config.policy();
         info!(
-            "ewma-lb: configured: smoothing {}, pick {:?}, refresh every {} ms{}",
+            "ewma-lb {} ({}): configured: smoothing {}, pick {:?}, refresh every {} ms{}",
+            BUILD.version,
+            BUILD.commit,
             policy.smoother.name(),
             config.pick(),
             ns_to_whole_ms(policy.refresh_interval_ns),
             if config.shadow() { ", shadow mode (never overrides)" } else { "" }
         );
-        self.vm = Some(Rc::new(RefCell::new(Vm::new(Worker::new(config, random_seed())))));
+        let mut vm = Vm::new(Worker::new(config, random_seed()));
+        vm.metrics.build_info(&BUILD);
+        self.vm = Some(Rc::new(RefCell::new(vm)));
         true
     }
 
