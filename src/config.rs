@@ -17,6 +17,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::locality::LocalityParams;
+use crate::outcome::{GrpcCode, GrpcCodes};
 use crate::outlier::OutlierParams;
 use crate::pick::PickAlgorithm;
 use crate::rules::{default_health_paths, normalize, ManagementConfig, PathSet, Rules};
@@ -57,6 +58,9 @@ pub struct PluginConfig {
     /// clusters whose load-balancing policy obeys the header belong here; requests to any other
     /// are left to Envoy and counted as `unlisted_cluster`.
     pub steered_clusters: Vec<String>,
+    /// gRPC status codes (canonical names, e.g. `UNAVAILABLE`) that are the serving host's
+    /// failure, read from a gRPC response's trailers or trailers-only headers.
+    pub grpc_failure_status_codes: Vec<String>,
     /// Optional static endpoints per Envoy cluster name; others are learned from traffic.
     pub clusters: BTreeMap<String, ClusterConfig>,
     /// Health probes: passed untouched, never steered, never sampled.
@@ -145,6 +149,7 @@ impl Default for PluginConfig {
             outlier_detection: OutlierConfig::default(),
             locality: LocalityConfig::default(),
             steered_clusters: vec![ANY_CLUSTER.into()],
+            grpc_failure_status_codes: GrpcCodes::DEFAULT_FAILURES.iter().map(|c| c.name().to_owned()).collect(),
             clusters: BTreeMap::new(),
             health_paths: default_health_paths(),
             management: ManagementConfig::default(),
@@ -190,6 +195,7 @@ pub struct Config {
     tick_period: Duration,
     policy: Policy,
     failure_penalty_ms: f64,
+    grpc_failures: GrpcCodes,
     pick: PickAlgorithm,
     exploration_share: f64,
     rules: Rules,
@@ -223,6 +229,11 @@ impl Config {
     /// Latency a failed request counts as at least.
     pub fn failure_penalty_ms(&self) -> f64 {
         self.failure_penalty_ms
+    }
+
+    /// gRPC codes that are the serving host's failure.
+    pub fn grpc_failures(&self) -> GrpcCodes {
+        self.grpc_failures
     }
 
     pub fn pick(&self) -> PickAlgorithm {
@@ -318,6 +329,7 @@ impl PluginConfig {
         let smoother = check_smoother(self.smoothing)?;
         let weights = self.weights.compile()?;
         let failure_penalty_ms = in_range("failure_penalty_ms", self.failure_penalty_ms, 0, 600_000)?;
+        let grpc_failures = compile_grpc_codes(&self.grpc_failure_status_codes)?;
         let exploration_share = in_range("exploration_share", self.exploration_share, 0.0, 0.5)?;
         let host_ttl_ms = in_range("host_ttl_ms", self.host_ttl_ms, refresh_interval_ms, 86_400_000)?;
         let max_hosts = in_range("max_hosts_per_cluster", self.max_hosts_per_cluster, 1, MAX_RECORD_HOSTS)?;
@@ -346,6 +358,7 @@ impl PluginConfig {
                 max_hosts,
             },
             failure_penalty_ms: failure_penalty_ms as f64,
+            grpc_failures,
             pick: self.pick,
             exploration_share,
             rules,
@@ -457,6 +470,32 @@ fn compile_clusters(
         }
     }
     Ok(clusters.into_iter().map(|(name, c)| (name, c.endpoints)).collect())
+}
+
+/// `grpc_failure_status_codes`: canonical names only. OK is a success and CANCELLED no sample
+/// at all (the caller gave up), so neither can be a host's failure.
+fn compile_grpc_codes(names: &[String]) -> Result<GrpcCodes, ConfigError> {
+    const FIELD: &str = "grpc_failure_status_codes";
+    let mut codes = Vec::with_capacity(names.len());
+    for (i, name) in names.iter().enumerate() {
+        let field = format!("{FIELD}[{i}]");
+        let Some(code) = GrpcCode::from_name(name) else {
+            let canonical = name.trim().to_ascii_uppercase().replace('-', "_");
+            let hint = match GrpcCode::from_name(&canonical) {
+                Some(c) => format!("write it as {c}"),
+                None => format!("one of {}", GrpcCode::ALL.iter().map(|(_, n)| *n).collect::<Vec<_>>().join(", ")),
+            };
+            return Err(err(field, format!("must be a gRPC status code name ({hint}), got {name:?}")));
+        };
+        match code {
+            GrpcCode::Ok => return Err(err(field, "OK is a success, not a failure")),
+            GrpcCode::Cancelled => {
+                return Err(err(field, "CANCELLED is never a sample: the call was abandoned, most often by the client"))
+            }
+            _ => codes.push(code),
+        }
+    }
+    Ok(codes.into_iter().collect())
 }
 
 fn check_smoother(smoother: Smoother) -> Result<Smoother, ConfigError> {

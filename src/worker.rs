@@ -11,7 +11,7 @@ use std::rc::Rc;
 
 use crate::clock::{RecordClock, VmClock};
 use crate::config::Config;
-use crate::outcome::Outcome;
+use crate::outcome::{GrpcCode, Outcome};
 use crate::pick::PickTable;
 use crate::rules::{normalize_bytes, PathClass};
 use crate::state::{ClusterBatch, ClusterState};
@@ -148,7 +148,11 @@ pub struct Finished<'a> {
     /// `upstream.request_attempt_count`.
     pub attempts: u32,
     pub latency_ms: f64,
+    /// What the status code and response flags say ([`Outcome::classify`]).
     pub outcome: Option<Outcome>,
+    /// The `grpc-status` of a gRPC response; `None` for any other response. It refines
+    /// `outcome` by the configured failure codes ([`Outcome::with_grpc`]).
+    pub grpc_status: Option<GrpcCode>,
     /// `upstream.num_endpoints`: the cluster's endpoint count (asked for once a tick, see
     /// [`Worker::wants_endpoint_count`]).
     pub num_endpoints: Option<u32>,
@@ -404,7 +408,8 @@ impl Worker {
                 }
             }
         }
-        let (Some(host), Some(outcome)) = (done.served_by, done.outcome) else { return };
+        let outcome = Outcome::with_grpc(done.outcome, done.grpc_status, self.config.grpc_failures());
+        let (Some(host), Some(outcome)) = (done.served_by, outcome) else { return };
         let remote = local_zone.is_some_and(|mine| {
             let zone = done.zone.or_else(|| local.snapshot.host(host).map(|h| h.zone.as_str())).unwrap_or_default();
             !zone.is_empty() && zone != mine

@@ -310,7 +310,7 @@ fn hosts_learn_their_zone_and_the_local_zone_keeps_the_traffic() {
         for i in 1..=4 {
             w.finish(
                 CLUSTER,
-                &Finished { served_by: Some(&host(i)), attempts: 1, latency_ms: 50.0, outcome: Some(Outcome::Success), num_endpoints: Some(4), zone: Some(zone_of(i)), picked: None },
+                &Finished { served_by: Some(&host(i)), attempts: 1, latency_ms: 50.0, outcome: Some(Outcome::Success), num_endpoints: Some(4), zone: Some(zone_of(i)), picked: None, grpc_status: None },
             );
         }
         let report = w.tick(t, &mut store.clone());

@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 
 use harness::config::LISTENER;
-use harness::load::{self, LoadSpec, Record};
+use harness::load::{LoadSpec, Record};
 use harness::summary::{shares_per_second, SecondShares, Summary};
 use harness::{Backend, Envoy, EnvoyOptions};
 
@@ -167,6 +167,7 @@ fn run_policy(
     names: &[String],
 ) -> Result<PolicyRun> {
     let mut config = policy.envoy_config(&s.plugin_config, wasm, endpoints, s.route_timeout)?;
+    s.transport.prepare(&mut config)?;
     let port = config.listener(LISTENER)?.port()?;
     let yaml = config.to_yaml()?;
     let options = EnvoyOptions {
@@ -189,7 +190,7 @@ fn run_policy(
         b.reset_clock();
         b.reset_counts();
     }
-    let mut records = load::run(&spec)?;
+    let mut records = s.transport.run_load(&spec)?;
     for r in &mut records {
         if let Some(name) = r.backend.as_ref().and_then(|b| by_addr.get(b)) {
             r.backend = Some(name.clone());
@@ -259,6 +260,7 @@ fn settings(s: &Scenario, rounds: u32) -> serde_json::Value {
         "rounds": rounds,
         "policies": s.policies,
         "plugin_config": s.plugin_config,
+        "transport": s.transport,
         "backends": s.backends.iter().map(|b| serde_json::json!({
             "name": b.name,
             "latency": b.latency.to_string(),

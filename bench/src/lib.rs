@@ -9,4 +9,5 @@ pub mod micro;
 pub mod overhead;
 pub mod plot;
 pub mod policy;
+pub mod protocol;
 pub mod scenario;

@@ -11,6 +11,7 @@ use harness::latency::parse_duration;
 use harness::BackendSpec;
 
 use crate::policy::Policy;
+use crate::protocol::Transport;
 
 /// Upper bound of one policy's run, so a typo cannot run for hours.
 pub const MAX_RUN: Duration = Duration::from_secs(600);
@@ -42,6 +43,9 @@ struct File {
     backends: Vec<FileBackend>,
     #[serde(default)]
     smoke: Option<SmokeFile>,
+    /// `http` (default) or `grpc`; and extra route `retry_on` conditions (`crate::protocol`).
+    protocol: Option<String>,
+    retry_on: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -83,6 +87,7 @@ pub struct Scenario {
     pub pause: Duration,
     pub plugin_config: serde_json::Value,
     pub backends: Vec<BackendSpec>,
+    pub transport: Transport,
 }
 
 impl Scenario {
@@ -133,6 +138,7 @@ impl Scenario {
             pause: f.pause.as_deref().map(|p| dur(p, "pause")).transpose()?.unwrap_or(Duration::from_secs(2)),
             plugin_config: serde_json::to_value(f.plugin_config.unwrap_or_default())?,
             backends: Vec::new(),
+            transport: Transport::parse(f.protocol.as_deref(), f.retry_on.as_deref())?,
         };
         for b in f.backends {
             let mut spec = BackendSpec::new(b.name.clone(), b.latency.parse().with_context(|| format!("backend {}", b.name))?);

@@ -7,6 +7,7 @@
 pub mod backend;
 pub mod config;
 pub mod envoy;
+pub mod grpc;
 pub mod http;
 pub mod latency;
 pub mod load;
@@ -16,7 +17,7 @@ pub mod ports;
 pub mod stack;
 pub mod summary;
 
-pub use backend::{Backend, BackendSpec, Phase};
+pub use backend::{Backend, BackendSpec, GrpcStatusIn, Phase};
 pub use config::EnvoyConfig;
 pub use envoy::{Envoy, EnvoyOptions};
 pub use latency::Latency;

@@ -144,3 +144,18 @@ fn envoy_accepts_the_edited_configs() {
         Envoy::validate(&swapped.to_yaml().unwrap()).unwrap_or_else(|e| panic!("{lb:?}: {e:#}"));
     }
 }
+
+#[test]
+fn http2_upstream_sets_the_protocol_options_and_envoy_accepts_them() {
+    let mut c = shipped();
+    c.cluster(CLUSTER).unwrap().use_http2().unwrap();
+    let options = c.get("static_resources.clusters[name=backend].typed_extension_protocol_options").unwrap().clone();
+    let key = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
+    assert_eq!(options[key]["@type"], format!("type.googleapis.com/{key}"));
+    assert_eq!(options[key]["explicit_http_config"], json!({"http2_protocol_options": {}}));
+    // Nothing else moved: the balancing policy is still the plugin's.
+    assert!(matches!(c.cluster(CLUSTER).unwrap().lb_policy().unwrap(), LbPolicy::OverrideHost { .. }));
+    let mut runnable = EnvoyConfig::local(0, &harness::plugin_wasm().unwrap()).unwrap();
+    runnable.cluster(CLUSTER).unwrap().use_http2().unwrap();
+    Envoy::validate(&runnable.to_yaml().unwrap()).unwrap();
+}
