@@ -11,6 +11,8 @@ mod store;
 
 use std::collections::BTreeMap;
 
+use ewma_lb::map::Map;
+
 use ewma_lb::outcome::Outcome;
 use ewma_lb::state::{Accumulator, ClusterBatch, ClusterState};
 use ewma_lb::sync;
@@ -155,7 +157,7 @@ fn a_full_record_forgets_the_host_seen_least_recently_never_the_newest() {
     for (i, t) in [(1, SEC), (2, 2 * SEC), (1, 3 * SEC), (3, 4 * SEC)] {
         let mut acc = Accumulator::default();
         acc.record(50.0, false, 1000.0);
-        state.merge(&ClusterBatch { hosts: BTreeMap::from([(host(i), acc)]), num_endpoints: None }, t, p);
+        state.merge(&ClusterBatch { hosts: Map::from_iter([(host(i), acc)]), num_endpoints: None }, t, p);
     }
     let left: Vec<&str> = state.hosts.iter().map(|h| h.address.as_str()).collect();
     assert_eq!(left, vec![host(1), host(3)], "host 2 was seen least recently");
@@ -185,7 +187,7 @@ fn two_vms_creating_a_record_in_the_same_tick_lose_no_sample() {
         let mut s = ClusterState::default();
         let mut acc = Accumulator::default();
         acc.record(70.0, false, 1000.0);
-        s.merge(&ClusterBatch { hosts: BTreeMap::from([(host(2), acc)]), num_endpoints: None }, 0, defaults().policy());
+        s.merge(&ClusterBatch { hosts: Map::from_iter([(host(2), acc)]), num_endpoints: None }, 0, defaults().policy());
         sync::encode(&s)
     };
     let key_for_hook = key.clone();

@@ -52,6 +52,31 @@ fn a_full_configuration_parses() {
     assert_eq!(c.tick_period().as_millis(), 100);
 }
 
+/// What the configuration's JSON form writes, it reads back as the same configuration: every
+/// field the serializer knows (the schema tests compare those with the schema) is one the reader
+/// knows, with the same names.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn every_field_written_reads_back() {
+    let mut rich = PluginConfig::default();
+    rich.clusters.insert("backend".into(), ewma_lb::config::ClusterConfig { endpoints: vec!["127.0.0.1:8081".into()] });
+    rich.pick = PickAlgorithm::WeightedRandom;
+    rich.shadow = true;
+    let smoothers = [
+        Smoother::Ewma { alpha: 0.25 },
+        Smoother::DecayEwma { tau_ms: 2_000 },
+        Smoother::PeakEwma { tau_ms: 3_000 },
+        Smoother::Sma { window: 8 },
+        Smoother::BiasCorrectedEwma { beta: 0.8 },
+        Smoother::DualEwma { short_tau_ms: 500, long_tau_ms: 5_000 },
+    ];
+    for smoothing in smoothers {
+        let config = PluginConfig { smoothing, ..rich.clone() };
+        let json = serde_json::to_vec(&config).unwrap();
+        assert_eq!(PluginConfig::from_json(&json), Ok(config), "{}", String::from_utf8_lossy(&json));
+    }
+}
+
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn invalid_configurations_name_the_field_and_the_value() {
@@ -95,7 +120,14 @@ fn invalid_configurations_name_the_field_and_the_value() {
         (r#"{"grpc_failure_status_codes": [14]}"#, "grpc_failure_status_codes[0]: invalid type: integer `14`, expected a string"),
         (r#"{"shadow": "yes"}"#, "shadow: invalid type: string \"yes\", expected a boolean"),
         (r#"[1, 2]"#, "config: must be a JSON object"),
-        (r#"{"weights": "#, "weights: EOF while parsing a value"),
+        // Not JSON at all: where the parser stopped.
+        (r#"{"weights": "#, "config: EOF while parsing a value at line 1 column 12"),
+        (r#"{"weights": {"slow_start_ms": -5}}"#, "weights.slow_start_ms: invalid value: integer `-5`, expected u64"),
+        (r#"{"weights": {"slow_start_ms": 1.5}}"#, "weights.slow_start_ms: invalid type: floating point `1.5`, expected u64"),
+        (r#"{"steered_clusters": "backend"}"#, "steered_clusters: invalid type: string \"backend\", expected a sequence"),
+        (r#"{"clusters": {"backend": {"endpoints": [1]}}}"#, "clusters.backend.endpoints[0]: invalid type: integer `1`, expected a string"),
+        (r#"{"smoothing": {"tau_ms": 100}}"#, "smoothing: missing field `algorithm`"),
+        (r#"{"management": {"paths": {"prefix": "/x"}}}"#, "management.paths.prefix: invalid type: string \"/x\", expected a sequence"),
     ];
     let wrong: Vec<String> = cases
         .iter()

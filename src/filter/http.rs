@@ -54,7 +54,7 @@ impl HttpContext for Http {
         let decision = worker.route(&Request { path: &path, cluster: cluster.as_deref() }, || {
             host::property_string(&["source", "address"])
         });
-        trace!("ewma-lb: {} -> {decision:?}", path.escape_ascii());
+        trace!("ewma-lb: {} -> {decision}", path.escape_ascii());
         let header = worker.config().override_header();
         // The client's copy is replaced or removed whatever happens: client input never chooses
         // the host.
