@@ -59,3 +59,4 @@ CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER="$PWD/.tools/bin/wasm-bindgen-test-ru
 
 step "benchmark tool smoke (measures nothing; keeps the tool from rotting)"
 cargo run --quiet -p ewma-bench -- compare bench/scenarios/seed-table.toml --smoke --out target/bench-smoke
+cargo run --quiet -p ewma-bench -- compare bench/scenarios/grpc.toml --smoke --no-plots --out target/bench-smoke-grpc

@@ -13,11 +13,12 @@
 //! it (it left the cluster), when the cluster has fewer endpoints than the record has hosts (the
 //! least recently seen go), or after `host_ttl` of silence.
 
-use std::collections::BTreeMap;
+
 
 use serde::{Deserialize, Serialize};
 
 use crate::locality::{self, LocalityParams, ZoneInput};
+use crate::map::Map;
 use crate::outlier::{ejection_budget, Health, OutlierParams};
 use crate::smoothing::{Batch, Estimate, Smoother};
 use crate::units::NS_PER_SEC;
@@ -68,7 +69,7 @@ impl Accumulator {
 /// What one worker observed of one cluster since its last successful merge.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ClusterBatch {
-    pub hosts: BTreeMap<String, Accumulator>,
+    pub hosts: Map<String, Accumulator>,
     /// The latest `upstream.num_endpoints` seen.
     pub num_endpoints: Option<u32>,
 }
@@ -138,8 +139,9 @@ pub struct ClusterState {
     pub hosts: Vec<HostState>,
 }
 
-/// Everything merge and refresh need to know of the configuration; `Config::policy`.
-#[derive(Clone, Debug, PartialEq)]
+/// Everything merge and refresh need to know of the configuration; `Config::policy`. Serialized
+/// only to fingerprint it (`sync::namespace`).
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Policy {
     pub smoother: Smoother,
     pub weights: WeightParams,
@@ -360,7 +362,7 @@ impl ClusterState {
             .filter(|h| !h.is_static && now_ns.saturating_sub(h.last_seen_ns) >= grace_ns)
             .map(|h| (h.last_seen_ns, h.address.clone()))
             .collect();
-        silent.sort();
+        silent.sort_unstable();
         silent.truncate(surplus);
         self.hosts.retain(|h| !silent.iter().any(|(_, a)| *a == h.address));
     }

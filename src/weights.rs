@@ -11,10 +11,10 @@
 //! Ejected hosts get nothing; they are excluded before any of the rules apply.
 
 use crate::locality::Split;
-use crate::units::ms_to_ns;
+use crate::units::{ms_to_ns, within};
 
 /// The tunables of [`shares`]; `weights` in the plugin configuration (which gives the ramp in ms).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct WeightParams {
     /// Share ∝ score^-exponent. 1 is "inverse latency"; 2 makes a 10x slower host 100x less loaded.
     pub exponent: f64,
@@ -94,7 +94,7 @@ pub fn shares_within(hosts: &[HostInput], params: &WeightParams, split: Option<&
             .iter()
             .map(|h| match (h.ejected, h.previous_share.filter(|p| *p > 0.0 && damped)) {
                 (true, _) => (0.0, 0.0),
-                (false, Some(prev)) => ((prev / ratio).max(floor), (prev * ratio).clamp(floor, 1.0)),
+                (false, Some(prev)) => ((prev / ratio).max(floor), within(prev * ratio, floor, 1.0)),
                 (false, None) => (floor, 1.0),
             })
             .collect()
@@ -128,7 +128,7 @@ fn fit(targets: &[f64], limits: &[(f64, f64)]) -> Vec<f64> {
     let total: f64 = targets.iter().sum();
     let targets: Vec<f64> = targets.iter().map(|t| if total > 0.0 { t / total } else { 0.0 }).collect();
     let at = |lambda: f64| -> f64 {
-        targets.iter().zip(limits).map(|(t, (lo, hi))| (lambda * t).clamp(*lo, *hi)).sum()
+        targets.iter().zip(limits).map(|(t, (lo, hi))| within(lambda * t, *lo, *hi)).sum()
     };
     let (mut below, mut above) = (0.0, 1.0);
     for _ in 0..64 {
@@ -146,7 +146,7 @@ fn fit(targets: &[f64], limits: &[(f64, f64)]) -> Vec<f64> {
             above = mid;
         }
     }
-    let mut out: Vec<f64> = targets.iter().zip(limits).map(|(t, (lo, hi))| (above * t).clamp(*lo, *hi)).collect();
+    let mut out: Vec<f64> = targets.iter().zip(limits).map(|(t, (lo, hi))| within(above * t, *lo, *hi)).collect();
     // What bisection leaves (≤ 1e-12) is rounding; renormalise it away.
     let sum: f64 = out.iter().sum();
     if sum > 0.0 {
@@ -166,7 +166,7 @@ fn ramp(active_for_ns: u64, params: &WeightParams) -> f64 {
         return 1.0;
     }
     let progress = active_for_ns as f64 / params.slow_start_ns as f64;
-    progress.clamp(params.slow_start_min_factor.clamp(0.0, 1.0), 1.0)
+    within(progress, within(params.slow_start_min_factor, 0.0, 1.0), 1.0)
 }
 
 /// The median of the finite scores; `None` when there is none.
@@ -175,7 +175,7 @@ pub fn median(scores: impl Iterator<Item = f64>) -> Option<f64> {
     if v.is_empty() {
         return None;
     }
-    v.sort_by(f64::total_cmp);
+    v.sort_unstable_by(f64::total_cmp);
     let mid = v.len() / 2;
     let upper = v.get(mid).copied()?;
     if v.len() % 2 == 1 {

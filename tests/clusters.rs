@@ -11,6 +11,8 @@ mod store;
 
 use std::collections::BTreeMap;
 
+use ewma_lb::map::Map;
+
 use ewma_lb::outcome::Outcome;
 use ewma_lb::state::{Accumulator, ClusterBatch, ClusterState};
 use ewma_lb::status::HostPhase;
@@ -189,7 +191,7 @@ fn a_full_record_forgets_the_host_seen_least_recently_never_the_newest() {
     for (i, t) in [(1, SEC), (2, 2 * SEC), (1, 3 * SEC), (3, 4 * SEC)] {
         let mut acc = Accumulator::default();
         acc.record(50.0, false, 1000.0);
-        state.merge(&ClusterBatch { hosts: BTreeMap::from([(host(i), acc)]), num_endpoints: None }, t, p);
+        state.merge(&ClusterBatch { hosts: Map::from_iter([(host(i), acc)]), num_endpoints: None }, t, p);
     }
     let left: Vec<&str> = state.hosts.iter().map(|h| h.address.as_str()).collect();
     assert_eq!(left, vec![host(1), host(3)], "host 2 was seen least recently");
@@ -219,7 +221,7 @@ fn two_vms_creating_a_record_in_the_same_tick_lose_no_sample() {
         let mut s = ClusterState::default();
         let mut acc = Accumulator::default();
         acc.record(70.0, false, 1000.0);
-        s.merge(&ClusterBatch { hosts: BTreeMap::from([(host(2), acc)]), num_endpoints: None }, 0, defaults().policy());
+        s.merge(&ClusterBatch { hosts: Map::from_iter([(host(2), acc)]), num_endpoints: None }, 0, defaults().policy());
         sync::encode(&s)
     };
     let key_for_hook = key.clone();
@@ -344,7 +346,7 @@ fn hosts_learn_their_zone_and_the_local_zone_keeps_the_traffic() {
         for i in 1..=4 {
             w.finish(
                 CLUSTER,
-                &Finished { served_by: Some(&host(i)), attempts: 1, latency_ms: 50.0, outcome: Some(Outcome::Success), num_endpoints: Some(4), zone: Some(zone_of(i)), picked: None },
+                &Finished { served_by: Some(&host(i)), attempts: 1, latency_ms: 50.0, outcome: Some(Outcome::Success), num_endpoints: Some(4), zone: Some(zone_of(i)), picked: None, grpc_status: None },
             );
         }
         let report = w.tick(t, &mut store.clone());
@@ -369,7 +371,7 @@ fn hosts_learn_their_zone_and_the_local_zone_keeps_the_traffic() {
     // host in the same tick comes without it, and crossed zones all the same.
     let newcomer = host(5);
     assert!(w.wants_zone(CLUSTER, &newcomer));
-    let done = |zone| Finished { served_by: Some(&newcomer), attempts: 1, latency_ms: 50.0, outcome: Some(Outcome::Success), num_endpoints: Some(5), zone, picked: None };
+    let done = |zone| Finished { served_by: Some(&newcomer), attempts: 1, latency_ms: 50.0, outcome: Some(Outcome::Success), num_endpoints: Some(5), zone, ..Finished::default() };
     w.finish(CLUSTER, &done(Some("zone-b")));
     assert!(!w.wants_zone(CLUSTER, &newcomer));
     w.finish(CLUSTER, &done(None));

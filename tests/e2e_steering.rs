@@ -65,21 +65,24 @@ fn a_recovered_backend_earns_its_share_back() {
     eprintln!("recovered backend back to >= 20 % after {:?}", took.unwrap_or_default());
 }
 
-/// What it observes: for every request carrying a forged override header (naming the slow
-/// backend, or Envoy's admin port), the override header the serving backend received (it echoes
-/// it) and which backend that was. Envoy's override_host sends a request to the first address
-/// of the header it sees, so "every request was served by the first address of the header that
-/// reached the backend, and no backend ever received the client's value" holds only if the
-/// header Envoy obeyed was written by the plugin, whatever its table says (even when it names
-/// the same host the client did). Requests the plugin leaves to the fallback (before its first
-/// table, exploration) reach a backend with no header at all: the client's copy was removed.
+/// What it observes: for every request carrying a forged override header, the override header
+/// the serving backend received (it echoes it) and which backend that was. The forged value names
+/// the slow backend (or Envoy's admin port) twice, `A,A`: Envoy would obey it like any list, but
+/// the plugin never writes it (its second address is always another host), so a backend seeing
+/// it can only mean the client's header got through. Envoy's override_host sends a request to
+/// the first address of the header it sees, so "every request was served by the first address of
+/// the header that reached the backend, and that header was never the client's" holds only if the
+/// header Envoy obeyed was the plugin's, whatever its table says (even when it names the host the
+/// client named). Requests the plugin leaves to the fallback (before its first table,
+/// exploration) reach a backend with no header at all: the client's copy was removed.
 #[test]
 fn a_client_supplied_override_header_never_decides_the_host() {
     let stack = Stack::start(seed_backends()).unwrap();
     let address_of: BTreeMap<String, String> =
         stack.backends.iter().map(|b| (b.name().to_string(), b.addr().to_string())).collect();
-    let slow = address_of["slow"].clone();
-    let admin = stack.envoy.admin_addr().to_string();
+    let twice = |address: &str| format!("{address},{address}");
+    let slow = twice(&address_of["slow"]);
+    let admin = twice(&stack.envoy.admin_addr().to_string());
     let forged = |value: &str| {
         let r = http::get(&format!("{}/work", stack.url), &[(OVERRIDE_HEADER, value)]).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(r.status, 200, "forged {value}: {r:?}");

@@ -250,6 +250,11 @@ fn invalid_configs_are_rejected_by_both_the_schema_and_the_parser() {
         json!({"weights": {"slow_start_min_factor": 0}}),
         json!({"weights": {"exponnent": 2}}),
         json!({"failure_penalty_ms": -1}),
+        json!({"grpc_failure_status_codes": ["CANCELLED"]}),
+        json!({"grpc_failure_status_codes": ["OK"]}),
+        json!({"grpc_failure_status_codes": ["unavailable"]}),
+        json!({"grpc_failure_status_codes": [14]}),
+        json!({"grpc_failure_status_codes": "UNAVAILABLE"}),
         json!({"pick": "round_robin"}),
         json!({"exploration_share": 0.6}),
         json!({"host_ttl_ms": 86_400_001}),
@@ -288,6 +293,9 @@ fn invalid_configs_are_rejected_by_both_the_schema_and_the_parser() {
         json!({"clusters": {"outbound|9080||reviews.default.svc.cluster.local": {"endpoints": ["10.1.2.3:9080", "[fd00::1]:9080"]}}}),
         json!({"management": {"allowed_cidrs": ["10.0.0.0/8", "192.168.1.10", "::1"]}}),
         json!({"outlier_detection": {"consecutive_failures": 0}}),
+        json!({"grpc_failure_status_codes": []}),
+        json!({"grpc_failure_status_codes": ["UNAVAILABLE", "UNIMPLEMENTED"]}),
+        json!({"excluded_paths": {"exact": ["/pkg.Service/Watch"], "prefix": ["/pkg.Streams/"]}}),
     ];
     for config in valid {
         assert_accepted("valid table", &config);

@@ -365,3 +365,36 @@ fn clusters_outside_steered_clusters_are_left_to_envoy_and_counted() {
     let clusters: Vec<&str> = w.snapshots().map(|(name, _)| name).collect();
     assert_eq!(clusters, vec![CLUSTER]);
 }
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_grpc_status_decides_what_a_200_was() {
+    use ewma_lb::outcome::GrpcCode;
+    let grpc = |w: &mut Worker, status: GrpcCode| {
+        let done = Finished { served_by: Some("10.0.0.1:80"), attempts: 1, latency_ms: 1.0, outcome: Some(Outcome::Success), grpc_status: Some(status), ..Finished::default() };
+        w.finish(CLUSTER, &done);
+    };
+    // What the shared record says of the host after `calls` calls answered `status` in 1 ms.
+    let after = |cfg: &str, status: GrpcCode, calls: usize| {
+        let store = Shared::default();
+        let mut w = Worker::new(config(cfg), 1);
+        for _ in 0..calls {
+            grpc(&mut w, status);
+        }
+        w.tick(SEC, &mut store.clone());
+        let h = store.state().host("10.0.0.1:80").cloned().unwrap();
+        (h.latency.samples(), h.latency.value_ms().unwrap_or(0.0), h.health.consecutive_failures)
+    };
+    // UNAVAILABLE in 1 ms is a failure at the penalty latency, not the fastest host.
+    assert_eq!(after("{}", GrpcCode::Unavailable, 3), (3, 1000.0, 3));
+    assert_eq!(after("{}", GrpcCode::NotFound, 3), (3, 1.0, 0));
+    // Unless the operator says it is not a failure.
+    assert_eq!(after(r#"{"grpc_failure_status_codes": ["INTERNAL"]}"#, GrpcCode::Unavailable, 3), (3, 1.0, 0));
+    // CANCELLED is no sample at all.
+    let store = Shared::default();
+    let mut w = Worker::new(defaults(), 1);
+    grpc(&mut w, GrpcCode::Cancelled);
+    finish_ok(&mut w, "10.0.0.2:80", 5.0);
+    w.tick(SEC, &mut store.clone());
+    assert!(store.state().host("10.0.0.1:80").is_none_or(|h| h.latency.samples() == 0), "{:?}", store.state());
+}

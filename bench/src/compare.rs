@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 
 use harness::config::LISTENER;
-use harness::load::{self, LoadSpec, Record};
+use harness::load::{LoadSpec, Record};
 use harness::summary::{shares_per_second, SecondShares, Summary};
 use harness::{Backend, BackendPool, Envoy, EnvoyOptions};
 
@@ -168,6 +168,7 @@ fn run_policy(
     names: &[String],
 ) -> Result<PolicyRun> {
     let mut config = policy.envoy_config(&s.plugin_config, wasm, endpoints, s.route_timeout)?;
+    s.transport.prepare(&mut config)?;
     // Endpoints that join, leave or have zones: from a file, rewritten while the load runs.
     let churn = Churn::prepare(&s.membership, &mut config, backends)?;
     let port = config.listener(LISTENER)?.port()?;
@@ -193,7 +194,7 @@ fn run_policy(
         b.reset_counts();
     }
     let churn = churn.map(|c| c.start(s.duration));
-    let mut records = load::run(&spec)?;
+    let mut records = s.transport.run_load(&spec)?;
     let _eds = churn.map(|c| c.join().map_err(|_| anyhow::anyhow!("the endpoint changes panicked"))?).transpose()?;
     for r in &mut records {
         if let Some(name) = r.backend.as_ref().and_then(|b| by_addr.get(b)) {
@@ -265,6 +266,7 @@ fn settings(s: &Scenario, rounds: u32) -> serde_json::Value {
         "rounds": rounds,
         "policies": s.policies,
         "plugin_config": s.plugin_config,
+        "transport": s.transport,
         "backends": s.backends.iter().map(|b| serde_json::json!({
             "name": b.name,
             "latency": b.latency.to_string(),

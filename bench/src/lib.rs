@@ -10,5 +10,6 @@ pub mod micro;
 pub mod overhead;
 pub mod plot;
 pub mod policy;
+pub mod protocol;
 pub mod scenario;
 pub mod windows;

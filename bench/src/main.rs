@@ -121,6 +121,10 @@ struct LoadArgs {
     /// Print the final summary as JSON.
     #[arg(long)]
     json: bool,
+    /// gRPC unary calls (the harness's test service, HTTP/2) to the URL's host and port instead
+    /// of HTTP GETs; headers become call metadata.
+    #[arg(long)]
+    grpc: bool,
 }
 
 fn main() {
@@ -193,7 +197,7 @@ fn load(args: LoadArgs) -> Result<()> {
         let reporter = args.report_every.map(|every| tokio::spawn(report(rx, every)));
         // Without a reporter the channel is simply not created, so nothing piles up unread.
         let observer = reporter.as_ref().map(|_| tx);
-        let records = run_observed(&spec, observer).await;
+        let records = if args.grpc { harness::grpc::run_observed(&spec, observer).await } else { run_observed(&spec, observer).await };
         if let Some(r) = reporter {
             let _ = r.await;
         }

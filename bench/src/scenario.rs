@@ -13,6 +13,7 @@ use harness::BackendSpec;
 use crate::membership::{EndpointPlan, FileMembership, Membership};
 use crate::policy::Policy;
 use crate::windows::{FileWindow, Window};
+use crate::protocol::Transport;
 
 /// Upper bound of one policy's run, so a typo cannot run for hours.
 pub const MAX_RUN: Duration = Duration::from_secs(600);
@@ -48,6 +49,9 @@ struct File {
     windows: Vec<FileWindow>,
     #[serde(default)]
     smoke: Option<SmokeFile>,
+    /// `http` (default) or `grpc`; and extra route `retry_on` conditions (`crate::protocol`).
+    protocol: Option<String>,
+    retry_on: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -99,6 +103,7 @@ pub struct Scenario {
     /// When each backend is in the cluster, and in which zone (same order as `backends`).
     pub membership: Membership,
     pub windows: Vec<Window>,
+    pub transport: Transport,
 }
 
 impl Scenario {
@@ -151,6 +156,7 @@ impl Scenario {
             backends: Vec::new(),
             membership: Membership { local_zone: f.local_zone, endpoints: Vec::new() },
             windows: f.windows.iter().map(Window::parse).collect::<Result<_>>()?,
+            transport: Transport::parse(f.protocol.as_deref(), f.retry_on.as_deref())?,
         };
         for b in f.backends {
             let mut spec = BackendSpec::new(b.name.clone(), b.latency.parse().with_context(|| format!("backend {}", b.name))?);

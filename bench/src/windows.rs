@@ -196,7 +196,7 @@ mod tests {
     use crate::membership::EndpointPlan;
 
     fn record(sent_s: f64, backend: &str) -> Record {
-        Record { sent_at: Duration::from_secs_f64(sent_s), latency: Duration::from_millis(10), status: 200, backend: Some(backend.into()), dropped: false }
+        Record { sent_at: Duration::from_secs_f64(sent_s), latency: Duration::from_millis(10), status: 200, grpc_status: None, backend: Some(backend.into()), dropped: false }
     }
 
     #[test]

@@ -65,7 +65,8 @@ fn rendering_changes_nothing_but_the_edits() {
     route["route"]["timeout"] = json!("1.64s");
     route["response_headers_to_add"] = json!([{"header": {"key": "x-upstream-host", "value": "%UPSTREAM_HOST%"}}]);
     let filters = hcm["http_filters"].as_array_mut().unwrap();
-    let wasm = &mut filters.iter_mut().find(|f| f["name"] == WASM_FILTER).unwrap()["typed_config"]["config"];
+    let wasm = filters.iter_mut().find(|f| f["name"] == WASM_FILTER).unwrap();
+    let wasm = &mut wasm["typed_config"]["config"];
     wasm["configuration"]["value"] = json!(r#"{"shadow": true}"#);
     wasm["vm_config"]["code"]["local"]["filename"] = json!("/abs/ewma_lb.wasm");
     let endpoint = |ip: &str, port: u16| json!({"endpoint": {"address": {"socket_address": {"address": ip, "port_value": port}}}});
@@ -81,9 +82,9 @@ fn the_policy_swap_leaves_envoy_alone_to_choose() {
     assert_eq!(c.cluster(CLUSTER).unwrap().lb_policy().unwrap(), LbPolicy::Envoy(EnvoyLb::Random));
     assert!(c.get("static_resources.clusters[name=backend].load_balancing_policy").is_err());
     let filters = c.listener(LISTENER).unwrap().http().unwrap().get("http_filters").unwrap().clone();
-    let names: Vec<&str> = filters.as_array().unwrap().iter().filter_map(|f| f["name"].as_str()).collect();
-    // The plugin is gone; the native filter that strips a client's override header stays (it
-    // changes no host choice) and the router is last.
+    let names: Vec<&str> = filters.as_array().unwrap().iter().map(|f| f["name"].as_str().unwrap()).collect();
+    // The plugin is gone; the native filter that strips a client's override header stays (the
+    // cluster no longer reads that header, and it costs Envoy's own policies nothing to speak of).
     assert_eq!(names, ["envoy.filters.http.header_mutation", "envoy.filters.http.router"], "{filters}");
     // What ships around it stays.
     assert_eq!(c.get("static_resources.clusters[name=backend].track_cluster_stats.per_endpoint_stats").unwrap(), &json!(true));
@@ -166,4 +167,19 @@ fn envoy_accepts_the_edited_configs() {
         swapped.use_envoy_lb(CLUSTER, lb).unwrap();
         Envoy::validate(&swapped.to_yaml().unwrap()).unwrap_or_else(|e| panic!("{lb:?}: {e:#}"));
     }
+}
+
+#[test]
+fn http2_upstream_sets_the_protocol_options_and_envoy_accepts_them() {
+    let mut c = shipped();
+    c.cluster(CLUSTER).unwrap().use_http2().unwrap();
+    let options = c.get("static_resources.clusters[name=backend].typed_extension_protocol_options").unwrap().clone();
+    let key = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
+    assert_eq!(options[key]["@type"], format!("type.googleapis.com/{key}"));
+    assert_eq!(options[key]["explicit_http_config"], json!({"http2_protocol_options": {}}));
+    // Nothing else moved: the balancing policy is still the plugin's.
+    assert!(matches!(c.cluster(CLUSTER).unwrap().lb_policy().unwrap(), LbPolicy::OverrideHost { .. }));
+    let mut runnable = EnvoyConfig::local(0, &harness::plugin_wasm().unwrap()).unwrap();
+    runnable.cluster(CLUSTER).unwrap().use_http2().unwrap();
+    Envoy::validate(&runnable.to_yaml().unwrap()).unwrap();
 }

@@ -74,5 +74,11 @@ impl SharedStore for SharedData {
 
 /// A request header as the client sent it: bytes, which need not be UTF-8.
 pub fn request_header_bytes(name: &str) -> Option<Vec<u8>> {
-    hostcalls::get_map_value_bytes(MapType::HttpRequestHeaders, name).ok().flatten()
+    map_value_bytes(MapType::HttpRequestHeaders, name)
+}
+
+/// A header or trailer of `map` as bytes, `None` when absent or unreadable (e.g. a response
+/// header, or trailer, of `HttpResponseHeaders` / `HttpResponseTrailers`).
+pub fn map_value_bytes(map: MapType, name: &str) -> Option<Vec<u8>> {
+    hostcalls::get_map_value_bytes(map, name).ok().flatten()
 }

@@ -12,11 +12,11 @@
 //! set to 0 first, so a forgotten host does not keep its last weight) and counted in
 //! `ewma_lb_metric_series_evicted_total`, and the new series takes its place.
 
-use std::collections::HashMap;
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
 
+use crate::map::Map;
 use crate::telemetry::{Build, Change, Metric, MetricKind, Update, CLUSTER_LABEL, NO_CLUSTER};
 
 /// Series one VM keeps updating at most (README, "Observability").
@@ -32,7 +32,7 @@ struct Series {
 }
 
 /// `(metric, cluster, label value) -> series`.
-type Index = HashMap<(Metric, String, String), Series>;
+type Index = Map<(Metric, String, String), Series>;
 
 #[derive(Default)]
 pub struct Metrics {

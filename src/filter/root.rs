@@ -46,11 +46,11 @@ impl RootContext for Root {
         }
         let policy = config.policy();
         info!(
-            "ewma-lb {} ({}): configured: smoothing {}, pick {:?}, refresh every {} ms{}",
+            "ewma-lb {} ({}): configured: smoothing {}, pick {}, refresh every {} ms{}",
             BUILD.version,
             BUILD.commit,
             policy.smoother.name(),
-            config.pick(),
+            config.pick().name(),
             ns_to_whole_ms(policy.refresh_interval_ns),
             if config.shadow() { ", shadow mode (never overrides)" } else { "" }
         );
@@ -80,7 +80,7 @@ impl RootContext for Root {
             warn!("ewma-lb: the shared record of cluster {cluster} could not be read ({e}); rebuilt it (counted in ewma_lb_shared_record_errors_total)");
         }
         for (cluster, e) in &report.errors {
-            warn!("ewma-lb: samples for cluster {cluster} kept for the next tick: {e:?}");
+            warn!("ewma-lb: samples for cluster {cluster} kept for the next tick: {e}");
         }
         metrics.flush();
     }

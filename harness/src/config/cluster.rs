@@ -159,6 +159,21 @@ impl Cluster<'_> {
         Ok(self)
     }
 
+    /// Talk HTTP/2 to the endpoints (h2c: prior knowledge, no TLS), as a gRPC cluster must:
+    /// `typed_extension_protocol_options` with `explicit_http_config.http2_protocol_options`.
+    /// Requests to one endpoint then share a connection per Envoy worker, multiplexed.
+    pub fn use_http2(&mut self) -> Result<&mut Self> {
+        const OPTIONS: &str = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
+        let options = json!({
+            OPTIONS: {
+                "@type": format!("type.googleapis.com/{OPTIONS}"),
+                "explicit_http_config": {"http2_protocol_options": {}},
+            }
+        });
+        self.upsert("typed_extension_protocol_options", options)?;
+        Ok(self)
+    }
+
     /// The request header `override_host` reads (it must be the plugin's `override_header`).
     pub fn set_override_header(&mut self, header: &str) -> Result<&mut Self> {
         self.lb_policy()?;
