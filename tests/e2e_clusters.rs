@@ -59,6 +59,10 @@ fn a_cold_start_with_fifty_endpoints_gives_each_its_fair_share() {
     let out_of_range: Vec<(&String, &u64)> =
         window.iter().filter(|(_, n)| (**n as f64) < 0.5 * fair || (**n as f64) > 2.0 * fair).collect();
     eprintln!("cold start, seconds 1-6: {total} requests, fair {fair:.0}, min {:?}, max {:?}", window.values().min(), window.values().max());
+    if let Some((name, _)) = window.iter().min_by_key(|(_, n)| **n) {
+        let per_second: Vec<u64> = (0..7).map(|s| served_between(&records, s as f64, s as f64 + 1.0).get(name).copied().unwrap_or(0)).collect();
+        eprintln!("cold start: the least served, {name}, per second: {per_second:?}");
+    }
     assert_eq!(window.len(), 50, "every endpoint served: {window:?}");
     assert!(out_of_range.is_empty(), "outside 0.5-2x of fair ({fair:.0}): {out_of_range:?}");
     assert!(errors(&records).is_empty(), "{:?}", errors(&records).first());
