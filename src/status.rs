@@ -67,7 +67,7 @@ impl HostPhase {
             HostPhase::Absent
         } else if host.health.is_ejected(now_ns) {
             HostPhase::Ejected
-        } else if now_ns.saturating_sub(host.active_since_ns) < slow_start_ns {
+        } else if host.active_for_ns(now_ns) < slow_start_ns {
             HostPhase::Warming
         } else {
             HostPhase::Live

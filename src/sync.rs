@@ -192,7 +192,7 @@ pub fn sync_cluster(
         state.clock_ns = now_ns;
         let merged = state.merge(batch, now_ns, policy);
         let mut ejected = merged.ejected;
-        let refreshed = state.refresh_due(now_ns, policy);
+        let refreshed = merged.membership_changed() || state.refresh_due(now_ns, policy);
         if refreshed {
             ejected += state.refresh(now_ns, policy, ctx.static_hosts, ctx.local_zone);
         }

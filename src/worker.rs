@@ -429,8 +429,14 @@ impl Worker {
         }
         let outcome = Outcome::with_grpc(done.outcome, done.grpc_status, self.config.grpc_failures());
         let (Some(host), Some(outcome)) = (done.served_by, outcome) else { return };
+        // The zone as reported now, or as this VM's batch or the record already know it (the
+        // adapter reads it once per host: see `wants_zone`).
         let remote = local_zone.is_some_and(|mine| {
-            let zone = done.zone.or_else(|| local.snapshot.host(host).map(|h| h.zone.as_str())).unwrap_or_default();
+            let zone = done
+                .zone
+                .or_else(|| local.batch.hosts.get(host).and_then(|a| a.zone.as_deref()))
+                .or_else(|| local.snapshot.host(host).map(|h| h.zone.as_str()))
+                .unwrap_or_default();
             !zone.is_empty() && zone != mine
         });
         if let Some(acc) = local.host_batch(host) {

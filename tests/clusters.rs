@@ -15,6 +15,7 @@ use ewma_lb::map::Map;
 
 use ewma_lb::outcome::Outcome;
 use ewma_lb::state::{Accumulator, ClusterBatch, ClusterState};
+use ewma_lb::status::HostPhase;
 use ewma_lb::sync;
 use ewma_lb::telemetry::{Change, Metric};
 use ewma_lb::worker::{Decision, Finished, Worker};
@@ -90,11 +91,44 @@ fn hosts_met_while_learning_the_cluster_need_no_slow_start_but_newcomers_ramp_in
     let state = store.state();
     assert!(state.complete, "every endpoint known");
     assert!(state.hosts.iter().all(|h| h.active_since_ns == 0), "no ramp for a host the plugin met late: {state:?}");
+    // Live, not warming, though the record's clock has not run a ramp's length yet.
+    let ramp_ns = defaults().policy().weights.slow_start_ns;
+    assert!(state.clock_ns < ramp_ns, "the check needs a young record: {}", state.clock_ns);
+    assert!(state.hosts.iter().all(|h| HostPhase::of(h, state.clock_ns, ramp_ns) == HostPhase::Live), "{state:?}");
     // A scale-out: the cluster grows to four, and the fourth is new to the cluster too.
     served(&mut w, &host(4), 50.0, 4);
     w.tick(t, &mut store.clone());
-    let newcomer = store.state().host(&host(4)).cloned().unwrap();
+    let state = store.state();
+    let newcomer = state.host(&host(4)).cloned().unwrap();
     assert!(newcomer.active_since_ns > 0, "{newcomer:?}");
+    assert_eq!(HostPhase::of(&newcomer, state.clock_ns, ramp_ns), HostPhase::Warming);
+    let old = state.host(&host(1)).unwrap().share;
+    assert!((newcomer.share / old - 0.1).abs() < 0.01, "starts at the ramp's 10 %: {} against {old}", newcomer.share);
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn the_table_follows_a_change_of_membership_in_the_same_tick_not_at_the_next_refresh() {
+    // Refreshes every 10 s: only a change of who is in the cluster may move the table sooner.
+    let store = Shared::default();
+    let mut w = Worker::new(config(r#"{"refresh_interval_ms": 10000, "exploration_share": 0}"#), 1);
+    served(&mut w, &host(1), 50.0, 2);
+    served(&mut w, &host(2), 50.0, 2);
+    w.tick(SEC, &mut store.clone());
+    assert_eq!(w.explore_share(CLUSTER), Some(0.0));
+    // Envoy reports two more endpoints: their share goes to the fallback from this tick on.
+    served(&mut w, &host(1), 50.0, 4);
+    w.tick(SEC + 100 * MS, &mut store.clone());
+    assert_eq!(w.explore_share(CLUSTER), Some(0.5));
+    // The fallback served one of them: it has a share (and the fallback less) at once.
+    served(&mut w, &host(3), 50.0, 4);
+    let report = w.tick(SEC + 200 * MS, &mut store.clone());
+    assert_eq!(report.refreshed, 1);
+    assert!(store.state().host(&host(3)).unwrap().share > 0.0);
+    assert_eq!(w.explore_share(CLUSTER), Some(0.25));
+    // Nothing new: no refresh before the interval.
+    served(&mut w, &host(3), 50.0, 4);
+    assert_eq!(w.tick(SEC + 300 * MS, &mut store.clone()).refreshed, 0);
 }
 
 #[test]
@@ -333,4 +367,14 @@ fn hosts_learn_their_zone_and_the_local_zone_keeps_the_traffic() {
     let counts = picks(&mut w, 10_000);
     let local: usize = (1..=2).map(|i| counts.get(&host(i)).copied().unwrap_or(0)).sum();
     assert!(local >= 9_900, "equal zones: the local zone keeps all but the floor: {counts:?}");
+    // The adapter reads a host's zone once (`wants_zone`): a second request to a new remote
+    // host in the same tick comes without it, and crossed zones all the same.
+    let newcomer = host(5);
+    assert!(w.wants_zone(CLUSTER, &newcomer));
+    let done = |zone| Finished { served_by: Some(&newcomer), attempts: 1, latency_ms: 50.0, outcome: Some(Outcome::Success), num_endpoints: Some(5), zone, ..Finished::default() };
+    w.finish(CLUSTER, &done(Some("zone-b")));
+    assert!(!w.wants_zone(CLUSTER, &newcomer));
+    w.finish(CLUSTER, &done(None));
+    let report = w.tick(t, &mut store.clone());
+    assert!(report.metrics.iter().any(|u| u.metric == Metric::CrossZoneRequests && u.change == Change::Add(2)), "{:?}", report.metrics);
 }

@@ -4,6 +4,7 @@
 
 pub mod backend_arg;
 pub mod compare;
+pub mod membership;
 pub mod metrics;
 pub mod micro;
 pub mod overhead;
@@ -11,3 +12,4 @@ pub mod plot;
 pub mod policy;
 pub mod protocol;
 pub mod scenario;
+pub mod windows;

@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use ewma_bench::backend_arg::parse_backend_arg;
-use ewma_bench::compare::{markdown_table, CompareOptions};
+use ewma_bench::compare::{markdown_table, windows_section, CompareOptions};
 use ewma_bench::overhead::OverheadOptions;
 use ewma_bench::scenario::Scenario;
 use harness::latency::parse_duration;
@@ -259,6 +259,7 @@ fn compare(args: CompareArgs) -> Result<()> {
     let opts = CompareOptions { out_dir: out.clone(), wasm: args.wasm, plots: !args.no_plots, rounds: args.rounds };
     let report = ewma_bench::compare::compare(&scenario, &opts)?;
     println!("\n{}", markdown_table(&report));
+    print!("{}", windows_section(&report));
     println!("written to {}: {}", out.display(), report.files.join(", "));
     Ok(())
 }

@@ -10,7 +10,9 @@ use serde::Deserialize;
 use harness::latency::parse_duration;
 use harness::BackendSpec;
 
+use crate::membership::{EndpointPlan, FileMembership, Membership};
 use crate::policy::Policy;
+use crate::windows::{FileWindow, Window};
 use crate::protocol::Transport;
 
 /// Upper bound of one policy's run, so a typo cannot run for hours.
@@ -41,6 +43,10 @@ struct File {
     plugin_config: Option<toml::Table>,
     #[serde(rename = "backend")]
     backends: Vec<FileBackend>,
+    /// The proxy's own zone (the bootstrap's `node.locality.zone`).
+    local_zone: Option<String>,
+    #[serde(default, rename = "window")]
+    windows: Vec<FileWindow>,
     #[serde(default)]
     smoke: Option<SmokeFile>,
     /// `http` (default) or `grpc`; and extra route `retry_on` conditions (`crate::protocol`).
@@ -58,6 +64,13 @@ struct FileBackend {
     /// "FROM-TO@LATENCY", seconds since the run's start, e.g. "5-35@uniform:300-600".
     #[serde(default)]
     phases: Vec<String>,
+    /// This many backends like it, named NAME00, NAME01, ...
+    count: Option<usize>,
+    // When it is in the cluster, and where (membership.rs).
+    zone: Option<String>,
+    join: Option<String>,
+    leave: Option<String>,
+    stagger: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -87,6 +100,9 @@ pub struct Scenario {
     pub pause: Duration,
     pub plugin_config: serde_json::Value,
     pub backends: Vec<BackendSpec>,
+    /// When each backend is in the cluster, and in which zone (same order as `backends`).
+    pub membership: Membership,
+    pub windows: Vec<Window>,
     pub transport: Transport,
 }
 
@@ -138,6 +154,8 @@ impl Scenario {
             pause: f.pause.as_deref().map(|p| dur(p, "pause")).transpose()?.unwrap_or(Duration::from_secs(2)),
             plugin_config: serde_json::to_value(f.plugin_config.unwrap_or_default())?,
             backends: Vec::new(),
+            membership: Membership { local_zone: f.local_zone, endpoints: Vec::new() },
+            windows: f.windows.iter().map(Window::parse).collect::<Result<_>>()?,
             transport: Transport::parse(f.protocol.as_deref(), f.retry_on.as_deref())?,
         };
         for b in f.backends {
@@ -148,8 +166,14 @@ impl Scenario {
                 spec.schedule.push(p.parse().with_context(|| format!("backend {}", b.name))?);
             }
             spec.validate()?;
-            s.backends.push(spec);
+            let membership = FileMembership { zone: b.zone, join: b.join, leave: b.leave, stagger: b.stagger };
+            for i in 0..b.count.unwrap_or(1) {
+                let name = if b.count.is_some() { format!("{}{i:02}", b.name) } else { b.name.clone() };
+                s.membership.endpoints.push(EndpointPlan::parse(&membership, i).with_context(|| format!("backend {name}"))?);
+                s.backends.push(BackendSpec { name, ..spec.clone() });
+            }
         }
+        s.membership.validate(s.duration)?;
         if smoke {
             let sm = f.smoke.unwrap_or_default();
             s.duration = sm.duration.as_deref().map(|d| dur(d, "smoke.duration")).transpose()?.unwrap_or(Duration::from_secs(2));
@@ -196,6 +220,7 @@ impl Scenario {
         if !self.plugin_config.is_object() {
             bail!("plugin_config must be a table");
         }
+
         Ok(())
     }
 

@@ -129,6 +129,26 @@ fn endpoints_in_several_locality_groups_are_not_flattened() {
 }
 
 #[test]
+fn endpoints_from_a_file_keep_the_rest_of_the_cluster() {
+    let eds = harness::EdsFile::create(CLUSTER, vec![harness::Endpoint::new("127.0.0.1:1".parse().unwrap(), Some("z"))]).unwrap();
+    let mut c = shipped();
+    let before = c.get("static_resources.clusters[name=backend]").unwrap().clone();
+    c.use_eds_file(CLUSTER, &eds).unwrap();
+    assert_eq!(c.get("node").unwrap(), &json!({"id": "ewma-lb", "cluster": "ewma-lb"}), "file-based EDS needs a node id");
+    c.set_node_zone("zone-a").unwrap();
+    let mut want = before;
+    want["type"] = json!("EDS");
+    want.as_object_mut().unwrap().remove("load_assignment");
+    want["eds_cluster_config"] = json!({"eds_config": {"path_config_source": {
+        "path": eds.path().to_string_lossy(), "watched_directory": {"path": eds.watched_dir().to_string_lossy()}}}});
+    assert_eq!(c.get("static_resources.clusters[name=backend]").unwrap(), &want, "only the endpoints' source changed");
+    assert_eq!(c.get("node.locality").unwrap(), &json!({"zone": "zone-a"}));
+    let other = harness::EdsFile::create("other", Vec::new()).unwrap();
+    let err = error_of(shipped().cluster(CLUSTER).unwrap().use_eds_file(&other).map(drop));
+    assert!(err.contains("static_resources.clusters[name=backend].name: the EDS file is for cluster \"other\""), "{err}");
+}
+
+#[test]
 fn relative_module_paths_resolve_against_a_base() {
     let mut c = shipped();
     assert_eq!(c.resolve_module_paths(Path::new("/repo")), 1);

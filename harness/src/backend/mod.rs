@@ -2,6 +2,11 @@
 //! failures, and stop/restart that look like a killed and restarted process to Envoy. Each
 //! speaks HTTP/1.1 and HTTP/2 (h2c, prior knowledge) on the same port, and answers gRPC
 //! requests as the test service of [`crate::grpc`] ([`grpc`] here).
+//!
+//! A backend started alone runs on a runtime of its own (one thread); dozens of them (a cluster
+//! of 50 endpoints, a rolling restart that starts a new one per endpoint) share the two threads
+//! of one [`BackendPool`] instead: they spend their time sleeping out their latency, so two
+//! threads serve thousands of requests a second between them.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -129,23 +134,67 @@ pub struct Backend {
     shared: Arc<Shared>,
     addr: SocketAddr,
     serving: Mutex<Option<Serving>>,
-    rt: Option<tokio::runtime::Runtime>,
+    /// Its own runtime, or its pool's; the last backend (or pool) to let go shuts it down.
+    rt: Option<Arc<tokio::runtime::Runtime>>,
+}
+
+/// One runtime for many backends: start each with [`BackendPool::start`]. The runtime lives as
+/// long as the pool or any of its backends.
+pub struct BackendPool {
+    rt: Option<Arc<tokio::runtime::Runtime>>,
+}
+
+/// Threads of a [`BackendPool`]'s runtime.
+pub const POOL_THREADS: usize = 2;
+
+impl BackendPool {
+    pub fn new() -> Result<BackendPool> {
+        Ok(BackendPool { rt: Some(Arc::new(runtime("backend-pool", POOL_THREADS)?)) })
+    }
+
+    /// Starts a backend on a free loopback port, on the pool's runtime.
+    pub fn start(&self, spec: BackendSpec) -> Result<Backend> {
+        let rt = self.rt.clone().context("backend pool already shut down")?;
+        Backend::start_on(rt, spec, "127.0.0.1:0")
+    }
+
+    /// Starts one backend per spec.
+    pub fn start_all(&self, specs: impl IntoIterator<Item = BackendSpec>) -> Result<Vec<Backend>> {
+        specs.into_iter().map(|s| self.start(s)).collect()
+    }
+}
+
+impl Drop for BackendPool {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take().and_then(|rt| Arc::try_unwrap(rt).ok()) {
+            rt.shutdown_background();
+        }
+    }
+}
+
+fn runtime(name: &str, threads: usize) -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .thread_name(name)
+        .enable_all()
+        .build()
+        .context("building the backend runtime")
 }
 
 impl Backend {
-    /// Starts a backend on `addr` ("127.0.0.1:0" for any free port); loopback addresses only.
+    /// Starts a backend on `addr` ("127.0.0.1:0" for any free port), on a runtime of its own;
+    /// loopback addresses only.
     pub fn start(spec: BackendSpec, addr: &str) -> Result<Backend> {
+        let rt = Arc::new(runtime(&format!("backend-{}", spec.name), 1)?);
+        Backend::start_on(rt, spec, addr)
+    }
+
+    fn start_on(rt: Arc<tokio::runtime::Runtime>, spec: BackendSpec, addr: &str) -> Result<Backend> {
         spec.validate()?;
         let want: SocketAddr = addr.parse().with_context(|| format!("backend address {addr:?}"))?;
         if !want.ip().is_loopback() {
             bail!("backend {}: address {want} is not loopback; tests stay on this machine", spec.name);
         }
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name(format!("backend-{}", spec.name))
-            .enable_all()
-            .build()
-            .context("building the backend runtime")?;
         let listener = bind(&rt, want).with_context(|| format!("backend {}: binding {want}", spec.name))?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
@@ -277,8 +326,8 @@ impl Drop for Backend {
     fn drop(&mut self) {
         self.stop();
         // shutdown_background: Drop may run inside another runtime (an async test), where a
-        // blocking shutdown would panic.
-        if let Some(rt) = self.rt.take() {
+        // blocking shutdown would panic. A pool's runtime goes with its last user.
+        if let Some(rt) = self.rt.take().and_then(|rt| Arc::try_unwrap(rt).ok()) {
             rt.shutdown_background();
         }
     }
