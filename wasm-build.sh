@@ -1,23 +1,63 @@
 #!/usr/bin/env bash
 # Builds the plugin for wasm32-wasip1 and leaves it at dist/ewma_lb.wasm, the path every config
-# and doc in this repository uses. Installs the Rust target when missing; shrinks the module with
-# binaryen's wasm-opt when it is on PATH.
+# and doc in this repository uses; prints its size and sha256.
 #
 #   ./wasm-build.sh                  the plugin
 #   ./wasm-build.sh CRATE_DIR OUT    another proxy-wasm crate of its own workspace, built the
 #                                    same way (profile `wasm`, the same wasm-opt flags), at OUT:
 #                                    the benchmark's no-op filter (ewma-bench overhead)
+#
+# The build is reproducible: the same commit built with the same toolchain gives the same bytes,
+# wherever the tree sits (tests/release.rs builds a fresh copy and compares). What goes in:
+#   - rustc RUST_VERSION (the Dockerfile's build stage pins the same one);
+#   - wasm-opt from Debian's binaryen BINARYEN_VERSION, always (installed here when missing): a
+#     build with and one without it would differ, and so would two wasm-opt versions;
+#   - Cargo.lock as it is (--locked);
+#   - no absolute paths: the cargo home (dependency sources) is remapped to /cargo; the
+#     workspace's own paths are relative already;
+#   - the git commit (EWMA_LB_GIT_COMMIT, from git when unset; "-dirty" when tracked files have
+#     uncommitted changes), compiled in for the status page, the startup log line and the
+#     ewma_lb_build_info metric.
 set -euo pipefail
 cd "$(dirname "$0")"
+
+RUST_VERSION=1.95.0
+BINARYEN_VERSION=108
 
 target=wasm32-wasip1
 if ! rustup target list --installed | grep -qx "$target"; then
   rustup target add "$target"
 fi
 
+rustc_version=$(rustc --version | cut -d' ' -f2)
+if [ "$rustc_version" != "$RUST_VERSION" ]; then
+  echo "warning: rustc $rustc_version, not $RUST_VERSION: the module will not match the release's sha256" >&2
+fi
+
+if ! command -v wasm-opt >/dev/null 2>&1; then
+  sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends binaryen >/dev/null
+fi
+wasm_opt_version=$(wasm-opt --version | awk '{print $3}')
+if [ "$wasm_opt_version" != "$BINARYEN_VERSION" ]; then
+  echo "warning: wasm-opt $wasm_opt_version, not $BINARYEN_VERSION: the module will not match the release's sha256" >&2
+fi
+
+if [ -z "${EWMA_LB_GIT_COMMIT:-}" ]; then
+  if commit=$(git rev-parse --short=12 HEAD 2>/dev/null); then
+    git diff --quiet HEAD -- 2>/dev/null || commit="$commit-dirty"
+  else
+    commit=unknown
+  fi
+  export EWMA_LB_GIT_COMMIT="$commit"
+fi
+
+cargo_home=${CARGO_HOME:-$HOME/.cargo}
+export CARGO_TARGET_WASM32_WASIP1_RUSTFLAGS="--remap-path-prefix=$cargo_home=/cargo"
 if [ $# -eq 0 ]; then
-  cargo build --profile wasm --target "$target" -p ewma-lb
-  built="target/$target/wasm/ewma_lb.wasm"
+  cargo build --locked --profile wasm --target "$target" -p ewma-lb
+  built="${CARGO_TARGET_DIR:-target}/$target/wasm/ewma_lb.wasm"
   out=dist/ewma_lb.wasm
 else
   crate_dir=$1
@@ -26,15 +66,12 @@ else
   lib=$(sed -n 's/^name = "\(.*\)"$/\1/p' "$crate_dir/Cargo.toml" | head -n 1 | tr - _)
   built="$crate_dir/target/$target/wasm/$lib.wasm"
 fi
+
 mkdir -p "$(dirname "$out")"
-if command -v wasm-opt >/dev/null 2>&1; then
-  wasm-opt -Oz --enable-bulk-memory --enable-sign-ext --enable-nontrapping-float-to-int \
-    --enable-mutable-globals "$built" -o "$out.tmp"
-  mv "$out.tmp" "$out"
-else
-  cp "$built" "$out"
-  echo "wasm-opt not found: copied the module unoptimised (apt-get install binaryen to shrink it)" >&2
-fi
-echo "plugin: $out"
-echo "size:   $(stat -c %s "$out") bytes"
-echo "sha256: $(sha256sum "$out" | cut -d' ' -f1)"
+wasm-opt -Oz --enable-bulk-memory --enable-sign-ext --enable-nontrapping-float-to-int \
+  --enable-mutable-globals "$built" -o "$out.tmp"
+mv "$out.tmp" "$out"
+echo "plugin:  $out"
+echo "build:   ewma-lb $(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1) ($EWMA_LB_GIT_COMMIT), rustc $rustc_version, wasm-opt $wasm_opt_version"
+echo "size:    $(stat -c %s "$out") bytes"
+echo "sha256:  $(sha256sum "$out" | cut -d' ' -f1)"

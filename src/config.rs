@@ -9,14 +9,17 @@
 //! Envoy passes the configuration as a `google.protobuf.StringValue`; it reaches `on_configure`
 //! byte for byte. Unknown fields are rejected: a typo must not silently become a default.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
+use crate::json::{quoted, FromJson};
+use crate::map::{Map, Set};
+use crate::json_struct;
 use crate::locality::LocalityParams;
+use crate::outcome::{GrpcCode, GrpcCodes};
 use crate::outlier::OutlierParams;
 use crate::pick::PickAlgorithm;
 use crate::rules::{default_health_paths, normalize, ManagementConfig, PathSet, Rules};
@@ -30,8 +33,7 @@ use crate::weights::WeightParams;
 
 /// The whole plugin configuration as written. Every field is optional; see README,
 /// "Configuration", and schema/ewma-lb.schema.json.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct PluginConfig {
     /// Request header the cluster's `override_host` policy reads (`override_host_sources`).
     pub override_header: String,
@@ -53,8 +55,15 @@ pub struct PluginConfig {
     pub outlier_detection: OutlierConfig,
     /// Zone-aware steering: keep traffic in the proxy's zone while it serves well.
     pub locality: LocalityConfig,
+    /// The Envoy clusters the plugin may steer: exact names, or prefixes ending in `*`. Only
+    /// clusters whose load-balancing policy obeys the header belong here; requests to any other
+    /// are left to Envoy and counted as `unlisted_cluster`.
+    pub steered_clusters: Vec<String>,
+    /// gRPC status codes (canonical names, e.g. `UNAVAILABLE`) that are the serving host's
+    /// failure, read from a gRPC response's trailers or trailers-only headers.
+    pub grpc_failure_status_codes: Vec<String>,
     /// Optional static endpoints per Envoy cluster name; others are learned from traffic.
-    pub clusters: BTreeMap<String, ClusterConfig>,
+    pub clusters: Map<String, ClusterConfig>,
     /// Health probes: passed untouched, never steered, never sampled.
     pub health_paths: PathSet,
     /// Management paths: a local 403 unless the client is in `allowed_cidrs`.
@@ -67,16 +76,14 @@ pub struct PluginConfig {
     pub shadow: bool,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct ClusterConfig {
     /// `IP:port` of each endpoint, as Envoy names them in `upstream.address`.
     pub endpoints: Vec<String>,
 }
 
 /// `weights`: the JSON form of [`WeightParams`], durations in ms.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct WeightsConfig {
     pub exponent: f64,
     pub min_share: f64,
@@ -89,8 +96,7 @@ pub struct WeightsConfig {
 }
 
 /// `outlier_detection`: the JSON form of [`OutlierParams`], durations in ms.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct OutlierConfig {
     pub consecutive_failures: u32,
     pub base_ejection_ms: u64,
@@ -99,8 +105,7 @@ pub struct OutlierConfig {
 }
 
 /// `locality`: the JSON form of [`LocalityParams`].
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct LocalityConfig {
     pub enabled: bool,
     pub spillover_latency_ratio: f64,
@@ -143,7 +148,9 @@ impl Default for PluginConfig {
             max_hosts_per_cluster: 1024,
             outlier_detection: OutlierConfig::default(),
             locality: LocalityConfig::default(),
-            clusters: BTreeMap::new(),
+            steered_clusters: vec![ANY_CLUSTER.into()],
+            grpc_failure_status_codes: GrpcCodes::DEFAULT_FAILURES.iter().map(|c| c.name().to_owned()).collect(),
+            clusters: Map::default(),
             health_paths: default_health_paths(),
             management: ManagementConfig::default(),
             excluded_paths: PathSet::default(),
@@ -182,6 +189,33 @@ impl Default for OutlierConfig {
     }
 }
 
+json_struct!(PluginConfig {
+    override_header,
+    tick_period_ms,
+    refresh_interval_ms,
+    smoothing,
+    weights,
+    failure_penalty_ms,
+    pick,
+    exploration_share,
+    host_ttl_ms,
+    max_hosts_per_cluster,
+    outlier_detection,
+    locality,
+    steered_clusters,
+    grpc_failure_status_codes,
+    clusters,
+    health_paths,
+    management,
+    excluded_paths,
+    status_path,
+    shadow,
+});
+json_struct!(ClusterConfig { endpoints });
+json_struct!(WeightsConfig { exponent, min_share, min_fair_share, max_step_ratio, noise_band, noise_gain, slow_start_ms, slow_start_min_factor });
+json_struct!(OutlierConfig { consecutive_failures, base_ejection_ms, max_ejection_ms, max_ejection_share });
+json_struct!(LocalityConfig { enabled, spillover_latency_ratio, min_local_hosts });
+
 // === The runtime form ===
 
 /// The checked configuration the core runs on. Only [`Config::from_json`] makes one.
@@ -191,10 +225,12 @@ pub struct Config {
     tick_period: Duration,
     policy: Policy,
     failure_penalty_ms: f64,
+    grpc_failures: GrpcCodes,
     pick: PickAlgorithm,
     exploration_share: f64,
     rules: Rules,
-    static_endpoints: BTreeMap<String, Vec<String>>,
+    steered: SteeredClusters,
+    static_endpoints: Map<String, Vec<String>>,
     status_path: String,
     shadow: bool,
 }
@@ -225,6 +261,11 @@ impl Config {
         self.failure_penalty_ms
     }
 
+    /// gRPC codes that are the serving host's failure.
+    pub fn grpc_failures(&self) -> GrpcCodes {
+        self.grpc_failures
+    }
+
     pub fn pick(&self) -> PickAlgorithm {
         self.pick
     }
@@ -235,6 +276,11 @@ impl Config {
 
     pub fn rules(&self) -> &Rules {
         &self.rules
+    }
+
+    /// Whether requests to `cluster` may be steered (`steered_clusters`).
+    pub fn steers(&self, cluster: &str) -> bool {
+        self.steered.contains(cluster)
     }
 
     /// Static endpoints of `cluster`, empty when it has none.
@@ -275,16 +321,53 @@ fn err(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
     ConfigError { field: field.into(), message: message.into() }
 }
 
-fn in_range<T: PartialOrd + fmt::Display>(field: &str, value: T, lo: T, hi: T) -> Result<T, ConfigError> {
+fn in_range<T: PartialOrd + Shown>(field: &str, value: T, lo: T, hi: T) -> Result<T, ConfigError> {
     if value >= lo && value <= hi {
         Ok(value)
     } else {
-        Err(err(field, format!("must be in [{lo}, {hi}], got {value}")))
+        Err(out_of_range(field, lo.shown(), hi.shown(), value.shown()))
+    }
+}
+
+/// Kept out of line: every bound checked would otherwise carry its own copy of the formatting.
+#[cold]
+#[inline(never)]
+fn out_of_range(field: &str, lo: String, hi: String, got: String) -> ConfigError {
+    err(field, format!("must be in [{lo}, {hi}], got {got}"))
+}
+
+/// A bound or value as an error message shows it: integers as Rust writes them, numbers with a
+/// fraction as JSON does (serde_json's float writer, already in the module for the status page:
+/// core's own float formatting would add 20 KB for these messages alone).
+trait Shown {
+    fn shown(&self) -> String;
+}
+
+macro_rules! shown_as_integer {
+    ($($t:ty),*) => {$(
+        impl Shown for $t {
+            fn shown(&self) -> String {
+                self.to_string()
+            }
+        }
+    )*};
+}
+
+shown_as_integer!(u32, u64, usize);
+
+impl Shown for f64 {
+    fn shown(&self) -> String {
+        const EXACT: f64 = 9_007_199_254_740_992.0; // 2^53: whole numbers below are exact
+        if self.fract() == 0.0 && self.abs() < EXACT {
+            (*self as i64).to_string()
+        } else {
+            serde_json::Number::from_f64(*self).map_or_else(|| "NaN".to_owned(), |n| n.to_string())
+        }
     }
 }
 
 impl PluginConfig {
-    /// Parses the JSON form; checks only what serde checks (types, unknown fields).
+    /// Parses the JSON form; checks types and field names, not bounds (`compile` does).
     pub fn from_json(bytes: &[u8]) -> Result<PluginConfig, ConfigError> {
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Ok(PluginConfig::default());
@@ -292,12 +375,9 @@ impl PluginConfig {
         if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
             return Err(err("config", "must be a JSON object"));
         }
-        let mut de = serde_json::Deserializer::from_slice(bytes);
-        serde_path_to_error::deserialize(&mut de).map_err(|e| {
-            let path = e.path().to_string();
-            let field = if path == "." { "config".to_owned() } else { path };
-            err(field, strip_position(&e.into_inner().to_string()))
-        })
+        // Not JSON at all: serde_json says where ("EOF while parsing a value at line 1 column 12").
+        let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| err("config", e.to_string()))?;
+        <PluginConfig as FromJson>::from_json(&value, "")
     }
 
     /// Checks every bound and compiles the runtime form.
@@ -306,24 +386,26 @@ impl PluginConfig {
         if header.is_empty()
             || !header.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
         {
-            return Err(err("override_header", format!("must be a lowercase HTTP header name, got {header:?}")));
+            return Err(err("override_header", format!("must be a lowercase HTTP header name, got {}", quoted(&header))));
         }
         let tick_period_ms = in_range("tick_period_ms", self.tick_period_ms, 10, 60_000)?;
         let refresh_interval_ms = in_range("refresh_interval_ms", self.refresh_interval_ms, tick_period_ms, 600_000)?;
         let smoother = check_smoother(self.smoothing)?;
         let weights = self.weights.compile()?;
         let failure_penalty_ms = in_range("failure_penalty_ms", self.failure_penalty_ms, 0, 600_000)?;
+        let grpc_failures = compile_grpc_codes(&self.grpc_failure_status_codes)?;
         let exploration_share = in_range("exploration_share", self.exploration_share, 0.0, 0.5)?;
         let host_ttl_ms = in_range("host_ttl_ms", self.host_ttl_ms, refresh_interval_ms, 86_400_000)?;
         let max_hosts = in_range("max_hosts_per_cluster", self.max_hosts_per_cluster, 1, MAX_RECORD_HOSTS)?;
         let outlier = self.outlier_detection.compile()?;
         let locality = self.locality.compile()?;
-        let static_endpoints = compile_clusters(self.clusters, max_hosts)?;
+        let steered = SteeredClusters::compile(&self.steered_clusters)?;
+        let static_endpoints = compile_clusters(self.clusters, max_hosts, &steered)?;
         let status_path = self.status_path;
         if !status_path.starts_with('/') || normalize(&status_path) != status_path {
             return Err(err(
                 "status_path",
-                format!("must be a normalised absolute path such as /ewma-lb/status, got {status_path:?}"),
+                format!("must be a normalised absolute path such as /ewma-lb/status, got {}", quoted(&status_path)),
             ));
         }
         let rules = Rules::compile(&self.health_paths, &self.management, &self.excluded_paths)?;
@@ -340,9 +422,11 @@ impl PluginConfig {
                 max_hosts,
             },
             failure_penalty_ms: failure_penalty_ms as f64,
+            grpc_failures,
             pick: self.pick,
             exploration_share,
             rules,
+            steered,
             static_endpoints,
             status_path,
             shadow: self.shadow,
@@ -378,13 +462,67 @@ impl OutlierConfig {
     }
 }
 
+/// `steered_clusters` entry that matches every cluster (the default).
+pub const ANY_CLUSTER: &str = "*";
+
+/// The compiled `steered_clusters`: exact names, and prefixes (an entry ending in `*`).
+///
+/// Istio names clusters `outbound|PORT|SUBSET|FQDN` and Envoy Gateway `httproute/NS/NAME/rule/N`,
+/// so an exact name or a prefix says everything an operator needs; a regex would be one more
+/// language to get wrong in a list that decides where Envoy obeys the plugin.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SteeredClusters {
+    exact: Set<String>,
+    prefixes: Vec<String>,
+}
+
+impl SteeredClusters {
+    fn compile(entries: &[String]) -> Result<SteeredClusters, ConfigError> {
+        let mut set = SteeredClusters::default();
+        for (i, entry) in entries.iter().enumerate() {
+            let field = || format!("steered_clusters[{i}]");
+            let (name, is_prefix) = match entry.strip_suffix('*') {
+                Some(prefix) => (prefix, true),
+                None => (entry.as_str(), false),
+            };
+            if name.contains('*') {
+                return Err(err(field(), format!("`*` may only end a prefix, got {}", quoted(entry))));
+            }
+            if !is_prefix && name.is_empty() {
+                return Err(err(field(), "must be a cluster name or a prefix ending in `*`, got \"\""));
+            }
+            if name.chars().any(char::is_whitespace) {
+                return Err(err(field(), format!("cluster names have no white space, got {}", quoted(entry))));
+            }
+            if is_prefix {
+                set.prefixes.push(name.to_owned());
+            } else {
+                set.exact.insert(name.to_owned());
+            }
+        }
+        Ok(set)
+    }
+
+    /// Whether `cluster` is listed, by name or by prefix.
+    pub fn contains(&self, cluster: &str) -> bool {
+        self.exact.contains(cluster) || self.prefixes.iter().any(|p| cluster.starts_with(p.as_str()))
+    }
+}
+
 fn compile_clusters(
-    clusters: BTreeMap<String, ClusterConfig>,
+    clusters: Map<String, ClusterConfig>,
     max_hosts: usize,
-) -> Result<BTreeMap<String, Vec<String>>, ConfigError> {
+    steered: &SteeredClusters,
+) -> Result<Map<String, Vec<String>>, ConfigError> {
     for (name, cluster) in &clusters {
         if name.is_empty() {
             return Err(err("clusters", "cluster names must not be empty"));
+        }
+        if !steered.contains(name) {
+            return Err(err(
+                format!("clusters.{name}"),
+                "has static endpoints but is not in steered_clusters: the plugin would never steer it",
+            ));
         }
         if cluster.endpoints.len() > max_hosts {
             return Err(err(
@@ -394,18 +532,44 @@ fn compile_clusters(
         }
         for (i, endpoint) in cluster.endpoints.iter().enumerate() {
             if endpoint.parse::<SocketAddr>().is_err() {
-                return Err(err(format!("clusters.{name}.endpoints[{i}]"), format!("must be IP:port, got {endpoint:?}")));
+                return Err(err(format!("clusters.{name}.endpoints[{i}]"), format!("must be IP:port, got {}", quoted(endpoint))));
             }
         }
     }
     Ok(clusters.into_iter().map(|(name, c)| (name, c.endpoints)).collect())
 }
 
+/// `grpc_failure_status_codes`: canonical names only. OK is a success and CANCELLED no sample
+/// at all (the caller gave up), so neither can be a host's failure.
+fn compile_grpc_codes(names: &[String]) -> Result<GrpcCodes, ConfigError> {
+    const FIELD: &str = "grpc_failure_status_codes";
+    let mut codes = Vec::with_capacity(names.len());
+    for (i, name) in names.iter().enumerate() {
+        let field = format!("{FIELD}[{i}]");
+        let Some(code) = GrpcCode::from_name(name) else {
+            let canonical = name.trim().to_ascii_uppercase().replace('-', "_");
+            let hint = match GrpcCode::from_name(&canonical) {
+                Some(c) => format!("write it as {c}"),
+                None => format!("one of {}", GrpcCode::ALL.iter().map(|(_, n)| *n).collect::<Vec<_>>().join(", ")),
+            };
+            return Err(err(field, format!("must be a gRPC status code name ({hint}), got {}", quoted(name))));
+        };
+        match code {
+            GrpcCode::Ok => return Err(err(field, "OK is a success, not a failure")),
+            GrpcCode::Cancelled => {
+                return Err(err(field, "CANCELLED is never a sample: the call was abandoned, most often by the client"))
+            }
+            _ => codes.push(code),
+        }
+    }
+    Ok(codes.into_iter().collect())
+}
+
 fn check_smoother(smoother: Smoother) -> Result<Smoother, ConfigError> {
     const TAU_MAX_MS: u64 = 600_000;
     match smoother {
         Smoother::Ewma { alpha } if !(alpha > 0.0 && alpha <= 1.0) => {
-            return Err(err("smoothing.alpha", format!("must be in (0, 1], got {alpha}")))
+            return Err(err("smoothing.alpha", format!("must be in (0, 1], got {}", alpha.shown())))
         }
         Smoother::Ewma { .. } => {}
         Smoother::DecayEwma { tau_ms } => {
@@ -427,12 +591,4 @@ fn check_smoother(smoother: Smoother) -> Result<Smoother, ConfigError> {
         }
     }
     Ok(smoother)
-}
-
-/// serde_json appends " at line L column C"; the field path already says where.
-fn strip_position(message: &str) -> String {
-    match message.rfind(" at line ") {
-        Some(i) => message[..i].to_owned(),
-        None => message.to_owned(),
-    }
 }

@@ -7,7 +7,9 @@
 
 pub mod clock;
 pub mod config;
+pub mod json;
 pub mod locality;
+pub mod map;
 pub mod outcome;
 pub mod outlier;
 pub mod pick;

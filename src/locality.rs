@@ -8,10 +8,11 @@
 //! A small latency gain never sends everything across zones: the spill grows with the ratio,
 //! and the local zone keeps its share until the ratio is crossed.
 
+use crate::units::within;
 use crate::weights::median;
 
 /// `locality` in the plugin configuration.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct LocalityParams {
     /// Off: zones are ignored and every host is weighed by latency alone.
     pub enabled: bool,
@@ -66,5 +67,5 @@ pub fn split(hosts: &[ZoneInput], local_zone: Option<&str>, params: &LocalityPar
     };
     let health = live_local as f64 / total_local as f64;
     let enough = (live_local as f64 / f64::from(params.min_local_hosts.max(1))).min(1.0);
-    Some(Split { is_local, local_share: (latency * health * enough).clamp(0.0, 1.0) })
+    Some(Split { is_local, local_share: within(latency * health * enough, 0.0, 1.0) })
 }

@@ -7,10 +7,10 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::units::ms_to_ns;
+use crate::units::{ms_to_ns, within};
 
 /// `outlier_detection` in the plugin configuration (which gives the times in ms).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct OutlierParams {
     /// Consecutive failures that eject a host; 0 turns ejection off.
     pub consecutive_failures: u32,
@@ -102,5 +102,5 @@ pub fn ejection_budget(params: &OutlierParams, hosts: usize) -> usize {
     if hosts < 2 {
         return 0;
     }
-    ((params.max_ejection_share.clamp(0.0, 1.0) * hosts as f64).floor() as usize).max(1)
+    ((within(params.max_ejection_share, 0.0, 1.0) * hosts as f64).floor() as usize).max(1)
 }

@@ -19,10 +19,13 @@
 use std::cell::Cell;
 use std::rc::Rc;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
+
+use crate::config::ConfigError;
+use crate::json::{variant, FromJson};
 
 /// How a host is chosen from the table; `pick` in the plugin configuration.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum PickAlgorithm {
     /// One weighted random draw.
@@ -35,6 +38,26 @@ pub enum PickAlgorithm {
     /// Always the host with the highest weight. Shipped for the benchmark only: it is the
     /// "always the fastest" balancer the seeds warn herds and flaps.
     LowestLatency,
+}
+
+impl PickAlgorithm {
+    /// Every algorithm by its name in the configuration.
+    pub const NAMES: [(&'static str, PickAlgorithm); 3] = [
+        ("weighted_random", PickAlgorithm::WeightedRandom),
+        ("weighted_p2c", PickAlgorithm::WeightedP2c),
+        ("lowest_latency", PickAlgorithm::LowestLatency),
+    ];
+
+    /// The name `pick` gives it.
+    pub fn name(self) -> &'static str {
+        Self::NAMES.iter().find(|(_, p)| *p == self).map_or("", |(n, _)| n)
+    }
+}
+
+impl FromJson for PickAlgorithm {
+    fn from_json(value: &serde_json::Value, path: &str) -> Result<Self, ConfigError> {
+        variant(value, path, &Self::NAMES)
+    }
 }
 
 /// Cumulative shares of a cluster's pickable hosts, ready for sampling. Host addresses are

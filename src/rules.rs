@@ -20,13 +20,14 @@ use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::config::ConfigError;
+use crate::json::quoted;
+use crate::json_struct;
 
 /// Paths by exact match or by prefix, as Envoy's route `path` and `prefix` matchers.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct PathSet {
     pub exact: Vec<String>,
     pub prefix: Vec<String>,
@@ -46,8 +47,7 @@ impl PathSet {
 }
 
 /// `management` in the plugin configuration.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ManagementConfig {
     pub paths: PathSet,
     /// Networks (CIDR, or a bare address) whose clients may reach management paths. The client
@@ -66,6 +66,9 @@ impl Default for ManagementConfig {
         }
     }
 }
+
+json_struct!(PathSet { exact, prefix });
+json_struct!(ManagementConfig { paths, allowed_cidrs });
 
 pub fn default_health_paths() -> PathSet {
     PathSet::of(
@@ -113,7 +116,7 @@ impl Rules {
             .enumerate()
             .map(|(i, cidr)| parse_network(cidr).ok_or_else(|| ConfigError {
                 field: format!("management.allowed_cidrs[{i}]"),
-                message: format!("must be a CIDR such as 10.0.0.0/8 or an IP address, got {cidr:?}"),
+                message: format!("must be a CIDR such as 10.0.0.0/8 or an IP address, got {}", quoted(cidr)),
             }))
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Rules {
@@ -170,13 +173,14 @@ fn compile_set(field: &str, set: &PathSet) -> Result<CompiledSet, ConfigError> {
             .map(|(i, p)| {
                 let error = |message| ConfigError { field: format!("{field}.{kind}[{i}]"), message };
                 if !p.starts_with('/') || p.len() > MAX_RULE_PATH {
-                    return Err(error(format!("must start with '/' and be at most {MAX_RULE_PATH} bytes, got {p:?}")));
+                    return Err(error(format!("must start with '/' and be at most {MAX_RULE_PATH} bytes, got {}", quoted(p))));
                 }
                 let normal = normalize(p);
                 if normal.is_ambiguous() {
                     // It could never match: an ambiguous request path is guarded before any rule.
                     return Err(error(format!(
-                        "must not decode to a control byte or stay percent-encoded after {MAX_DECODINGS} decodings, got {p:?}"
+                        "must not decode to a control byte or stay percent-encoded after {MAX_DECODINGS} decodings, got {}",
+                        quoted(p)
                     )));
                 }
                 Ok(normal.into_bytes().into_owned())

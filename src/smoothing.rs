@@ -15,7 +15,10 @@
 use std::collections::VecDeque;
 
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
+use crate::config::ConfigError;
+use crate::json::{error, variant, Fields, FromJson};
 use crate::units::ms_to_ns_f64;
 
 /// Upper bound on `sma.window`: the window lives in shared state, once per host.
@@ -44,8 +47,8 @@ impl Batch {
 }
 
 /// Which smoother, with its parameters. Chosen in the plugin configuration as `smoothing`.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(try_from = "SmoothingSpec", into = "SmoothingSpec")]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[serde(into = "SmoothingSpec")]
 pub enum Smoother {
     /// Per-sample EWMA `v = α·x + (1−α)·v` (α 0.2-0.3 is typical; TCP's SRTT is α = 1/8).
     Ewma { alpha: f64 },
@@ -73,8 +76,7 @@ pub enum Smoother {
 
 /// The JSON form of `smoothing`: the algorithm and its parameters side by side. Parameters left
 /// out take their defaults; a parameter of another algorithm is an error, not a silent no-op.
-#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Clone, Copy, Debug, Default, Serialize)]
 struct SmoothingSpec {
     algorithm: Algorithm,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -93,7 +95,7 @@ struct SmoothingSpec {
     long_tau_ms: Option<u64>,
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 enum Algorithm {
     Ewma,
@@ -103,6 +105,35 @@ enum Algorithm {
     Sma,
     BiasCorrectedEwma,
     DualEwma,
+}
+
+impl Algorithm {
+    const NAMES: [(&'static str, Algorithm); 6] = [
+        ("ewma", Algorithm::Ewma),
+        ("decay_ewma", Algorithm::DecayEwma),
+        ("peak_ewma", Algorithm::PeakEwma),
+        ("sma", Algorithm::Sma),
+        ("bias_corrected_ewma", Algorithm::BiasCorrectedEwma),
+        ("dual_ewma", Algorithm::DualEwma),
+    ];
+}
+
+/// `smoothing`: an `algorithm` and that algorithm's parameters.
+impl FromJson for Smoother {
+    fn from_json(value: &Value, path: &str) -> Result<Self, ConfigError> {
+        const PARAMS: [&str; 8] = ["algorithm", "alpha", "tau_ms", "peak_samples", "window", "beta", "short_tau_ms", "long_tau_ms"];
+        let fields = Fields::of(value, path, &PARAMS)?;
+        let Some(algorithm) = fields.get("algorithm") else { return Err(error(path, "missing field `algorithm`")) };
+        let mut spec = SmoothingSpec { algorithm: variant(algorithm, &fields.path_of("algorithm"), &Algorithm::NAMES)?, ..SmoothingSpec::default() };
+        fields.read("alpha", &mut spec.alpha)?;
+        fields.read("tau_ms", &mut spec.tau_ms)?;
+        fields.read("peak_samples", &mut spec.peak_samples)?;
+        fields.read("window", &mut spec.window)?;
+        fields.read("beta", &mut spec.beta)?;
+        fields.read("short_tau_ms", &mut spec.short_tau_ms)?;
+        fields.read("long_tau_ms", &mut spec.long_tau_ms)?;
+        Smoother::try_from(spec).map_err(|message| error(path, message))
+    }
 }
 
 impl TryFrom<SmoothingSpec> for Smoother {

@@ -13,11 +13,12 @@
 //! it (it left the cluster), when the cluster has fewer endpoints than the record has hosts (the
 //! least recently seen go), or after `host_ttl` of silence.
 
-use std::collections::BTreeMap;
+
 
 use serde::{Deserialize, Serialize};
 
 use crate::locality::{self, LocalityParams, ZoneInput};
+use crate::map::Map;
 use crate::outlier::{ejection_budget, Health, OutlierParams};
 use crate::smoothing::{Batch, Estimate, Smoother};
 use crate::units::NS_PER_SEC;
@@ -68,7 +69,7 @@ impl Accumulator {
 /// What one worker observed of one cluster since its last successful merge.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ClusterBatch {
-    pub hosts: BTreeMap<String, Accumulator>,
+    pub hosts: Map<String, Accumulator>,
     /// The latest `upstream.num_endpoints` seen.
     pub num_endpoints: Option<u32>,
 }
@@ -97,7 +98,8 @@ pub struct HostState {
     /// `upstream.locality.zone`; empty until reported.
     pub zone: String,
     pub last_seen_ns: u64,
-    /// When the host joined or came back from ejection: the start of its slow-start ramp.
+    /// When the host joined or came back from ejection: the start of its slow-start ramp; 0 for
+    /// a host that needs none (`active_for_ns`).
     pub active_since_ns: u64,
     pub latency: Estimate,
     /// Smoothed share of failed requests, for operators (the score already includes failures).
@@ -105,6 +107,18 @@ pub struct HostState {
     pub health: Health,
     /// Share of steered traffic in the table in force; 0 for ejected and not yet weighted hosts.
     pub share: f64,
+}
+
+impl HostState {
+    /// How long the host has been on its slow-start ramp; `u64::MAX` for a host that never
+    /// needed one (`active_since_ns` 0: met while the plugin learned the cluster).
+    pub fn active_for_ns(&self, now_ns: u64) -> u64 {
+        if self.active_since_ns == 0 {
+            u64::MAX
+        } else {
+            now_ns.saturating_sub(self.active_since_ns)
+        }
+    }
 }
 
 /// The shared record of one cluster.
@@ -125,8 +139,9 @@ pub struct ClusterState {
     pub hosts: Vec<HostState>,
 }
 
-/// Everything merge and refresh need to know of the configuration; `Config::policy`.
-#[derive(Clone, Debug, PartialEq)]
+/// Everything merge and refresh need to know of the configuration; `Config::policy`. Serialized
+/// only to fingerprint it (`sync::namespace`).
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Policy {
     pub smoother: Smoother,
     pub weights: WeightParams,
@@ -143,6 +158,20 @@ pub struct Merged {
     pub ejected: usize,
     /// Hosts dropped because Envoy no longer honoured picks of them.
     pub removed: usize,
+    /// Hosts met for the first time.
+    pub joined: usize,
+    /// Whether Envoy reported another endpoint count than the record held.
+    pub resized: bool,
+}
+
+impl Merged {
+    /// Whether the cluster's membership changed: the table should follow now, not at the next
+    /// refresh, or a newcomer waits a refresh interval for its first share and the endpoints
+    /// the record does not know wait as long for theirs (the anti-flap timer is for latencies,
+    /// not for who is in the cluster).
+    pub fn membership_changed(&self) -> bool {
+        self.joined > 0 || self.resized
+    }
 }
 
 impl ClusterState {
@@ -168,16 +197,18 @@ impl ClusterState {
     /// Folds one worker's batch in. An ejection or a host that left changes the table at once
     /// rather than at the next refresh.
     pub fn merge(&mut self, batch: &ClusterBatch, now_ns: u64, policy: &Policy) -> Merged {
+        let resized = batch.num_endpoints.is_some_and(|n| n != self.num_endpoints);
         if let Some(n) = batch.num_endpoints {
             self.num_endpoints = n;
         }
-        let mut removed = 0;
+        let (mut removed, mut joined) = (0, 0);
         for (address, acc) in batch.hosts.iter().filter(|(_, acc)| !acc.is_empty()) {
             if acc.latency.count == 0 {
                 // Only unhonoured picks: Envoy no longer has this host.
                 removed += usize::from(self.remove_absent(address));
                 continue;
             }
+            joined += usize::from(self.index(address).is_err());
             let Some(host) = self.host_mut_or_insert(address, now_ns, false, policy.max_hosts) else { continue };
             host.absent = false;
             host.last_seen_ns = now_ns;
@@ -195,9 +226,13 @@ impl ClusterState {
         }
         if removed > 0 {
             self.renormalise();
+        } else if resized {
+            // The share left to the endpoints the record does not know changed: every VM must
+            // adopt it, even if no host's share moves.
+            self.bump_version();
         }
         self.complete |= self.num_endpoints > 0 && self.unknown_endpoints() == 0;
-        Merged { ejected: self.eject_failing(now_ns, &policy.outlier), removed }
+        Merged { ejected: self.eject_failing(now_ns, &policy.outlier), removed, joined, resized }
     }
 
     /// Recomputes the shares: adds the static hosts (and clears the flag of hosts no longer
@@ -228,7 +263,7 @@ impl ClusterState {
             if host.health.tick(&policy.outlier, now_ns) {
                 // Back from ejection: its old latency is the failures' penalty. Start afresh at
                 // the cluster median and ramp up, as a new host would.
-                host.active_since_ns = now_ns;
+                host.active_since_ns = now_ns.max(1);
                 host.share = 0.0;
                 host.latency = Estimate::default();
             }
@@ -246,7 +281,7 @@ impl ClusterState {
             .iter()
             .map(|h| HostInput {
                 score_ms: h.latency.value_ms(),
-                active_for_ns: now_ns.saturating_sub(h.active_since_ns),
+                active_for_ns: h.active_for_ns(now_ns),
                 ejected: out(h),
                 previous_share: (h.share > 0.0).then_some(h.share),
             })
@@ -336,7 +371,7 @@ impl ClusterState {
             .filter(|h| !h.is_static && now_ns.saturating_sub(h.last_seen_ns) >= grace_ns)
             .map(|h| (h.last_seen_ns, h.address.clone()))
             .collect();
-        silent.sort();
+        silent.sort_unstable();
         silent.truncate(surplus);
         self.hosts.retain(|h| !silent.iter().any(|(_, a)| *a == h.address));
     }
@@ -358,8 +393,9 @@ impl ClusterState {
                     address: address.to_owned(),
                     is_static,
                     last_seen_ns: now_ns,
-                    // 0: fully ramped from the start (see `complete`).
-                    active_since_ns: if joined { now_ns } else { 0 },
+                    // 0: fully ramped from the start (see `complete`); a ramp that starts at the
+                    // record's time 0 starts at 1.
+                    active_since_ns: if joined { now_ns.max(1) } else { 0 },
                     health: Health { healthy_since_ns: now_ns, ..Health::default() },
                     ..HostState::default()
                 };

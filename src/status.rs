@@ -3,10 +3,13 @@
 use serde::Serialize;
 
 use crate::state::{ClusterState, HostState};
+use crate::telemetry::Build;
 use crate::units::ns_to_whole_ms;
 
 #[derive(Serialize)]
 pub struct Status<'a> {
+    /// The plugin's version and git commit.
+    pub build: Build,
     /// True when the plugin computes everything but never overrides Envoy's choice.
     pub shadow: bool,
     /// The proxy's own zone; `null` when the node has none.
@@ -64,7 +67,7 @@ impl HostPhase {
             HostPhase::Absent
         } else if host.health.is_ejected(now_ns) {
             HostPhase::Ejected
-        } else if now_ns.saturating_sub(host.active_since_ns) < slow_start_ns {
+        } else if host.active_for_ns(now_ns) < slow_start_ns {
             HostPhase::Warming
         } else {
             HostPhase::Live

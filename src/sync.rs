@@ -25,6 +25,15 @@ pub enum StoreError {
     Other(String),
 }
 
+impl std::fmt::Display for StoreError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreError::CasMismatch => f.write_str("compare-and-swap mismatch"),
+            StoreError::Other(why) => f.write_str(why),
+        }
+    }
+}
+
 /// The shared-data key of a cluster's record. One key per cluster keeps the key count bounded:
 /// proxy-wasm shared data has no reliable delete. The key names the format version and a
 /// fingerprint of the settings that shape the record (`namespace`), so a listener with another
@@ -35,10 +44,11 @@ pub fn key(namespace: &str, cluster: &str) -> String {
 }
 
 /// The namespace of records written under `policy`: a stable hash (FNV-1a, the same in every VM
-/// of a build) of every setting that changes what merging and refreshing do.
+/// of a build) of every setting that changes what merging and refreshing do, in postcard's
+/// encoding (a field added to the policy is fingerprinted without anyone remembering to).
 pub fn namespace(policy: &Policy) -> String {
-    let text = format!("{policy:?}");
-    let hash = text.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    let bytes = postcard::to_allocvec(policy).unwrap_or_default();
+    let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3));
     format!("{hash:016x}")
 }
 
@@ -118,6 +128,15 @@ pub enum SyncError {
     Store(String),
 }
 
+impl std::fmt::Display for SyncError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SyncError::Contended => write!(f, "every one of {MAX_CAS_ATTEMPTS} compare-and-swaps lost to another VM"),
+            SyncError::Store(why) => write!(f, "shared data: {why}"),
+        }
+    }
+}
+
 /// What one sync did to a cluster's record.
 #[derive(Debug)]
 pub struct Synced {
@@ -155,7 +174,7 @@ pub fn sync_cluster(
 ) -> Result<Synced, SyncError> {
     let policy = ctx.policy;
     for _ in 0..MAX_CAS_ATTEMPTS {
-        let (bytes, cas) = store.get(ctx.key).map_err(|e| SyncError::Store(format!("{e:?}")))?;
+        let (bytes, cas) = store.get(ctx.key).map_err(|e| SyncError::Store(e.to_string()))?;
         let (mut state, replaced) = match bytes.map(|b| decode(&b, policy.max_hosts)) {
             Some(Ok(state)) => (state, None),
             // Not a record this build can read in our own key: corrupt. Rebuilt, and reported.
@@ -173,7 +192,7 @@ pub fn sync_cluster(
         state.clock_ns = now_ns;
         let merged = state.merge(batch, now_ns, policy);
         let mut ejected = merged.ejected;
-        let refreshed = state.refresh_due(now_ns, policy);
+        let refreshed = merged.membership_changed() || state.refresh_due(now_ns, policy);
         if refreshed {
             ejected += state.refresh(now_ns, policy, ctx.static_hosts, ctx.local_zone);
         }

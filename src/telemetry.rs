@@ -5,7 +5,10 @@
 //! [`Update`] to the host's metric calls. Dashboards and tests read [`Metric::ALL`], not source
 //! files.
 
-/// Label every series has: the Envoy cluster (`none` for a request without one).
+use serde::Serialize;
+
+/// Label every series has but `ewma_lb_build_info`: the Envoy cluster (`none` for a request
+/// without one).
 pub const CLUSTER_LABEL: &str = "cluster_name";
 /// `cluster_name` of requests that have no cluster (a direct response, a route without one).
 pub const NO_CLUSTER: &str = "none";
@@ -32,10 +35,11 @@ pub enum Metric {
     CrossZoneRequests,
     SharedRecordErrors,
     MetricSeriesEvicted,
+    BuildInfo,
 }
 
 impl Metric {
-    pub const ALL: [Metric; 12] = [
+    pub const ALL: [Metric; 13] = [
         Metric::SteeredRequests,
         Metric::FallbackRequests,
         Metric::ManagementDeniedRequests,
@@ -48,6 +52,7 @@ impl Metric {
         Metric::CrossZoneRequests,
         Metric::SharedRecordErrors,
         Metric::MetricSeriesEvicted,
+        Metric::BuildInfo,
     ];
 
     /// The Prometheus name, as `/stats/prometheus` shows it.
@@ -65,6 +70,7 @@ impl Metric {
             Metric::CrossZoneRequests => "ewma_lb_cross_zone_requests_total",
             Metric::SharedRecordErrors => "ewma_lb_shared_record_errors_total",
             Metric::MetricSeriesEvicted => "ewma_lb_metric_series_evicted_total",
+            Metric::BuildInfo => "ewma_lb_build_info",
         }
     }
 
@@ -81,22 +87,33 @@ impl Metric {
             | Metric::HostLatency
             | Metric::HostInFlight
             | Metric::HostEjected
-            | Metric::UnknownEndpoints => MetricKind::Gauge,
+            | Metric::UnknownEndpoints
+            | Metric::BuildInfo => MetricKind::Gauge,
         }
     }
 
-    /// The label beside `cluster_name`, if any.
+    /// The label beside `cluster_name`, if any (none for `BuildInfo`, which has no cluster).
     pub const fn label(self) -> Option<&'static str> {
+        match (self, self.labels()) {
+            (Metric::BuildInfo, _) => None,
+            (_, [_, second]) => Some(*second),
+            _ => None,
+        }
+    }
+
+    /// Every label of the metric's series, in the order they are written into its name.
+    pub const fn labels(self) -> &'static [&'static str] {
         match self {
-            Metric::FallbackRequests => Some("reason"),
-            Metric::HostWeight | Metric::HostLatency | Metric::HostInFlight | Metric::HostEjected => Some("host"),
+            Metric::BuildInfo => &BUILD_LABELS,
+            Metric::FallbackRequests => &[CLUSTER_LABEL, "reason"],
+            Metric::HostWeight | Metric::HostLatency | Metric::HostInFlight | Metric::HostEjected => &[CLUSTER_LABEL, "host"],
             Metric::SteeredRequests
             | Metric::ManagementDeniedRequests
             | Metric::Ejections
             | Metric::UnknownEndpoints
             | Metric::CrossZoneRequests
             | Metric::SharedRecordErrors
-            | Metric::MetricSeriesEvicted => None,
+            | Metric::MetricSeriesEvicted => &[CLUSTER_LABEL],
         }
     }
 
@@ -114,7 +131,36 @@ impl Metric {
             Metric::CrossZoneRequests => "sampled requests served by a host outside the proxy's zone",
             Metric::SharedRecordErrors => "stored records that could not be read and were rebuilt",
             Metric::MetricSeriesEvicted => "metric series this VM stopped updating to stay under its series cap (gauges zeroed first)",
+            Metric::BuildInfo => "1, labelled with the running build's version and git commit",
         }
+    }
+}
+
+/// The labels of `ewma_lb_build_info`.
+const BUILD_LABELS: [&str; 2] = ["version", "commit"];
+
+/// The build that runs: in the status page, the startup log line and `ewma_lb_build_info`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Build {
+    /// The crate version (Cargo.toml).
+    pub version: &'static str,
+    /// The git commit ./wasm-build.sh built, from `EWMA_LB_GIT_COMMIT` at compile time
+    /// (`-dirty` when the tree had uncommitted changes); `unknown` for other builds.
+    pub commit: &'static str,
+}
+
+pub const BUILD: Build = Build {
+    version: env!("CARGO_PKG_VERSION"),
+    commit: match option_env!("EWMA_LB_GIT_COMMIT") {
+        Some(commit) => commit,
+        None => "unknown",
+    },
+};
+
+impl Build {
+    /// `(label, value)` of `ewma_lb_build_info`, in [`Metric::labels`] order.
+    pub fn labels(&self) -> [(&'static str, &'static str); 2] {
+        [(BUILD_LABELS[0], self.version), (BUILD_LABELS[1], self.commit)]
     }
 }
 

@@ -6,14 +6,14 @@
 //! (`telemetry`). The shared store and the clock are parameters, so the protocol runs natively
 //! in tests with several workers over one store, and in the VM over proxy-wasm shared data.
 
-use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 
 use crate::clock::{RecordClock, VmClock};
 use crate::config::Config;
-use crate::outcome::Outcome;
+use crate::map::Map;
+use crate::outcome::{GrpcCode, Outcome};
 use crate::pick::PickTable;
-use crate::rules::{normalize, PathClass};
+use crate::rules::{normalize_bytes, PathClass};
 use crate::state::{ClusterBatch, ClusterState};
 use crate::status::{ClusterStatus, HostPhase, Status};
 use crate::sync::{self, sync_cluster, DecodeError, SharedStore, SyncContext, SyncError};
@@ -65,6 +65,25 @@ impl Pick {
     }
 }
 
+/// For logs: `override 10.0.0.1:80,10.0.0.2:80`, `fallback (exploring)`, `deny`, `status`.
+impl std::fmt::Display for Decision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Decision::Override(pick) => {
+                f.write_str("override ")?;
+                f.write_str(&pick.host)?;
+                match &pick.alternative {
+                    Some(alternative) => write!(f, ",{alternative}"),
+                    None => Ok(()),
+                }
+            }
+            Decision::Fallback(reason) => write!(f, "fallback ({})", reason.label()),
+            Decision::Deny => f.write_str("deny"),
+            Decision::Status => f.write_str("status"),
+        }
+    }
+}
+
 impl Decision {
     /// Whether the request's outcome is a latency sample of the host that serves it.
     pub fn is_sampled(&self) -> bool {
@@ -94,10 +113,13 @@ pub enum FallbackReason {
     NoCluster,
     /// Shadow mode: the table is computed and sampled, never applied.
     Shadow,
+    /// A cluster outside `steered_clusters`: its policy may not obey the header, so the plugin
+    /// leaves it to Envoy and keeps no state for it.
+    UnlistedCluster,
 }
 
 impl FallbackReason {
-    pub const ALL: [FallbackReason; 7] = [
+    pub const ALL: [FallbackReason; 8] = [
         FallbackReason::Exploring,
         FallbackReason::TableNotReady,
         FallbackReason::HealthPath,
@@ -105,6 +127,7 @@ impl FallbackReason {
         FallbackReason::Excluded,
         FallbackReason::NoCluster,
         FallbackReason::Shadow,
+        FallbackReason::UnlistedCluster,
     ];
 
     /// The `reason` label of `ewma_lb_fallback_requests_total`.
@@ -117,6 +140,7 @@ impl FallbackReason {
             FallbackReason::Excluded => "excluded",
             FallbackReason::NoCluster => "no_cluster",
             FallbackReason::Shadow => "shadow",
+            FallbackReason::UnlistedCluster => "unlisted_cluster",
         }
     }
 
@@ -128,7 +152,8 @@ impl FallbackReason {
 /// What the filter knows of a request when it arrives.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Request<'a> {
-    pub path: &'a str,
+    /// `:path` as the client sent it: bytes, not necessarily UTF-8.
+    pub path: &'a [u8],
     /// `xds.cluster_name`: the cluster the route chose.
     pub cluster: Option<&'a str>,
 }
@@ -143,7 +168,11 @@ pub struct Finished<'a> {
     /// `upstream.request_attempt_count`.
     pub attempts: u32,
     pub latency_ms: f64,
+    /// What the status code and response flags say ([`Outcome::classify`]).
     pub outcome: Option<Outcome>,
+    /// The `grpc-status` of a gRPC response; `None` for any other response. It refines
+    /// `outcome` by the configured failure codes ([`Outcome::with_grpc`]).
+    pub grpc_status: Option<GrpcCode>,
     /// `upstream.num_endpoints`: the cluster's endpoint count (asked for once a tick, see
     /// [`Worker::wants_endpoint_count`]).
     pub num_endpoints: Option<u32>,
@@ -168,7 +197,7 @@ struct LocalCluster {
     /// table does not know every endpoint of the cluster (they get their share through it).
     explore_share: f64,
     /// Keyed by address so counts survive a table rebuild.
-    in_flight: HashMap<Rc<str>, InFlight>,
+    in_flight: Map<Rc<str>, InFlight>,
     /// This tick's samples. Entries are emptied, not removed, after a merge: the next tick's
     /// samples of the same host need no allocation.
     batch: ClusterBatch,
@@ -219,9 +248,9 @@ pub struct Worker {
     clock: VmClock,
     /// The proxy's zone (`xds.node` locality), once the adapter has read it.
     local_zone: Option<String>,
-    clusters: BTreeMap<String, LocalCluster>,
+    clusters: Map<String, LocalCluster>,
     /// By `cluster_name` label; bounded like `clusters`, plus [`NO_CLUSTER`].
-    counts: BTreeMap<String, Counts>,
+    counts: Map<String, Counts>,
 }
 
 impl Worker {
@@ -233,8 +262,8 @@ impl Worker {
             config,
             rng: fastrand::Rng::with_seed(seed),
             local_zone: None,
-            clusters: BTreeMap::new(),
-            counts: BTreeMap::new(),
+            clusters: Map::default(),
+            counts: Map::default(),
         };
         // The main-thread VM never sees a request; configured clusters still get refreshed.
         let names: Vec<String> = worker.config.static_clusters().map(str::to_owned).collect();
@@ -288,7 +317,7 @@ impl Worker {
     }
 
     fn decide(&mut self, request: &Request, source: impl FnOnce() -> Option<String>) -> Decision {
-        let path = normalize(request.path);
+        let path = normalize_bytes(request.path);
         let rules = self.config.rules();
         let class = rules.classify_normalized(&path);
         let is_status = class != PathClass::Health && path == self.config.status_path();
@@ -305,6 +334,7 @@ impl Worker {
             PathClass::Management => Decision::Deny,
             PathClass::Excluded => Decision::Fallback(FallbackReason::Excluded),
             PathClass::Business => match request.cluster {
+                Some(cluster) if !self.config.steers(cluster) => Decision::Fallback(FallbackReason::UnlistedCluster),
                 Some(cluster) if self.config.shadow() => {
                     if let Some(local) = local_entry(&mut self.clusters, cluster) {
                         local.used = true;
@@ -398,9 +428,16 @@ impl Worker {
                 }
             }
         }
-        let (Some(host), Some(outcome)) = (done.served_by, done.outcome) else { return };
+        let outcome = Outcome::with_grpc(done.outcome, done.grpc_status, self.config.grpc_failures());
+        let (Some(host), Some(outcome)) = (done.served_by, outcome) else { return };
+        // The zone as reported now, or as this VM's batch or the record already know it (the
+        // adapter reads it once per host: see `wants_zone`).
         let remote = local_zone.is_some_and(|mine| {
-            let zone = done.zone.or_else(|| local.snapshot.host(host).map(|h| h.zone.as_str())).unwrap_or_default();
+            let zone = done
+                .zone
+                .or_else(|| local.batch.hosts.get(host).and_then(|a| a.zone.as_deref()))
+                .or_else(|| local.snapshot.host(host).map(|h| h.zone.as_str()))
+                .unwrap_or_default();
             !zone.is_empty() && zone != mine
         });
         if let Some(acc) = local.host_batch(host) {
@@ -496,25 +533,24 @@ impl Worker {
     pub fn status_json(&self) -> String {
         let slow_start_ns = self.config.policy().weights.slow_start_ns;
         let steady_ns = self.clock.last();
-        let status = Status {
-            shadow: self.config.shadow(),
-            local_zone: self.local_zone(),
-            clusters: self
-                .clusters
-                .iter()
-                .map(|(name, local)| {
-                    let now_ns = local.clock.estimate(steady_ns).unwrap_or(local.snapshot.clock_ns);
-                    ClusterStatus::new(name, &local.snapshot, now_ns, slow_start_ns, |h| local.in_flight(h))
-                })
-                .collect(),
-        };
+        let clusters: Vec<ClusterStatus> = self
+            .clusters
+            .iter()
+            .map(|(name, local)| {
+                let now_ns = local.clock.estimate(steady_ns).unwrap_or(local.snapshot.clock_ns);
+                ClusterStatus::new(name, &local.snapshot, now_ns, slow_start_ns, |h| local.in_flight(h))
+            })
+            .collect();
+        let status = Status { build: crate::telemetry::BUILD, shadow: self.config.shadow(), local_zone: self.local_zone(), clusters };
         serde_json::to_string_pretty(&status).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
     }
 
-    /// `host=share` for every host of the table this worker last adopted for `cluster`, for logs.
+    /// `host=share` (in parts per million) for every host of the table this worker last adopted
+    /// for `cluster`, for logs.
     pub fn table_summary(&self, cluster: &str) -> String {
         let Some(local) = self.clusters.get(cluster) else { return String::new() };
-        let shares: Vec<String> = local.snapshot.hosts.iter().map(|h| format!("{}={:.4}", h.address, h.share)).collect();
+        let shares: Vec<String> =
+            local.snapshot.hosts.iter().map(|h| format!("{}={}ppm", h.address, share_to_ppm(h.share))).collect();
         shares.join(" ")
     }
 
@@ -539,7 +575,7 @@ impl Worker {
 }
 
 /// The counters of `label`, created on first sight while there is room.
-fn counts_entry<'a>(counts: &'a mut BTreeMap<String, Counts>, label: &str) -> Option<&'a mut Counts> {
+fn counts_entry<'a>(counts: &'a mut Map<String, Counts>, label: &str) -> Option<&'a mut Counts> {
     if !counts.contains_key(label) && counts.len() <= MAX_CLUSTERS {
         counts.insert(label.to_owned(), Counts::default());
     }
@@ -547,7 +583,7 @@ fn counts_entry<'a>(counts: &'a mut BTreeMap<String, Counts>, label: &str) -> Op
 }
 
 /// The local entry of `cluster`, created on first sight while there is room.
-fn local_entry<'a>(clusters: &'a mut BTreeMap<String, LocalCluster>, cluster: &str) -> Option<&'a mut LocalCluster> {
+fn local_entry<'a>(clusters: &'a mut Map<String, LocalCluster>, cluster: &str) -> Option<&'a mut LocalCluster> {
     if !clusters.contains_key(cluster) && clusters.len() < MAX_CLUSTERS {
         clusters.insert(cluster.to_owned(), LocalCluster::default());
     }

@@ -72,15 +72,14 @@ fn allocations(f: impl FnOnce()) -> u64 {
 /// One steered request: route, then finish as the adapter's `on_log` does. Returns whether the
 /// plugin steered it.
 fn request(w: &mut Worker, path: &str, latency_ms: f64) -> bool {
-    let Decision::Override(pick) = w.route(&Request { path, cluster: Some(CLUSTER) }, || None) else { return false };
+    let Decision::Override(pick) = w.route(&Request { path: path.as_bytes(), cluster: Some(CLUSTER) }, || None) else { return false };
     let done = Finished {
         picked: Some(&pick.host),
         served_by: Some(&pick.host),
         attempts: 1,
         latency_ms,
         outcome: Some(Outcome::Success),
-        num_endpoints: None,
-        zone: None,
+        ..Finished::default()
     };
     w.finish(CLUSTER, &done);
     true

@@ -11,8 +11,11 @@ mod store;
 
 use std::collections::BTreeMap;
 
+use ewma_lb::map::Map;
+
 use ewma_lb::outcome::Outcome;
 use ewma_lb::state::{Accumulator, ClusterBatch, ClusterState};
+use ewma_lb::status::HostPhase;
 use ewma_lb::sync;
 use ewma_lb::telemetry::{Change, Metric};
 use ewma_lb::worker::{Decision, Finished, Worker};
@@ -88,11 +91,46 @@ fn hosts_met_while_learning_the_cluster_need_no_slow_start_but_newcomers_ramp_in
     let state = store.state();
     assert!(state.complete, "every endpoint known");
     assert!(state.hosts.iter().all(|h| h.active_since_ns == 0), "no ramp for a host the plugin met late: {state:?}");
+    // Live, not warming, though the record's clock has not run a ramp's length yet.
+    let ramp_ns = defaults().policy().weights.slow_start_ns;
+    assert!(state.clock_ns < ramp_ns, "the check needs a young record: {}", state.clock_ns);
+    assert!(state.hosts.iter().all(|h| HostPhase::of(h, state.clock_ns, ramp_ns) == HostPhase::Live), "{state:?}");
     // A scale-out: the cluster grows to four, and the fourth is new to the cluster too.
     served(&mut w, &host(4), 50.0, 4);
     w.tick(t, &mut store.clone());
-    let newcomer = store.state().host(&host(4)).cloned().unwrap();
+    let state = store.state();
+    let newcomer = state.host(&host(4)).cloned().unwrap();
     assert!(newcomer.active_since_ns > 0, "{newcomer:?}");
+    assert_eq!(HostPhase::of(&newcomer, state.clock_ns, ramp_ns), HostPhase::Warming);
+    // Against the old hosts' mean: the noise band lets their own shares settle over several
+    // refreshes, so one of them alone may still be above its target.
+    let old = (1.0 - newcomer.share) / 3.0;
+    assert!((newcomer.share / old - 0.1).abs() < 0.01, "starts at the ramp's 10 %: {} against {old}", newcomer.share);
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn the_table_follows_a_change_of_membership_in_the_same_tick_not_at_the_next_refresh() {
+    // Refreshes every 10 s: only a change of who is in the cluster may move the table sooner.
+    let store = Shared::default();
+    let mut w = Worker::new(config(r#"{"refresh_interval_ms": 10000, "exploration_share": 0}"#), 1);
+    served(&mut w, &host(1), 50.0, 2);
+    served(&mut w, &host(2), 50.0, 2);
+    w.tick(SEC, &mut store.clone());
+    assert_eq!(w.explore_share(CLUSTER), Some(0.0));
+    // Envoy reports two more endpoints: their share goes to the fallback from this tick on.
+    served(&mut w, &host(1), 50.0, 4);
+    w.tick(SEC + 100 * MS, &mut store.clone());
+    assert_eq!(w.explore_share(CLUSTER), Some(0.5));
+    // The fallback served one of them: it has a share (and the fallback less) at once.
+    served(&mut w, &host(3), 50.0, 4);
+    let report = w.tick(SEC + 200 * MS, &mut store.clone());
+    assert_eq!(report.refreshed, 1);
+    assert!(store.state().host(&host(3)).unwrap().share > 0.0);
+    assert_eq!(w.explore_share(CLUSTER), Some(0.25));
+    // Nothing new: no refresh before the interval.
+    served(&mut w, &host(3), 50.0, 4);
+    assert_eq!(w.tick(SEC + 300 * MS, &mut store.clone()).refreshed, 0);
 }
 
 #[test]
@@ -155,7 +193,7 @@ fn a_full_record_forgets_the_host_seen_least_recently_never_the_newest() {
     for (i, t) in [(1, SEC), (2, 2 * SEC), (1, 3 * SEC), (3, 4 * SEC)] {
         let mut acc = Accumulator::default();
         acc.record(50.0, false, 1000.0);
-        state.merge(&ClusterBatch { hosts: BTreeMap::from([(host(i), acc)]), num_endpoints: None }, t, p);
+        state.merge(&ClusterBatch { hosts: Map::from_iter([(host(i), acc)]), num_endpoints: None }, t, p);
     }
     let left: Vec<&str> = state.hosts.iter().map(|h| h.address.as_str()).collect();
     assert_eq!(left, vec![host(1), host(3)], "host 2 was seen least recently");
@@ -185,7 +223,7 @@ fn two_vms_creating_a_record_in_the_same_tick_lose_no_sample() {
         let mut s = ClusterState::default();
         let mut acc = Accumulator::default();
         acc.record(70.0, false, 1000.0);
-        s.merge(&ClusterBatch { hosts: BTreeMap::from([(host(2), acc)]), num_endpoints: None }, 0, defaults().policy());
+        s.merge(&ClusterBatch { hosts: Map::from_iter([(host(2), acc)]), num_endpoints: None }, 0, defaults().policy());
         sync::encode(&s)
     };
     let key_for_hook = key.clone();
@@ -310,7 +348,7 @@ fn hosts_learn_their_zone_and_the_local_zone_keeps_the_traffic() {
         for i in 1..=4 {
             w.finish(
                 CLUSTER,
-                &Finished { served_by: Some(&host(i)), attempts: 1, latency_ms: 50.0, outcome: Some(Outcome::Success), num_endpoints: Some(4), zone: Some(zone_of(i)), picked: None },
+                &Finished { served_by: Some(&host(i)), attempts: 1, latency_ms: 50.0, outcome: Some(Outcome::Success), num_endpoints: Some(4), zone: Some(zone_of(i)), picked: None, grpc_status: None },
             );
         }
         let report = w.tick(t, &mut store.clone());
@@ -331,4 +369,14 @@ fn hosts_learn_their_zone_and_the_local_zone_keeps_the_traffic() {
     let counts = picks(&mut w, 10_000);
     let local: usize = (1..=2).map(|i| counts.get(&host(i)).copied().unwrap_or(0)).sum();
     assert!(local >= 9_900, "equal zones: the local zone keeps all but the floor: {counts:?}");
+    // The adapter reads a host's zone once (`wants_zone`): a second request to a new remote
+    // host in the same tick comes without it, and crossed zones all the same.
+    let newcomer = host(5);
+    assert!(w.wants_zone(CLUSTER, &newcomer));
+    let done = |zone| Finished { served_by: Some(&newcomer), attempts: 1, latency_ms: 50.0, outcome: Some(Outcome::Success), num_endpoints: Some(5), zone, ..Finished::default() };
+    w.finish(CLUSTER, &done(Some("zone-b")));
+    assert!(!w.wants_zone(CLUSTER, &newcomer));
+    w.finish(CLUSTER, &done(None));
+    let report = w.tick(t, &mut store.clone());
+    assert!(report.metrics.iter().any(|u| u.metric == Metric::CrossZoneRequests && u.change == Change::Add(2)), "{:?}", report.metrics);
 }

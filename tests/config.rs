@@ -6,6 +6,7 @@
 use wasm_bindgen_test::wasm_bindgen_test;
 
 use ewma_lb::config::{Config, PluginConfig};
+use ewma_lb::outcome::GrpcCode;
 use ewma_lb::pick::PickAlgorithm;
 use ewma_lb::smoothing::Smoother;
 
@@ -14,7 +15,9 @@ use ewma_lb::smoothing::Smoother;
 fn empty_and_braces_mean_all_defaults() {
     let defaults = PluginConfig::default().compile().unwrap_or_else(|e| panic!("the defaults must compile: {e}"));
     assert_eq!(Config::from_json(b""), Ok(defaults.clone()));
-    assert_eq!(Config::from_json(b" {} "), Ok(defaults));
+    assert_eq!(Config::from_json(b" {} "), Ok(defaults.clone()));
+    let failures: Vec<&str> = defaults.grpc_failures().iter().map(GrpcCode::name).collect();
+    assert_eq!(failures, ["UNKNOWN", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS"]);
 }
 
 #[test]
@@ -27,6 +30,7 @@ fn a_full_configuration_parses() {
         "smoothing": {"algorithm": "ewma", "alpha": 0.3},
         "weights": {"exponent": 1.5, "min_share": 0.02, "max_step_ratio": 1.5, "slow_start_ms": 0, "slow_start_min_factor": 0.2},
         "failure_penalty_ms": 2000,
+        "grpc_failure_status_codes": ["UNAVAILABLE", "UNIMPLEMENTED"],
         "pick": "weighted_p2c",
         "exploration_share": 0.01,
         "host_ttl_ms": 30000,
@@ -44,7 +48,33 @@ fn a_full_configuration_parses() {
     assert_eq!(c.policy().weights.slow_start_ns, 0);
     assert_eq!(c.policy().outlier.base_ejection_ns, 10_000_000_000);
     assert_eq!(c.failure_penalty_ms(), 2000.0);
+    assert_eq!(c.grpc_failures().iter().collect::<Vec<_>>(), [GrpcCode::Unimplemented, GrpcCode::Unavailable]);
     assert_eq!(c.tick_period().as_millis(), 100);
+}
+
+/// What the configuration's JSON form writes, it reads back as the same configuration: every
+/// field the serializer knows (the schema tests compare those with the schema) is one the reader
+/// knows, with the same names.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn every_field_written_reads_back() {
+    let mut rich = PluginConfig::default();
+    rich.clusters.insert("backend".into(), ewma_lb::config::ClusterConfig { endpoints: vec!["127.0.0.1:8081".into()] });
+    rich.pick = PickAlgorithm::WeightedRandom;
+    rich.shadow = true;
+    let smoothers = [
+        Smoother::Ewma { alpha: 0.25 },
+        Smoother::DecayEwma { tau_ms: 2_000 },
+        Smoother::PeakEwma { tau_ms: 3_000, peak_samples: 2 },
+        Smoother::Sma { window: 8 },
+        Smoother::BiasCorrectedEwma { beta: 0.8 },
+        Smoother::DualEwma { short_tau_ms: 500, long_tau_ms: 5_000 },
+    ];
+    for smoothing in smoothers {
+        let config = PluginConfig { smoothing, ..rich.clone() };
+        let json = serde_json::to_vec(&config).unwrap();
+        assert_eq!(PluginConfig::from_json(&json), Ok(config), "{}", String::from_utf8_lossy(&json));
+    }
 }
 
 #[test]
@@ -53,7 +83,7 @@ fn invalid_configurations_name_the_field_and_the_value() {
     let cases: &[(&str, &str)] = &[
         (r#"{"weights": {"min_share": 0.9}}"#, "weights.min_share: must be in [0, 0.5], got 0.9"),
         (r#"{"weights": {"min_shares": 0.1}}"#, "weights.min_shares: unknown field `min_shares`, expected one of `exponent`, `min_share`, `min_fair_share`, `max_step_ratio`, `noise_band`, `noise_gain`, `slow_start_ms`, `slow_start_min_factor`"),
-        (r#"{"refresh_interval": 5}"#, "refresh_interval: unknown field `refresh_interval`, expected one of `override_header`, `tick_period_ms`, `refresh_interval_ms`, `smoothing`, `weights`, `failure_penalty_ms`, `pick`, `exploration_share`, `host_ttl_ms`, `max_hosts_per_cluster`, `outlier_detection`, `locality`, `clusters`, `health_paths`, `management`, `excluded_paths`, `status_path`, `shadow`"),
+        (r#"{"refresh_interval": 5}"#, "refresh_interval: unknown field `refresh_interval`, expected one of `override_header`, `tick_period_ms`, `refresh_interval_ms`, `smoothing`, `weights`, `failure_penalty_ms`, `pick`, `exploration_share`, `host_ttl_ms`, `max_hosts_per_cluster`, `outlier_detection`, `locality`, `steered_clusters`, `grpc_failure_status_codes`, `clusters`, `health_paths`, `management`, `excluded_paths`, `status_path`, `shadow`"),
         (r#"{"weights": {"exponent": "two"}}"#, "weights.exponent: invalid type: string \"two\", expected f64"),
         (r#"{"smoothing": {"algorithm": "ewma", "alpha": 1.5}}"#, "smoothing.alpha: must be in (0, 1], got 1.5"),
         (r#"{"smoothing": {"algorithm": "peak_ewma", "tau_ms": 0}}"#, "smoothing.tau_ms: must be in [1, 600000], got 0"),
@@ -76,11 +106,28 @@ fn invalid_configurations_name_the_field_and_the_value() {
         (r#"{"locality": {"zone": "a"}}"#, "locality.zone: unknown field `zone`, expected one of `enabled`, `spillover_latency_ratio`, `min_local_hosts`"),
         (r#"{"clusters": {"backend": {"endpoints": ["localhost:80"]}}}"#, "clusters.backend.endpoints[0]: must be IP:port, got \"localhost:80\""),
         (r#"{"clusters": {"backend": {"hosts": []}}}"#, "clusters.backend.hosts: unknown field `hosts`, expected `endpoints`"),
+        (r#"{"steered_clusters": ["outbound|*|reviews"]}"#, "steered_clusters[0]: `*` may only end a prefix, got \"outbound|*|reviews\""),
+        (r#"{"steered_clusters": ["a", ""]}"#, "steered_clusters[1]: must be a cluster name or a prefix ending in `*`, got \"\""),
+        (r#"{"steered_clusters": ["backend "]}"#, "steered_clusters[0]: cluster names have no white space, got \"backend \""),
+        (r#"{"steered_clusters": "backend"}"#, "steered_clusters: invalid type: string \"backend\", expected a sequence"),
+        (r#"{"steered_clusters": ["other"], "clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}}"#, "clusters.backend: has static endpoints but is not in steered_clusters: the plugin would never steer it"),
         (r#"{"status_path": "status"}"#, "status_path: must be a normalised absolute path such as /ewma-lb/status, got \"status\""),
         (r#"{"status_path": "/Status//x"}"#, "status_path: must be a normalised absolute path such as /ewma-lb/status, got \"/Status//x\""),
+        (r#"{"grpc_failure_status_codes": ["resource-exhausted"]}"#, "grpc_failure_status_codes[0]: must be a gRPC status code name (write it as RESOURCE_EXHAUSTED), got \"resource-exhausted\""),
+        (r#"{"grpc_failure_status_codes": ["UNAVAILABLE", "BROKEN"]}"#, "grpc_failure_status_codes[1]: must be a gRPC status code name (one of OK, CANCELLED, UNKNOWN, INVALID_ARGUMENT, DEADLINE_EXCEEDED, NOT_FOUND, ALREADY_EXISTS, PERMISSION_DENIED, RESOURCE_EXHAUSTED, FAILED_PRECONDITION, ABORTED, OUT_OF_RANGE, UNIMPLEMENTED, INTERNAL, UNAVAILABLE, DATA_LOSS, UNAUTHENTICATED), got \"BROKEN\""),
+        (r#"{"grpc_failure_status_codes": ["CANCELLED"]}"#, "grpc_failure_status_codes[0]: CANCELLED is never a sample: the call was abandoned, most often by the client"),
+        (r#"{"grpc_failure_status_codes": ["OK"]}"#, "grpc_failure_status_codes[0]: OK is a success, not a failure"),
+        (r#"{"grpc_failure_status_codes": [14]}"#, "grpc_failure_status_codes[0]: invalid type: integer `14`, expected a string"),
         (r#"{"shadow": "yes"}"#, "shadow: invalid type: string \"yes\", expected a boolean"),
         (r#"[1, 2]"#, "config: must be a JSON object"),
-        (r#"{"weights": "#, "weights: EOF while parsing a value"),
+        // Not JSON at all: where the parser stopped.
+        (r#"{"weights": "#, "config: EOF while parsing a value at line 1 column 12"),
+        (r#"{"weights": {"slow_start_ms": -5}}"#, "weights.slow_start_ms: invalid value: integer `-5`, expected u64"),
+        (r#"{"weights": {"slow_start_ms": 1.5}}"#, "weights.slow_start_ms: invalid type: floating point `1.5`, expected u64"),
+        (r#"{"steered_clusters": "backend"}"#, "steered_clusters: invalid type: string \"backend\", expected a sequence"),
+        (r#"{"clusters": {"backend": {"endpoints": [1]}}}"#, "clusters.backend.endpoints[0]: invalid type: integer `1`, expected a string"),
+        (r#"{"smoothing": {"tau_ms": 100}}"#, "smoothing: missing field `algorithm`"),
+        (r#"{"management": {"paths": {"prefix": "/x"}}}"#, "management.paths.prefix: invalid type: string \"/x\", expected a sequence"),
     ];
     let wrong: Vec<String> = cases
         .iter()
@@ -91,4 +138,30 @@ fn invalid_configurations_name_the_field_and_the_value() {
         })
         .collect();
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn steered_clusters_match_exact_names_and_prefixes() {
+    let reviews = "outbound|9080|ewma-lb|reviews.default.svc.cluster.local";
+    let steers = |json: &str, cluster: &str| Config::from_json(json.as_bytes()).unwrap_or_else(|e| panic!("{json}: {e}")).steers(cluster);
+    let cases: &[(&str, &str, bool)] = &[
+        // The default steers every cluster, as before the option existed.
+        ("{}", "backend", true),
+        ("{}", reviews, true),
+        (r#"{"steered_clusters": ["*"]}"#, "anything", true),
+        // An empty list steers nothing, as an empty allowlist allows nothing.
+        (r#"{"steered_clusters": []}"#, "backend", false),
+        (r#"{"steered_clusters": ["outbound|9080|ewma-lb|reviews.default.svc.cluster.local"]}"#, reviews, true),
+        (r#"{"steered_clusters": ["outbound|9080|ewma-lb|reviews.default.svc.cluster.local"]}"#, "outbound|9080||reviews.default.svc.cluster.local", false),
+        (r#"{"steered_clusters": ["outbound|9080|ewma-lb|reviews.default.svc.cluster.local"]}"#, "outbound|9080|ewma-lb|reviews.default.svc.cluster.local.", false),
+        (r#"{"steered_clusters": ["httproute/default/reviews/*"]}"#, "httproute/default/reviews/rule/0", true),
+        (r#"{"steered_clusters": ["httproute/default/reviews/*"]}"#, "httproute/default/reviewsx/rule/0", false),
+        (r#"{"steered_clusters": ["httproute/default/reviews/*"]}"#, "httproute/default/reviews/", true),
+        (r#"{"steered_clusters": ["a", "b*"]}"#, "bee", true),
+        (r#"{"steered_clusters": ["a", "b*"]}"#, "ab", false),
+    ];
+    for (json, cluster, want) in cases {
+        assert_eq!(steers(json, cluster), *want, "{json} steers {cluster:?}");
+    }
 }

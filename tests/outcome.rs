@@ -1,11 +1,12 @@
-//! What a finished request says about its host, from odd codes and flags included.
+//! What a finished request says about its host, from odd codes and flags included, and what a
+//! gRPC response's status says.
 
 #![allow(clippy::panic, clippy::indexing_slicing, clippy::unwrap_used)] // tests fail by panicking
 
 #[cfg(target_arch = "wasm32")]
 use wasm_bindgen_test::wasm_bindgen_test;
 
-use ewma_lb::outcome::{flags, Outcome};
+use ewma_lb::outcome::{flags, is_grpc_content_type, GrpcCode, GrpcCodes, GrpcResponse, Outcome};
 
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
@@ -35,4 +36,105 @@ fn codes_and_flags_classify_the_host() {
         assert_eq!(Outcome::classify(code, response_flags), want, "code {code:?} flags {response_flags:#x}");
     }
     assert!(Outcome::Timeout.is_failure() && !Outcome::Success.is_failure());
+    assert!(Outcome::GrpcFailure(GrpcCode::Unavailable).is_failure());
+}
+
+/// content-type, the headers' grpc-status, the trailers' grpc-status, HTTP code, flags: outcome.
+type Case = (Option<&'static str>, Option<&'static str>, Option<&'static str>, i64, u64, Option<Outcome>);
+
+/// One response end to end through the pure functions the adapter calls: the response headers'
+/// content-type and grpc-status, the trailers' grpc-status (`None`: no trailers), Envoy's code
+/// and flags, and the default failure codes.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn grpc_responses_are_classified_by_their_status_only_when_they_are_grpc() {
+    use GrpcCode::*;
+    const GRPC: Option<&str> = Some("application/grpc");
+    const UR: u64 = flags::UPSTREAM_REMOTE_RESET;
+    let failed = |c| Some(Outcome::GrpcFailure(c));
+    let ok = Some(Outcome::Success);
+    #[rustfmt::skip]
+    let cases: &[Case] = &[
+        // content-type, headers' grpc-status, trailers' grpc-status, HTTP code, flags: outcome
+        // Status in the trailers, HTTP 200: the usual gRPC answer.
+        (GRPC, None, Some("0"), 200, 0, ok),
+        (GRPC, None, Some("14"), 200, 0, failed(Unavailable)),
+        (GRPC, None, Some("13"), 200, 0, failed(Internal)),
+        (GRPC, None, Some("2"), 200, 0, failed(Unknown)),
+        (GRPC, None, Some("15"), 200, 0, failed(DataLoss)),
+        (GRPC, None, Some("4"), 200, 0, failed(DeadlineExceeded)),
+        (GRPC, None, Some("8"), 200, 0, failed(ResourceExhausted)),
+        // The caller's mistakes are answers.
+        (GRPC, None, Some("3"), 200, 0, ok),
+        (GRPC, None, Some("5"), 200, 0, ok),
+        (GRPC, None, Some("7"), 200, 0, ok),
+        (GRPC, None, Some("12"), 200, 0, ok),
+        (GRPC, None, Some("16"), 200, 0, ok),
+        // CANCELLED: the call was abandoned, no sample.
+        (GRPC, None, Some("1"), 200, 0, None),
+        // Trailers-only: the status in the headers, no trailers.
+        (GRPC, Some("14"), None, 200, 0, failed(Unavailable)),
+        (GRPC, Some("0"), None, 200, 0, ok),
+        (GRPC, Some("1"), None, 200, 0, None),
+        // The trailers have the last word.
+        (GRPC, Some("0"), Some("14"), 200, 0, failed(Unavailable)),
+        // Codecs, parameters and case.
+        (Some("application/grpc+proto"), None, Some("14"), 200, 0, failed(Unavailable)),
+        (Some("application/grpc; charset=utf-8"), None, Some("14"), 200, 0, failed(Unavailable)),
+        (Some("Application/GRPC"), None, Some("14"), 200, 0, failed(Unavailable)),
+        // Not gRPC: a grpc-status means nothing (Envoy's response.grpc_status reads 2 for these).
+        (Some("text/plain"), Some("14"), Some("14"), 200, 0, ok),
+        (None, Some("14"), None, 200, 0, ok),
+        (Some("application/grpc-web"), Some("14"), None, 200, 0, ok),
+        (Some("application/grpcx"), Some("14"), None, 200, 0, ok),
+        (Some("text/plain"), None, None, 503, 0, Some(Outcome::ServerError)),
+        // gRPC without a status: the HTTP code decides.
+        (GRPC, None, None, 200, 0, ok),
+        (GRPC, None, None, 503, 0, Some(Outcome::ServerError)),
+        (GRPC, Some("5"), None, 503, 0, ok),
+        // Statuses gRPC clients read as UNKNOWN (out of range) or INTERNAL (not a number).
+        (GRPC, None, Some("17"), 200, 0, failed(Unknown)),
+        (GRPC, None, Some("99999999999"), 200, 0, failed(Internal)),
+        (GRPC, None, Some("-1"), 200, 0, failed(Internal)),
+        (GRPC, None, Some(""), 200, 0, failed(Internal)),
+        (GRPC, None, Some(" 14 "), 200, 0, failed(Unavailable)),
+        // Transport failures win over whatever status Envoy's local reply carries.
+        (GRPC, Some("14"), None, 200, UR, Some(Outcome::Reset)),
+        (GRPC, Some("14"), None, 504, flags::UPSTREAM_REQUEST_TIMEOUT, Some(Outcome::Timeout)),
+        (GRPC, Some("14"), None, 200, flags::NO_HEALTHY_UPSTREAM, None),
+        (GRPC, Some("0"), None, 0, 0, None),
+    ];
+    let failures: GrpcCodes = GrpcCodes::DEFAULT_FAILURES.into_iter().collect();
+    for &(content_type, in_headers, in_trailers, code, response_flags, want) in cases {
+        let mut grpc = GrpcResponse::from_headers(content_type.map(str::as_bytes), || in_headers.map(|v| v.as_bytes().to_vec()));
+        if in_trailers.is_some() {
+            grpc.trailers(|| in_trailers.map(|v| v.as_bytes().to_vec()));
+        }
+        let got = Outcome::with_grpc(Outcome::classify(Some(code), response_flags), grpc.code(), failures);
+        assert_eq!(got, want, "{content_type:?} headers {in_headers:?} trailers {in_trailers:?} code {code} flags {response_flags:#x}");
+    }
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn the_failure_list_is_the_operators() {
+    let only_unimplemented: GrpcCodes = [GrpcCode::Unimplemented].into_iter().collect();
+    let classify = |status: GrpcCode, failures| Outcome::with_grpc(Some(Outcome::Success), Some(status), failures);
+    assert_eq!(classify(GrpcCode::Unimplemented, only_unimplemented), Some(Outcome::GrpcFailure(GrpcCode::Unimplemented)));
+    assert_eq!(classify(GrpcCode::Unavailable, only_unimplemented), Some(Outcome::Success));
+    assert_eq!(classify(GrpcCode::Unavailable, GrpcCodes::default()), Some(Outcome::Success));
+    assert_eq!(classify(GrpcCode::Cancelled, GrpcCodes::default()), None);
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn codes_have_their_canonical_numbers_and_names() {
+    for (i, (code, name)) in GrpcCode::ALL.iter().enumerate() {
+        assert_eq!(*code as usize, i);
+        assert_eq!(GrpcCode::from_name(name), Some(*code));
+        assert_eq!(GrpcCode::parse(i.to_string().as_bytes()), *code);
+        assert_eq!(code.to_string(), *name);
+    }
+    assert!(!is_grpc_content_type(b"application/grp"));
+    assert!(is_grpc_content_type(b" application/grpc "));
 }

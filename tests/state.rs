@@ -6,7 +6,7 @@
 #[cfg(target_arch = "wasm32")]
 use wasm_bindgen_test::wasm_bindgen_test;
 
-use std::collections::BTreeMap;
+use ewma_lb::map::Map;
 
 use ewma_lb::config::Config;
 use ewma_lb::state::{Accumulator, ClusterBatch, ClusterState, Policy};
@@ -169,7 +169,7 @@ fn a_success_resets_the_failure_count() {
     for failed in [true, true, false, true, true] {
         acc.record(1.0, failed, 1000.0);
     }
-    state.merge(&ClusterBatch { hosts: BTreeMap::from([("a:1".to_string(), acc)]), num_endpoints: None }, SEC, &p);
+    state.merge(&ClusterBatch { hosts: Map::from_iter([("a:1".to_string(), acc)]), num_endpoints: None }, SEC, &p);
     state.merge(&samples(&[("b:1", &[1.0], false)]), SEC, &p);
     assert_eq!(state.host("a:1").map(|h| h.health.consecutive_failures), Some(2));
     assert!(!state.host("a:1").is_some_and(|h| h.health.is_ejected(SEC)));

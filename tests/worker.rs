@@ -199,7 +199,7 @@ fn routes_follow_the_path_rules() {
                  "clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}}"#;
     let mut w = Worker::new(config(cfg), 1);
     w.tick(SEC, &mut store.clone());
-    let request = |path| Request { path, cluster: Some(CLUSTER) };
+    let request = |path: &'static str| Request { path: path.as_bytes(), cluster: Some(CLUSTER) };
     let cases: &[(&str, &str, Decision)] = &[
         ("/health", "192.0.2.1:5000", Decision::Fallback(FallbackReason::HealthPath)),
         ("/actuator/health/liveness", "192.0.2.1:5000", Decision::Fallback(FallbackReason::HealthPath)),
@@ -213,7 +213,12 @@ fn routes_follow_the_path_rules() {
     }
     let business = w.route(&request("/orders/1"), || panic!("the client address is read for guarded paths only"));
     assert!(matches!(business, Decision::Override(_)));
-    let no_cluster = Request { path: "/orders/1", ..Request::default() };
+    // Bytes that are not UTF-8 (an HTTP/2 client can send them): routed like any other path.
+    let raw = |path: &'static [u8]| Request { path, cluster: Some(CLUSTER) };
+    assert!(matches!(w.route(&raw(b"/x?\xff"), || None), Decision::Override(_)));
+    assert_eq!(w.route(&raw(b"/%2561ctuator/env%FF"), || Some("192.0.2.1:1".into())), Decision::Deny);
+    assert_eq!(w.route(&raw(b"/actuator/health%FF/..%2Fenv"), || Some("192.0.2.1:1".into())), Decision::Deny);
+    let no_cluster = Request { path: b"/orders/1", ..Request::default() };
     assert_eq!(w.route(&no_cluster, || None), Decision::Fallback(FallbackReason::NoCluster));
 }
 
@@ -222,7 +227,7 @@ fn routes_follow_the_path_rules() {
 fn shadow_mode_samples_but_never_overrides() {
     let cfg = r#"{"shadow": true, "exploration_share": 0, "clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}}"#;
     let (store, mut w) = ticked(cfg, 1);
-    let request = Request { path: "/orders", cluster: Some(CLUSTER) };
+    let request = Request { path: b"/orders", cluster: Some(CLUSTER) };
     let decision = w.route(&request, || None);
     assert_eq!(decision, Decision::Fallback(FallbackReason::Shadow));
     assert!(decision.is_sampled());
@@ -239,7 +244,7 @@ fn the_status_document_is_guarded_and_describes_the_table() {
     let mut w = Worker::new(config(cfg), 1);
     finish_ok(&mut w, "10.0.0.1:80", 40.0);
     w.tick(SEC, &mut store.clone());
-    let status = Request { path: "/ewma-lb/status?x=1", cluster: Some(CLUSTER) };
+    let status = Request { path: b"/ewma-lb/status?x=1", cluster: Some(CLUSTER) };
     assert_eq!(w.route(&status, || Some("203.0.113.9:1".into())), Decision::Deny);
     assert_eq!(w.route(&status, || Some("127.0.0.1:1".into())), Decision::Status);
     w.clock(SEC + 500_000_000);
@@ -269,13 +274,13 @@ fn decisions_are_counted_and_handed_over_once() {
     let cfg = r#"{"exploration_share": 0, "management": {"allowed_cidrs": ["10.1.0.0/16"]},
                  "clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}}"#;
     let (store, mut w) = ticked(cfg, 1);
-    let business = Request { path: "/orders", cluster: Some(CLUSTER) };
+    let business = Request { path: b"/orders", cluster: Some(CLUSTER) };
     for _ in 0..3 {
         w.route(&business, || None);
     }
-    w.route(&Request { path: "/health", cluster: Some(CLUSTER) }, || None);
-    w.route(&Request { path: "/actuator/env", cluster: Some(CLUSTER) }, || Some("192.0.2.1:1".into()));
-    w.route(&Request { path: "/orders", cluster: None }, || None);
+    w.route(&Request { path: b"/health", cluster: Some(CLUSTER) }, || None);
+    w.route(&Request { path: b"/actuator/env", cluster: Some(CLUSTER) }, || Some("192.0.2.1:1".into()));
+    w.route(&Request { path: b"/orders", cluster: None }, || None);
     // A pick the host refused to apply is neither steered nor in flight.
     let Decision::Override(refused) = w.route(&business, || None) else { panic!("no table") };
     w.cancel(CLUSTER, &refused);
@@ -331,4 +336,65 @@ fn adopting_a_table_sets_every_hosts_gauges() {
     assert_eq!(weights, vec![500_000, 500_000]);
     let ejected = changes(&report).into_iter().filter(|(m, _, _)| *m == Metric::HostEjected).count();
     assert_eq!(ejected, 2);
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn clusters_outside_steered_clusters_are_left_to_envoy_and_counted() {
+    let cfg = r#"{"exploration_share": 0, "steered_clusters": ["back*"],
+                 "clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}}"#;
+    let (store, mut w) = ticked(cfg, 1);
+    let other = Request { path: b"/orders", cluster: Some("details") };
+    for _ in 0..4 {
+        let decision = w.route(&other, || None);
+        assert_eq!(decision, Decision::Fallback(FallbackReason::UnlistedCluster));
+        assert!(!decision.is_sampled(), "a cluster the plugin does not steer is not sampled either");
+    }
+    assert!(matches!(w.route(&Request { path: b"/orders", cluster: Some(CLUSTER) }, || None), Decision::Override(_)));
+    // The path rules still hold on any cluster: a management path is guarded there too.
+    assert_eq!(w.route(&Request { path: b"/actuator/env", cluster: Some("details") }, || Some("192.0.2.1:1".into())), Decision::Deny);
+    let report = w.tick(2 * SEC, &mut store.clone());
+    let fallback: Vec<(String, Option<String>, Change)> = report
+        .metrics
+        .iter()
+        .filter(|u| u.metric == Metric::FallbackRequests)
+        .map(|u| (u.cluster.clone(), u.label.clone(), u.change))
+        .collect();
+    assert_eq!(fallback, vec![("details".to_string(), Some("unlisted_cluster".to_string()), Change::Add(4))]);
+    // No state for it: only the steered cluster has a record.
+    let clusters: Vec<&str> = w.snapshots().map(|(name, _)| name).collect();
+    assert_eq!(clusters, vec![CLUSTER]);
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_grpc_status_decides_what_a_200_was() {
+    use ewma_lb::outcome::GrpcCode;
+    let grpc = |w: &mut Worker, status: GrpcCode| {
+        let done = Finished { served_by: Some("10.0.0.1:80"), attempts: 1, latency_ms: 1.0, outcome: Some(Outcome::Success), grpc_status: Some(status), ..Finished::default() };
+        w.finish(CLUSTER, &done);
+    };
+    // What the shared record says of the host after `calls` calls answered `status` in 1 ms.
+    let after = |cfg: &str, status: GrpcCode, calls: usize| {
+        let store = Shared::default();
+        let mut w = Worker::new(config(cfg), 1);
+        for _ in 0..calls {
+            grpc(&mut w, status);
+        }
+        w.tick(SEC, &mut store.clone());
+        let h = store.state().host("10.0.0.1:80").cloned().unwrap();
+        (h.latency.samples(), h.latency.value_ms().unwrap_or(0.0), h.health.consecutive_failures)
+    };
+    // UNAVAILABLE in 1 ms is a failure at the penalty latency, not the fastest host.
+    assert_eq!(after("{}", GrpcCode::Unavailable, 3), (3, 1000.0, 3));
+    assert_eq!(after("{}", GrpcCode::NotFound, 3), (3, 1.0, 0));
+    // Unless the operator says it is not a failure.
+    assert_eq!(after(r#"{"grpc_failure_status_codes": ["INTERNAL"]}"#, GrpcCode::Unavailable, 3), (3, 1.0, 0));
+    // CANCELLED is no sample at all.
+    let store = Shared::default();
+    let mut w = Worker::new(defaults(), 1);
+    grpc(&mut w, GrpcCode::Cancelled);
+    finish_ok(&mut w, "10.0.0.2:80", 5.0);
+    w.tick(SEC, &mut store.clone());
+    assert!(store.state().host("10.0.0.1:80").is_none_or(|h| h.latency.samples() == 0), "{:?}", store.state());
 }

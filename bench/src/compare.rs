@@ -11,15 +11,17 @@ use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
 use harness::config::LISTENER;
-use harness::load::{self, LoadSpec, Record};
+use harness::load::{LoadSpec, Record};
 use harness::summary::{shares_per_second, SecondShares, Summary};
-use harness::{Backend, Envoy, EnvoyOptions};
+use harness::{Backend, BackendPool, Envoy, EnvoyOptions};
 
 use crate::figures::{self, PolicyFigures, RoundFigures};
+use crate::membership::Churn;
 use crate::metrics::share_figures;
 use crate::plot;
 use crate::policy::{plugin_module, Policy};
 use crate::scenario::Scenario;
+use crate::windows::{self, WindowFigures};
 
 /// How to run a comparison.
 #[derive(Clone, Debug)]
@@ -50,6 +52,9 @@ pub struct PolicyRun {
     pub seconds: Vec<SecondShares>,
     /// A few of Envoy's counters at the end of the run.
     pub envoy_counters: BTreeMap<String, u64>,
+    /// The scenario's `[[window]]`s (windows.rs).
+    #[serde(default)]
+    pub windows: Vec<WindowFigures>,
 }
 
 /// Everything a comparison produced.
@@ -83,11 +88,8 @@ pub fn compare(s: &Scenario, opts: &CompareOptions) -> Result<Report> {
     }
     std::fs::create_dir_all(&opts.out_dir).with_context(|| format!("creating {}", opts.out_dir.display()))?;
 
-    let backends: Vec<Backend> = s
-        .backends
-        .iter()
-        .map(|b| Backend::start_local(b.clone()))
-        .collect::<Result<_>>()?;
+    // One runtime for all of them: a scenario may have dozens.
+    let backends: Vec<Backend> = BackendPool::new()?.start_all(s.backends.iter().cloned())?;
     let names: Vec<String> = backends.iter().map(|b| b.name().to_string()).collect();
     let by_addr: HashMap<String, String> = backends.iter().map(|b| (b.addr().to_string(), b.name().to_string())).collect();
     let endpoints: Vec<_> = backends.iter().map(|b| b.addr()).collect();
@@ -167,6 +169,9 @@ fn run_policy(
     names: &[String],
 ) -> Result<PolicyRun> {
     let mut config = policy.envoy_config(&s.plugin_config, wasm, endpoints, s.route_timeout)?;
+    s.transport.prepare(&mut config)?;
+    // Endpoints that join, leave or have zones: from a file, rewritten while the load runs.
+    let churn = Churn::prepare(&s.membership, &mut config, backends)?;
     let port = config.listener(LISTENER)?.port()?;
     let yaml = config.to_yaml()?;
     let options = EnvoyOptions {
@@ -189,7 +194,9 @@ fn run_policy(
         b.reset_clock();
         b.reset_counts();
     }
-    let mut records = load::run(&spec)?;
+    let churn = churn.map(|c| c.start(s.duration));
+    let mut records = s.transport.run_load(&spec)?;
+    let _eds = churn.map(|c| c.join().map_err(|_| anyhow::anyhow!("the endpoint changes panicked"))?).transpose()?;
     for r in &mut records {
         if let Some(name) = r.backend.as_ref().and_then(|b| by_addr.get(b)) {
             r.backend = Some(name.clone());
@@ -217,7 +224,8 @@ fn run_policy(
     let summary = Summary::of(&measured);
     let seconds = shares_per_second(&records);
     let figures = round_figures(s, &summary, &seconds, names);
-    Ok(PolicyRun { policy: policy.name().to_owned(), round, position, figures, summary, seconds, records, envoy_counters })
+    let windows = windows::figures(&s.windows, &s.membership, names, &records);
+    Ok(PolicyRun { policy: policy.name().to_owned(), round, position, figures, summary, seconds, records, envoy_counters, windows })
 }
 
 /// What the tables show of one run: its measured window's summary, and the per-second shares
@@ -253,6 +261,7 @@ fn settings(s: &Scenario, rounds: u32) -> serde_json::Value {
         "policies": s.policies.iter().map(Policy::name).collect::<Vec<_>>(),
         "variants": s.policies.iter().filter(|p| p.uses_plugin() && p.name() != "ewma_lb").map(|p| (p.name().to_owned(), p.overrides().clone())).collect::<serde_json::Map<_, _>>(),
         "plugin_config": s.plugin_config,
+        "transport": s.transport,
         "backends": s.backends.iter().map(|b| serde_json::json!({
             "name": b.name,
             "latency": b.latency.to_string(),
@@ -320,6 +329,23 @@ pub fn representative_run<'a>(runs: &'a [PolicyRun], policy: &str) -> Option<&'a
     mine.get(mine.len().saturating_sub(1) / 2).copied()
 }
 
+/// The scenario's windows, each policy's median over its rounds; empty without windows.
+pub fn windows_section(report: &Report) -> String {
+    let per_policy: Vec<(String, Vec<WindowFigures>)> = report
+        .results
+        .iter()
+        .map(|r| {
+            let rounds: Vec<&[WindowFigures]> = report.runs.iter().filter(|x| x.policy == r.policy).map(|x| x.windows.as_slice()).collect();
+            (r.policy.to_string(), windows::median_over_rounds(&rounds))
+        })
+        .filter(|(_, w)| !w.is_empty())
+        .collect();
+    if per_policy.is_empty() {
+        return String::new();
+    }
+    format!("Windows (bench/README.md, \"Windows\"; medians over the rounds):\n\n{}\n", windows::markdown(&per_policy))
+}
+
 /// A JSON number with at most 3 decimals, trailing zeros dropped.
 fn num(v: &serde_json::Value) -> String {
     let x = v.as_f64().unwrap_or(0.0);
@@ -374,6 +400,7 @@ pub fn results_markdown(report: &Report) -> String {
         md.push_str(&ratios);
         md.push('\n');
     }
+    md.push_str(&windows_section(report));
     md.push_str("Run order: ");
     let order: Vec<String> = report.runs.iter().map(|r| format!("{} (round {})", r.policy, r.round)).collect();
     md.push_str(&order.join(", "));

@@ -7,11 +7,14 @@
 pub mod backend_arg;
 pub mod compare;
 pub mod figures;
+pub mod membership;
 pub mod metrics;
 pub mod micro;
 pub mod overhead;
 pub mod plot;
 pub mod policy;
+pub mod protocol;
 pub mod scenario;
 pub mod sim;
 pub mod tables;
+pub mod windows;

@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use ewma_bench::backend_arg::parse_backend_arg;
-use ewma_bench::compare::{markdown_table, CompareOptions};
+use ewma_bench::compare::{markdown_table, windows_section, CompareOptions};
 use ewma_bench::overhead::OverheadOptions;
 use ewma_bench::scenario::Scenario;
 use harness::latency::parse_duration;
@@ -170,6 +170,10 @@ struct LoadArgs {
     /// Print the final summary as JSON.
     #[arg(long)]
     json: bool,
+    /// gRPC unary calls (the harness's test service, HTTP/2) to the URL's host and port instead
+    /// of HTTP GETs; headers become call metadata.
+    #[arg(long)]
+    grpc: bool,
 }
 
 fn main() {
@@ -244,7 +248,7 @@ fn load(args: LoadArgs) -> Result<()> {
         let reporter = args.report_every.map(|every| tokio::spawn(report(rx, every)));
         // Without a reporter the channel is simply not created, so nothing piles up unread.
         let observer = reporter.as_ref().map(|_| tx);
-        let records = run_observed(&spec, observer).await;
+        let records = if args.grpc { harness::grpc::run_observed(&spec, observer).await } else { run_observed(&spec, observer).await };
         if let Some(r) = reporter {
             let _ = r.await;
         }
@@ -306,6 +310,7 @@ fn compare(args: CompareArgs) -> Result<()> {
     let opts = CompareOptions { out_dir: out.clone(), wasm: args.wasm, plots: !args.no_plots, rounds: args.rounds };
     let report = ewma_bench::compare::compare(&scenario, &opts)?;
     println!("\n{}", markdown_table(&report));
+    print!("{}", windows_section(&report));
     println!("written to {}: {}", out.display(), report.files.join(", "));
     Ok(())
 }

@@ -190,7 +190,7 @@ pub fn run(quick: bool) -> Vec<MicroResult> {
         // calls): route (path rules, pick, in-flight +1) and finish (in-flight -1, the sample).
         if let Some(mut worker) = hot_worker(n) {
             push("Worker::route+finish (steered, hot table)", n, time_it(budget, 10_000_000, || {
-            let request = Request { path: "/api/v1/items/42?sort=asc", cluster: Some("backend") };
+            let request = Request { path: b"/api/v1/items/42?sort=asc", cluster: Some("backend") };
             if let Decision::Override(pick) = worker.route(&request, || None) {
                 let done = Finished {
                     picked: Some(&pick.host),
@@ -198,8 +198,7 @@ pub fn run(quick: bool) -> Vec<MicroResult> {
                     attempts: 1,
                     latency_ms: 20.0,
                     outcome: Some(Outcome::Success),
-                    num_endpoints: None,
-                    zone: None,
+                    ..Finished::default()
                 };
                 worker.finish("backend", &done);
             }
@@ -235,7 +234,7 @@ fn hot_worker(n: usize) -> Option<Worker> {
     let mut store = Memory::default();
     for t in 1..=5u64 {
         for _ in 0..(4 * n) {
-            let request = Request { path: "/", cluster: Some("backend") };
+            let request = Request { path: b"/", cluster: Some("backend") };
             if let Decision::Override(pick) = worker.route(&request, || None) {
                 let done = Finished { picked: Some(&pick.host), served_by: Some(&pick.host), attempts: 1, latency_ms: 20.0, outcome: Some(Outcome::Success), ..Finished::default() };
                 worker.finish("backend", &done);

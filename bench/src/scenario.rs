@@ -10,8 +10,11 @@ use serde::Deserialize;
 use harness::latency::parse_duration;
 use harness::BackendSpec;
 
+use crate::membership::{EndpointPlan, FileMembership, Membership};
 use crate::metrics::Slowdown;
 use crate::policy::Policy;
+use crate::windows::{FileWindow, Window};
+use crate::protocol::Transport;
 
 /// The first of `(name, phases)` with phases, from its first phase's start to its last one's end.
 pub fn slowdown_of<'a>(hosts: impl IntoIterator<Item = (&'a str, &'a [harness::Phase])>) -> Option<Slowdown> {
@@ -57,8 +60,15 @@ struct File {
     variants: Option<toml::Table>,
     #[serde(rename = "backend")]
     backends: Vec<FileBackend>,
+    /// The proxy's own zone (the bootstrap's `node.locality.zone`).
+    local_zone: Option<String>,
+    #[serde(default, rename = "window")]
+    windows: Vec<FileWindow>,
     #[serde(default)]
     smoke: Option<SmokeFile>,
+    /// `http` (default) or `grpc`; and extra route `retry_on` conditions (`crate::protocol`).
+    protocol: Option<String>,
+    retry_on: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -71,6 +81,13 @@ struct FileBackend {
     /// "FROM-TO@LATENCY", seconds since the run's start, e.g. "5-35@uniform:300-600".
     #[serde(default)]
     phases: Vec<String>,
+    /// This many backends like it, named NAME00, NAME01, ...
+    count: Option<usize>,
+    // When it is in the cluster, and where (membership.rs).
+    zone: Option<String>,
+    join: Option<String>,
+    leave: Option<String>,
+    stagger: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -100,6 +117,10 @@ pub struct Scenario {
     pub pause: Duration,
     pub plugin_config: serde_json::Value,
     pub backends: Vec<BackendSpec>,
+    /// When each backend is in the cluster, and in which zone (same order as `backends`).
+    pub membership: Membership,
+    pub windows: Vec<Window>,
+    pub transport: Transport,
 }
 
 impl Scenario {
@@ -156,6 +177,9 @@ impl Scenario {
             pause: f.pause.as_deref().map(|p| dur(p, "pause")).transpose()?.unwrap_or(Duration::from_secs(2)),
             plugin_config: serde_json::to_value(f.plugin_config.unwrap_or_default())?,
             backends: Vec::new(),
+            membership: Membership { local_zone: f.local_zone, endpoints: Vec::new() },
+            windows: f.windows.iter().map(Window::parse).collect::<Result<_>>()?,
+            transport: Transport::parse(f.protocol.as_deref(), f.retry_on.as_deref())?,
         };
         for b in f.backends {
             let mut spec = BackendSpec::new(b.name.clone(), b.latency.parse().with_context(|| format!("backend {}", b.name))?);
@@ -165,8 +189,14 @@ impl Scenario {
                 spec.schedule.push(p.parse().with_context(|| format!("backend {}", b.name))?);
             }
             spec.validate()?;
-            s.backends.push(spec);
+            let membership = FileMembership { zone: b.zone, join: b.join, leave: b.leave, stagger: b.stagger };
+            for i in 0..b.count.unwrap_or(1) {
+                let name = if b.count.is_some() { format!("{}{i:02}", b.name) } else { b.name.clone() };
+                s.membership.endpoints.push(EndpointPlan::parse(&membership, i).with_context(|| format!("backend {name}"))?);
+                s.backends.push(BackendSpec { name, ..spec.clone() });
+            }
         }
+        s.membership.validate(s.duration)?;
         if smoke {
             let sm = f.smoke.unwrap_or_default();
             s.duration = sm.duration.as_deref().map(|d| dur(d, "smoke.duration")).transpose()?.unwrap_or(Duration::from_secs(2));
@@ -218,6 +248,7 @@ impl Scenario {
         if !self.plugin_config.is_object() {
             bail!("plugin_config must be a table");
         }
+
         Ok(())
     }
 

@@ -325,6 +325,30 @@ impl Envoy {
         self.stats().ok()?.get(name).copied()
     }
 
+    /// The hosts of `cluster` as Envoy has them now (admin `/clusters`): what an EDS update has
+    /// really changed.
+    pub fn cluster_hosts(&self, cluster: &str) -> Result<Vec<SocketAddr>> {
+        let body = self.admin_get("/clusters?format=json")?;
+        let v: serde_json::Value = serde_json::from_str(&body).context("parsing /clusters?format=json")?;
+        let status = v["cluster_statuses"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["name"] == cluster)
+            .with_context(|| format!("no cluster {cluster:?} in /clusters"))?;
+        let mut hosts = Vec::new();
+        for h in status["host_statuses"].as_array().into_iter().flatten() {
+            let s = &h["address"]["socket_address"];
+            let addr = s["address"].as_str().zip(s["port_value"].as_u64()).and_then(|(ip, port)| {
+                let ip: std::net::IpAddr = ip.parse().ok()?;
+                Some(SocketAddr::new(ip, u16::try_from(port).ok()?))
+            });
+            hosts.push(addr.with_context(|| format!("/clusters: host without an IP address and port: {h}"))?);
+        }
+        hosts.sort();
+        Ok(hosts)
+    }
+
     /// Kills Envoy now (by PID) and reaps it; also done on drop.
     pub fn kill(&mut self) {
         if let Ok(None) = self.child.try_wait() {

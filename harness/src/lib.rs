@@ -6,7 +6,9 @@
 
 pub mod backend;
 pub mod config;
+pub mod eds;
 pub mod envoy;
+pub mod grpc;
 pub mod http;
 pub mod latency;
 pub mod load;
@@ -16,8 +18,9 @@ pub mod ports;
 pub mod stack;
 pub mod summary;
 
-pub use backend::{Backend, BackendSpec, Phase};
+pub use backend::{Backend, BackendPool, BackendSpec, GrpcStatusIn, Phase};
 pub use config::EnvoyConfig;
+pub use eds::{EdsFile, Endpoint};
 pub use envoy::{Envoy, EnvoyOptions};
 pub use latency::Latency;
 pub use load::{LoadSpec, Record};

@@ -1,6 +1,8 @@
 //! Load generator: open loop at a fixed arrival rate (default) or closed loop with N workers.
 
+use std::future::Future;
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -111,12 +113,21 @@ pub struct Record {
     pub backend: Option<String>,
     /// Open loop: never sent because `max_in_flight` requests were outstanding.
     pub dropped: bool,
+    /// A gRPC call's status code (0 is OK); `None` for plain HTTP and for a call that got no
+    /// answer (status 0).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grpc_status: Option<i32>,
 }
 
 impl Record {
-    /// A completed request with status 0 or >= 500.
+    /// A request that got no answer (status 0).
+    pub fn failed(sent_at: Duration, latency: Duration) -> Record {
+        Record { sent_at, latency, status: 0, backend: None, dropped: false, grpc_status: None }
+    }
+
+    /// A completed request with status 0 or >= 500, or a gRPC call whose status is not OK.
     pub fn is_error(&self) -> bool {
-        !self.dropped && (self.status == 0 || self.status >= 500)
+        !self.dropped && (self.status == 0 || self.status >= 500 || self.grpc_status.is_some_and(|c| c != 0))
     }
 }
 
@@ -152,9 +163,28 @@ pub async fn run_async(spec: &LoadSpec) -> Result<Vec<Record>> {
 /// Like [`run_async`], and also sends each record to `observer` as it completes (live reports).
 pub async fn run_observed(spec: &LoadSpec, observer: Option<UnboundedSender<Record>>) -> Result<Vec<Record>> {
     let uri = spec.validate()?;
+    let pool = spec.closed_loop_workers.unwrap_or(spec.max_in_flight);
+    let client = client(pool);
+    let (headers, timeout) = (Arc::new(spec.headers.clone()), spec.timeout);
+    let call = move |start: Instant, due: Instant| {
+        let (client, uri, headers) = (client.clone(), uri.clone(), headers.clone());
+        async move { one(&client, uri, &headers, timeout, start, due).await }
+    };
+    run_calls(spec, observer, call).await
+}
+
+/// The schedule of `spec` (open or closed loop, bounds, the final wait) around any kind of call:
+/// `call(start, due)` makes one request due at `due` and records it. Plain HTTP is
+/// [`run_observed`]; gRPC is `grpc::run_observed`.
+pub async fn run_calls<C, F>(spec: &LoadSpec, observer: Option<UnboundedSender<Record>>, call: C) -> Result<Vec<Record>>
+where
+    C: Fn(Instant, Instant) -> F + Send + Sync + Clone + 'static,
+    F: Future<Output = Record> + Send + 'static,
+{
+    spec.validate()?;
     let mut records = match spec.closed_loop_workers {
-        None => open_loop(spec, uri, observer).await,
-        Some(n) => closed_loop(spec, uri, n, observer).await,
+        None => open_loop(spec, observer, call).await,
+        Some(n) => closed_loop(spec, n, observer, call).await,
     };
     records.sort_by_key(|r| r.sent_at);
     Ok(records)
@@ -174,8 +204,11 @@ impl Sink {
     }
 }
 
-async fn open_loop(spec: &LoadSpec, uri: Uri, observer: Option<UnboundedSender<Record>>) -> Vec<Record> {
-    let client = client(spec.max_in_flight);
+async fn open_loop<C, F>(spec: &LoadSpec, observer: Option<UnboundedSender<Record>>, call: C) -> Vec<Record>
+where
+    C: Fn(Instant, Instant) -> F,
+    F: Future<Output = Record> + Send + 'static,
+{
     let total = (spec.rate_per_s * spec.duration.as_secs_f64()).floor() as u64;
     let period = Duration::from_secs_f64(1.0 / spec.rate_per_s);
     let mut sink = Sink { records: Vec::with_capacity(total.min(1 << 20) as usize), observer };
@@ -192,11 +225,10 @@ async fn open_loop(spec: &LoadSpec, uri: Uri, observer: Option<UnboundedSender<R
             }
         }
         if inflight.len() >= spec.max_in_flight {
-            sink.push(Record { sent_at: due - start, latency: Duration::ZERO, status: 0, backend: None, dropped: true });
+            sink.push(Record { dropped: true, ..Record::failed(due - start, Duration::ZERO) });
             continue;
         }
-        let (client, uri, headers, timeout) = (client.clone(), uri.clone(), spec.headers.clone(), spec.timeout);
-        inflight.spawn(async move { one(&client, uri, &headers, timeout, start, due).await });
+        inflight.spawn(call(start, due));
     }
     // Each request is bounded by its timeout; the margin covers scheduling only.
     let deadline = Instant::now() + spec.timeout + Duration::from_secs(2);
@@ -209,22 +241,25 @@ async fn open_loop(spec: &LoadSpec, uri: Uri, observer: Option<UnboundedSender<R
     sink.records
 }
 
-async fn closed_loop(spec: &LoadSpec, uri: Uri, workers: usize, observer: Option<UnboundedSender<Record>>) -> Vec<Record> {
-    let client = client(workers);
+async fn closed_loop<C, F>(spec: &LoadSpec, workers: usize, observer: Option<UnboundedSender<Record>>, call: C) -> Vec<Record>
+where
+    C: Fn(Instant, Instant) -> F + Send + Clone + 'static,
+    F: Future<Output = Record> + Send + 'static,
+{
     let start = Instant::now();
     let end = start + spec.duration;
     let per_worker_cap = MAX_REQUESTS / workers as u64;
     let mut set = JoinSet::new();
     let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
     for _ in 0..workers {
-        let (client, uri, headers, timeout, tx) = (client.clone(), uri.clone(), spec.headers.clone(), spec.timeout, tx.clone());
+        let (call, tx) = (call.clone(), tx.clone());
         set.spawn(async move {
             for _ in 0..per_worker_cap {
                 let now = Instant::now();
                 if now >= end {
                     break;
                 }
-                let r = one(&client, uri.clone(), &headers, timeout, start, now).await;
+                let r = call(start, now).await;
                 let failed = r.status == 0;
                 if tx.send(r).is_err() {
                     break;
@@ -252,7 +287,7 @@ async fn one(client: &HttpClient, uri: Uri, headers: &[(String, String)], timeou
     }
     let sent_at = due.saturating_duration_since(start);
     let Ok(req) = builder.body(Empty::<Bytes>::new()) else {
-        return Record { sent_at, latency: Duration::ZERO, status: 0, backend: None, dropped: false };
+        return Record::failed(sent_at, Duration::ZERO);
     };
     let exchange = async {
         let resp = client.request(req).await.ok()?;
@@ -269,5 +304,5 @@ async fn one(client: &HttpClient, uri: Uri, headers: &[(String, String)], timeou
         Ok(Some(x)) => x,
         _ => (0, None),
     };
-    Record { sent_at, latency: due.elapsed(), status, backend, dropped: false }
+    Record { status, backend, ..Record::failed(sent_at, due.elapsed()) }
 }

@@ -1,18 +1,24 @@
 //! A system to test end to end: real backends on 127.0.0.1, the shipped Envoy config pointed at
 //! them, a real Envoy running the real plugin. Every process is owned by a value whose `Drop`
 //! stops it, so a failing test cleans up too.
+//!
+//! The cluster's endpoints are in the config ([`Stack::start`]) or in a file Envoy watches
+//! ([`Stack::start_eds`], [`Stack::start_zoned`]): then backends join, leave and are replaced
+//! while load runs, as pods do in a rollout, and each may have a zone.
 
+use std::net::SocketAddr;
 use std::thread;
 use std::time::Duration;
 
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::Value;
 
-use crate::backend::{Backend, BackendSpec};
+use crate::backend::{Backend, BackendPool, BackendSpec};
 use crate::config::{EnvoyConfig, CLUSTER, LISTENER};
+use crate::eds::{EdsFile, Endpoint};
 use crate::envoy::{Envoy, EnvoyOptions};
 use crate::load::{self, LoadSpec, Record};
-use crate::{http, paths, ports};
+use crate::{http, paths, poll, ports};
 
 /// The plugin's status page (its default `status_path`).
 pub const STATUS_PATH: &str = "/ewma-lb/status";
@@ -20,9 +26,13 @@ pub const STATUS_PATH: &str = "/ewma-lb/status";
 /// Backends behind a real Envoy running the shipped config.
 pub struct Stack {
     pub envoy: Envoy,
+    /// The backends in the cluster now (those that left are handed back by [`Stack::leave`]).
     pub backends: Vec<Backend>,
     /// `http://127.0.0.1:PORT`, the listener.
     pub url: String,
+    pool: BackendPool,
+    /// The endpoints' file, when the cluster reads them from one.
+    eds: Option<EdsFile>,
 }
 
 impl Stack {
@@ -41,18 +51,129 @@ impl Stack {
 
     /// The shipped config pointed at `specs`' backends, then `edit` applied to it.
     pub fn start_with(specs: Vec<BackendSpec>, edit: impl FnOnce(&mut EnvoyConfig) -> Result<()>) -> Result<Stack> {
-        let backends: Vec<Backend> = specs.into_iter().map(Backend::start_local).collect::<Result<_>>()?;
+        Stack::start_with_options(specs, edit, |_| {})
+    }
+
+    /// As [`Stack::start_with`], with Envoy's command line changed by `options` (e.g. its
+    /// `concurrency`).
+    pub fn start_with_options(
+        specs: Vec<BackendSpec>,
+        edit: impl FnOnce(&mut EnvoyConfig) -> Result<()>,
+        options: impl FnOnce(&mut EnvoyOptions),
+    ) -> Result<Stack> {
+        let pool = BackendPool::new()?;
+        let backends = pool.start_all(specs)?;
         let mut config = EnvoyConfig::local(ports::free_port()?, &paths::plugin_wasm()?)?;
         config.cluster(CLUSTER)?.set_endpoints(&backends.iter().map(Backend::addr).collect::<Vec<_>>())?;
         edit(&mut config)?;
+        Stack::run(config, pool, backends, None, options)
+    }
+
+    /// The shipped config with the cluster's endpoints in a file Envoy watches (EDS), so
+    /// backends can [`join`](Stack::join) and [`leave`](Stack::leave) under load; then `edit`.
+    pub fn start_eds(specs: Vec<BackendSpec>, edit: impl FnOnce(&mut EnvoyConfig) -> Result<()>) -> Result<Stack> {
+        Stack::start_zoned(None, vec![(None, specs)], edit)
+    }
+
+    /// [`Stack::start_eds`] with zones: the proxy's own zone in the bootstrap's `node.locality`
+    /// (`local_zone`), and each group of backends in its zone's locality.
+    pub fn start_zoned(
+        local_zone: Option<&str>,
+        groups: Vec<(Option<&str>, Vec<BackendSpec>)>,
+        edit: impl FnOnce(&mut EnvoyConfig) -> Result<()>,
+    ) -> Result<Stack> {
+        let pool = BackendPool::new()?;
+        let (mut backends, mut endpoints) = (Vec::new(), Vec::new());
+        for (zone, specs) in groups {
+            for b in pool.start_all(specs)? {
+                endpoints.push(Endpoint::new(b.addr(), zone));
+                backends.push(b);
+            }
+        }
+        let eds = EdsFile::create(CLUSTER, endpoints)?;
+        let mut config = EnvoyConfig::local(ports::free_port()?, &paths::plugin_wasm()?)?;
+        config.use_eds_file(CLUSTER, &eds)?;
+        if let Some(zone) = local_zone {
+            config.set_node_zone(zone)?;
+        }
+        edit(&mut config)?;
+        Stack::run(config, pool, backends, Some(eds), |_| {})
+    }
+
+    fn run(
+        mut config: EnvoyConfig,
+        pool: BackendPool,
+        backends: Vec<Backend>,
+        eds: Option<EdsFile>,
+        options: impl FnOnce(&mut EnvoyOptions),
+    ) -> Result<Stack> {
         let port = config.listener(LISTENER)?.port()?;
         // Flush Envoy's log often: some tests read what the plugin logged moments ago.
-        let options = EnvoyOptions {
+        let mut opts = EnvoyOptions {
             extra_args: vec!["--file-flush-interval-msec".into(), "100".into()],
             ..EnvoyOptions::new(config.to_yaml()?)
         };
-        let envoy = Envoy::start(options)?;
-        Ok(Stack { envoy, backends, url: format!("http://127.0.0.1:{port}") })
+        options(&mut opts);
+        let envoy = Envoy::start(opts)?;
+        Ok(Stack { envoy, backends, url: format!("http://127.0.0.1:{port}"), pool, eds })
+    }
+
+    fn eds(&mut self) -> Result<&mut EdsFile> {
+        self.eds.as_mut().context("this stack's endpoints are in the config: start it with Stack::start_eds to change them")
+    }
+
+    /// Starts backends and adds them to the cluster in `zone` (one EDS update); returns their
+    /// addresses. Envoy takes a moment to read the file: see [`Stack::wait_for_endpoints`].
+    pub fn join(&mut self, specs: Vec<BackendSpec>, zone: Option<&str>) -> Result<Vec<SocketAddr>> {
+        let started = self.pool.start_all(specs)?;
+        let addrs: Vec<SocketAddr> = started.iter().map(Backend::addr).collect();
+        self.eds()?.add(addrs.iter().map(|a| Endpoint::new(*a, zone)))?;
+        self.backends.extend(started);
+        Ok(addrs)
+    }
+
+    /// Takes the named backends out of the cluster (one EDS update) and hands them back still
+    /// running: the caller decides when they stop (after Envoy let go of them, a pod that
+    /// drains; at once, a pod that dies).
+    pub fn leave(&mut self, names: &[&str]) -> Result<Vec<Backend>> {
+        for name in names {
+            self.backend(name)?;
+        }
+        let (gone, kept): (Vec<Backend>, Vec<Backend>) = std::mem::take(&mut self.backends).into_iter().partition(|b| names.contains(&b.name()));
+        self.backends = kept;
+        let addrs: Vec<SocketAddr> = gone.iter().map(Backend::addr).collect();
+        self.eds()?.remove(&addrs)?;
+        Ok(gone)
+    }
+
+    /// A rolling restart's step: a new backend takes the place (and the zone) of `name` in one
+    /// EDS update; the old one is handed back still running, as [`Stack::leave`] does.
+    pub fn replace(&mut self, name: &str, spec: BackendSpec) -> Result<Backend> {
+        let old_addr = self.backend(name)?.addr();
+        let new = self.pool.start(spec)?;
+        let eds = self.eds()?;
+        let endpoints: Vec<Endpoint> = eds
+            .endpoints()
+            .iter()
+            .map(|e| if e.addr == old_addr { Endpoint { addr: new.addr(), zone: e.zone.clone() } } else { e.clone() })
+            .collect();
+        eds.set(endpoints)?;
+        let at = self.backends.iter().position(|b| b.addr() == old_addr).context("replaced backend vanished")?;
+        Ok(std::mem::replace(&mut self.backends[at], new))
+    }
+
+    /// Waits until Envoy's cluster has exactly the endpoints of the file's last version; how
+    /// long that took.
+    pub fn wait_for_endpoints(&self, limit: Duration) -> Result<Duration> {
+        let eds = self.eds.as_ref().context("this stack has no EDS file")?;
+        let mut want: Vec<SocketAddr> = eds.endpoints().iter().map(|e| e.addr).collect();
+        want.sort();
+        let mut have = Vec::new();
+        let took = poll::poll(limit, Duration::from_millis(20), || {
+            have = self.envoy.cluster_hosts(CLUSTER).unwrap_or_default();
+            have == want
+        });
+        took.ok_or_else(|| anyhow!("Envoy's cluster {CLUSTER} did not match the EDS file within {limit:?}: has {have:?}, file has {want:?}"))
     }
 
     pub fn backend(&self, name: &str) -> Result<&Backend> {

@@ -137,3 +137,24 @@ async fn can_be_used_and_dropped_inside_an_async_test() {
     b.stop();
     drop(b);
 }
+
+#[test]
+fn a_pool_runs_many_backends_on_two_threads_each_stopping_on_its_own() {
+    use harness::BackendPool;
+    let pool = BackendPool::new().unwrap();
+    let backends = pool.start_all((0..50).map(|i| BackendSpec::new(format!("e{i:02}"), Latency::Fixed(50)))).unwrap();
+    // 50 requests at 50 ms each at once: served side by side, not one after another.
+    let t = Instant::now();
+    let handles: Vec<_> = backends.iter().map(|b| b.url()).map(|url| std::thread::spawn(move || get(&url, &[]).unwrap())).collect();
+    for (h, b) in handles.into_iter().zip(&backends) {
+        assert_eq!(h.join().unwrap().header("x-backend"), Some(b.name()));
+    }
+    assert!(t.elapsed() < Duration::from_millis(1500), "{:?}", t.elapsed());
+    // Stopping or dropping one leaves the others, and the pool outlives its handle.
+    backends[0].stop();
+    assert!(get(&backends[0].url(), &[]).is_err());
+    drop(pool);
+    let mut backends = backends;
+    backends.remove(1);
+    assert_eq!(get(&backends[1].url(), &[]).unwrap().status, 200);
+}

@@ -33,7 +33,7 @@ fn reads_what_the_shipped_config_says() {
         LbPolicy::OverrideHost { header: "x-ewma-lb-host".into(), fallback: EnvoyLb::LeastRequest }
     );
     let plugin: Value = serde_json::from_str(c.plugin().unwrap().plugin_config().unwrap()).unwrap();
-    assert_eq!(plugin, json!({"override_header": "x-ewma-lb-host"}));
+    assert_eq!(plugin, json!({"override_header": "x-ewma-lb-host", "steered_clusters": ["backend"]}));
     assert_eq!(c.plugin().unwrap().module_file().unwrap(), "dist/ewma_lb.wasm");
 }
 
@@ -64,7 +64,9 @@ fn rendering_changes_nothing_but_the_edits() {
     let route = &mut hcm["route_config"]["virtual_hosts"][0]["routes"][0];
     route["route"]["timeout"] = json!("1.64s");
     route["response_headers_to_add"] = json!([{"header": {"key": "x-upstream-host", "value": "%UPSTREAM_HOST%"}}]);
-    let wasm = &mut hcm["http_filters"][0]["typed_config"]["config"];
+    let filters = hcm["http_filters"].as_array_mut().unwrap();
+    let wasm = filters.iter_mut().find(|f| f["name"] == WASM_FILTER).unwrap();
+    let wasm = &mut wasm["typed_config"]["config"];
     wasm["configuration"]["value"] = json!(r#"{"shadow": true}"#);
     wasm["vm_config"]["code"]["local"]["filename"] = json!("/abs/ewma_lb.wasm");
     let endpoint = |ip: &str, port: u16| json!({"endpoint": {"address": {"socket_address": {"address": ip, "port_value": port}}}});
@@ -80,8 +82,10 @@ fn the_policy_swap_leaves_envoy_alone_to_choose() {
     assert_eq!(c.cluster(CLUSTER).unwrap().lb_policy().unwrap(), LbPolicy::Envoy(EnvoyLb::Random));
     assert!(c.get("static_resources.clusters[name=backend].load_balancing_policy").is_err());
     let filters = c.listener(LISTENER).unwrap().http().unwrap().get("http_filters").unwrap().clone();
-    assert_eq!(filters.as_array().unwrap().len(), 1, "only the router is left: {filters}");
-    assert_eq!(filters[0]["name"], "envoy.filters.http.router");
+    let names: Vec<&str> = filters.as_array().unwrap().iter().map(|f| f["name"].as_str().unwrap()).collect();
+    // The plugin is gone; the native filter that strips a client's override header stays (the
+    // cluster no longer reads that header, and it costs Envoy's own policies nothing to speak of).
+    assert_eq!(names, ["envoy.filters.http.header_mutation", "envoy.filters.http.router"], "{filters}");
     // What ships around it stays.
     assert_eq!(c.get("static_resources.clusters[name=backend].track_cluster_stats.per_endpoint_stats").unwrap(), &json!(true));
     assert!(c.get("stats_config.stats_tags").is_ok());
@@ -125,6 +129,26 @@ fn endpoints_in_several_locality_groups_are_not_flattened() {
 }
 
 #[test]
+fn endpoints_from_a_file_keep_the_rest_of_the_cluster() {
+    let eds = harness::EdsFile::create(CLUSTER, vec![harness::Endpoint::new("127.0.0.1:1".parse().unwrap(), Some("z"))]).unwrap();
+    let mut c = shipped();
+    let before = c.get("static_resources.clusters[name=backend]").unwrap().clone();
+    c.use_eds_file(CLUSTER, &eds).unwrap();
+    assert_eq!(c.get("node").unwrap(), &json!({"id": "ewma-lb", "cluster": "ewma-lb"}), "file-based EDS needs a node id");
+    c.set_node_zone("zone-a").unwrap();
+    let mut want = before;
+    want["type"] = json!("EDS");
+    want.as_object_mut().unwrap().remove("load_assignment");
+    want["eds_cluster_config"] = json!({"eds_config": {"path_config_source": {
+        "path": eds.path().to_string_lossy(), "watched_directory": {"path": eds.watched_dir().to_string_lossy()}}}});
+    assert_eq!(c.get("static_resources.clusters[name=backend]").unwrap(), &want, "only the endpoints' source changed");
+    assert_eq!(c.get("node.locality").unwrap(), &json!({"zone": "zone-a"}));
+    let other = harness::EdsFile::create("other", Vec::new()).unwrap();
+    let err = error_of(shipped().cluster(CLUSTER).unwrap().use_eds_file(&other).map(drop));
+    assert!(err.contains("static_resources.clusters[name=backend].name: the EDS file is for cluster \"other\""), "{err}");
+}
+
+#[test]
 fn relative_module_paths_resolve_against_a_base() {
     let mut c = shipped();
     assert_eq!(c.resolve_module_paths(Path::new("/repo")), 1);
@@ -143,4 +167,19 @@ fn envoy_accepts_the_edited_configs() {
         swapped.use_envoy_lb(CLUSTER, lb).unwrap();
         Envoy::validate(&swapped.to_yaml().unwrap()).unwrap_or_else(|e| panic!("{lb:?}: {e:#}"));
     }
+}
+
+#[test]
+fn http2_upstream_sets_the_protocol_options_and_envoy_accepts_them() {
+    let mut c = shipped();
+    c.cluster(CLUSTER).unwrap().use_http2().unwrap();
+    let options = c.get("static_resources.clusters[name=backend].typed_extension_protocol_options").unwrap().clone();
+    let key = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
+    assert_eq!(options[key]["@type"], format!("type.googleapis.com/{key}"));
+    assert_eq!(options[key]["explicit_http_config"], json!({"http2_protocol_options": {}}));
+    // Nothing else moved: the balancing policy is still the plugin's.
+    assert!(matches!(c.cluster(CLUSTER).unwrap().lb_policy().unwrap(), LbPolicy::OverrideHost { .. }));
+    let mut runnable = EnvoyConfig::local(0, &harness::plugin_wasm().unwrap()).unwrap();
+    runnable.cluster(CLUSTER).unwrap().use_http2().unwrap();
+    Envoy::validate(&runnable.to_yaml().unwrap()).unwrap();
 }

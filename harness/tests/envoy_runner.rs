@@ -1,5 +1,6 @@
 //! A real Envoy starts from the shipped config, proxies to a backend, reports stats, and dies on
-//! drop. Without an Envoy binary these tests fail: they never skip.
+//! drop; endpoints read from a watched file change under it. Without an Envoy binary these tests
+//! fail: they never skip.
 
 use std::time::Duration;
 
@@ -85,4 +86,37 @@ fn bad_configs_are_refused_with_envoys_reason() {
     open.listener(LISTENER).unwrap().set("address.socket_address.address", "0.0.0.0").unwrap();
     let err = Envoy::start(EnvoyOptions::new(open.to_yaml().unwrap())).err().unwrap();
     assert!(format!("{err:#}").contains("all interfaces"), "{err:#}");
+}
+
+#[test]
+fn endpoints_from_a_watched_file_change_while_envoy_runs_and_carry_their_zones() {
+    use harness::{BackendPool, EdsFile, Endpoint};
+    let pool = BackendPool::new().unwrap();
+    let backends = pool.start_all(["a", "b", "c"].map(|n| BackendSpec::new(n, Latency::Fixed(0)))).unwrap();
+    let (mut config, listen) = config(&backends[0]);
+    let mut eds = EdsFile::create(CLUSTER, vec![Endpoint::new(backends[0].addr(), Some("zone-a"))]).unwrap();
+    config.use_eds_file(CLUSTER, &eds).unwrap();
+    config.set_node_zone("zone-a").unwrap();
+    let yaml = config.to_yaml().unwrap();
+    Envoy::validate(&yaml).unwrap();
+    let envoy = Envoy::start(EnvoyOptions { concurrency: 1, ..EnvoyOptions::new(yaml) }).unwrap();
+    let hosts = |want: &[&Backend]| {
+        let mut want: Vec<_> = want.iter().map(|b| b.addr()).collect();
+        want.sort();
+        every_100ms(5, || envoy.cluster_hosts(CLUSTER).unwrap() == want)
+    };
+    assert!(hosts(&[&backends[0]]), "{:?}", envoy.cluster_hosts(CLUSTER));
+    // A scale-out to another zone, then a scale-in, each one rename of the file.
+    eds.add([Endpoint::new(backends[1].addr(), Some("zone-b")), Endpoint::new(backends[2].addr(), Some("zone-b"))]).unwrap();
+    assert!(hosts(&[&backends[0], &backends[1], &backends[2]]), "{:?}", envoy.cluster_hosts(CLUSTER));
+    let clusters = envoy.admin_get("/clusters").unwrap();
+    assert!(clusters.contains(&format!("backend::{}::zone::zone-b", backends[2].addr())), "{clusters}");
+    eds.remove(&[backends[0].addr()]).unwrap();
+    assert!(hosts(&[&backends[1], &backends[2]]));
+    for _ in 0..20 {
+        let r = get(&format!("http://127.0.0.1:{listen}/"), &[]).unwrap();
+        assert_eq!(r.status, 200);
+    }
+    assert_eq!(backends[0].served(), 0, "a removed endpoint got traffic");
+    assert_eq!(backends[1].served() + backends[2].served(), 20);
 }

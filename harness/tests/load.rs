@@ -78,6 +78,7 @@ fn rec(ms_at: u64, ms_lat: u64, status: u16, backend: &str) -> Record {
         status,
         backend: Some(backend.to_string()),
         dropped: false,
+        grpc_status: None,
     }
 }
 

@@ -1,5 +1,11 @@
-//! Host calls that cannot fail loudly: each returns an Option or a Result instead of panicking,
-//! unlike the SDK's `Context` helpers, which unwrap.
+//! Host calls that cannot fail loudly: each returns an Option or a Result instead of panicking.
+//!
+//! proxy-wasm 0.2.5 unwraps UTF-8 in every call that returns text the client may have written:
+//! `hostcalls::get_map_value`, `get_map` and `get_map_bytes` (header names and values),
+//! `get_grpc_status` (the message), and the `Context` helpers built on them. An HTTP/2 request
+//! whose `:path` or a header value holds a byte that is not UTF-8 passes Envoy's codec and would
+//! panic the VM. So client-controlled values are read here only as bytes
+//! (`get_map_value_bytes`), and text properties are decoded without unwrapping.
 
 use std::sync::OnceLock;
 use std::time::Instant;
@@ -66,6 +72,13 @@ impl SharedStore for SharedData {
     }
 }
 
-pub fn request_header(name: &str) -> Option<String> {
-    hostcalls::get_map_value(MapType::HttpRequestHeaders, name).ok().flatten()
+/// A request header as the client sent it: bytes, which need not be UTF-8.
+pub fn request_header_bytes(name: &str) -> Option<Vec<u8>> {
+    map_value_bytes(MapType::HttpRequestHeaders, name)
+}
+
+/// A header or trailer of `map` as bytes, `None` when absent or unreadable (e.g. a response
+/// header, or trailer, of `HttpResponseHeaders` / `HttpResponseTrailers`).
+pub fn map_value_bytes(map: MapType, name: &str) -> Option<Vec<u8>> {
+    hostcalls::get_map_value_bytes(map, name).ok().flatten()
 }

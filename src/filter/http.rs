@@ -6,11 +6,11 @@ use std::rc::Rc;
 use log::trace;
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext};
-use proxy_wasm::types::Action;
+use proxy_wasm::types::{Action, MapType};
 
 use super::host;
 use super::vm::Vm;
-use crate::outcome::Outcome;
+use crate::outcome::{GrpcResponse, Outcome};
 use crate::units::ns_to_ms;
 use crate::worker::{Decision, Finished, Request};
 
@@ -22,11 +22,13 @@ pub struct Http {
     start_ns: u64,
     /// Time to the upstream's response headers: the latency sample.
     latency_ns: Option<u64>,
+    /// The response's gRPC status, when it is a gRPC response.
+    grpc: GrpcResponse,
 }
 
 impl Http {
     pub fn new(vm: Rc<RefCell<Vm>>) -> Self {
-        Http { vm, sampled_cluster: None, picked: None, start_ns: 0, latency_ns: None }
+        Http { vm, sampled_cluster: None, picked: None, start_ns: 0, latency_ns: None, grpc: GrpcResponse::default() }
     }
 }
 
@@ -47,12 +49,12 @@ impl HttpContext for Http {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         let Ok(mut vm) = self.vm.try_borrow_mut() else { return Action::Continue };
         let Vm { worker, header_value, .. } = &mut *vm;
-        let path = host::request_header(":path").unwrap_or_default();
+        let path = host::request_header_bytes(":path").unwrap_or_default();
         let cluster = host::property_string(&["xds", "cluster_name"]);
         let decision = worker.route(&Request { path: &path, cluster: cluster.as_deref() }, || {
             host::property_string(&["source", "address"])
         });
-        trace!("ewma-lb: {path} -> {decision:?}");
+        trace!("ewma-lb: {} -> {decision}", path.escape_ascii());
         let header = worker.config().override_header();
         // The client's copy is replaced or removed whatever happens: client input never chooses
         // the host.
@@ -90,6 +92,18 @@ impl HttpContext for Http {
             if let Ok(mut vm) = self.vm.try_borrow_mut() {
                 self.latency_ns = Some(vm.worker.clock(host::monotonic_ns()).saturating_sub(self.start_ns));
             }
+            // A trailers-only gRPC response (an error before any message) has its grpc-status here.
+            let content_type = host::map_value_bytes(MapType::HttpResponseHeaders, "content-type");
+            self.grpc = GrpcResponse::from_headers(content_type.as_deref(), || {
+                host::map_value_bytes(MapType::HttpResponseHeaders, "grpc-status")
+            });
+        }
+        Action::Continue
+    }
+
+    fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
+        if self.sampled_cluster.is_some() {
+            self.grpc.trailers(|| host::map_value_bytes(MapType::HttpResponseTrailers, "grpc-status"));
         }
         Action::Continue
     }
@@ -133,6 +147,7 @@ impl HttpContext for Http {
                 attempts: u32::try_from(attempts).unwrap_or(1),
                 latency_ms: ns_to_ms(latency_ns),
                 outcome: Outcome::classify(code, flags),
+                grpc_status: self.grpc.code(),
                 num_endpoints,
                 zone: zone.as_deref(),
             },

@@ -12,12 +12,12 @@
 //! set to 0 first, so a forgotten host does not keep its last weight) and counted in
 //! `ewma_lb_metric_series_evicted_total`, and the new series takes its place.
 
-use std::collections::HashMap;
 
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
 
-use crate::telemetry::{Change, Metric, MetricKind, Update, CLUSTER_LABEL, NO_CLUSTER};
+use crate::map::Map;
+use crate::telemetry::{Build, Change, Metric, MetricKind, Update, CLUSTER_LABEL, NO_CLUSTER};
 
 /// Series one VM keeps updating at most (README, "Observability").
 const MAX_SERIES: usize = 4096;
@@ -32,7 +32,7 @@ struct Series {
 }
 
 /// `(metric, cluster, label value) -> series`.
-type Index = HashMap<(Metric, String, String), Series>;
+type Index = Map<(Metric, String, String), Series>;
 
 #[derive(Default)]
 pub struct Metrics {
@@ -54,6 +54,14 @@ impl Metrics {
             Change::Set(value) => {
                 let _ = hostcalls::record_metric(series.id, value);
             }
+        }
+    }
+
+    /// `ewma_lb_build_info{version, commit}` = 1. Every VM sets the same value, once.
+    pub fn build_info(&mut self, build: &Build) {
+        let name = encode_name(Metric::BuildInfo, &build.labels());
+        if let Ok(id) = hostcalls::define_metric(MetricType::Gauge, &name) {
+            let _ = hostcalls::record_metric(id, 1);
         }
     }
 
@@ -122,12 +130,19 @@ fn define(update: &Update) -> Option<u32> {
     hostcalls::define_metric(kind, &encode(update)).ok()
 }
 
-/// `NAME.cluster_name=.=C;.;LABEL=.=V;.;`, with `;` in values replaced so a value cannot end its
-/// segment early. Envoy drops the dot left at the end once the labels are cut out.
+/// `NAME.cluster_name=.=C;.;LABEL=.=V;.;`. Envoy drops the dot left at the end once the labels are
+/// cut out.
 fn encode(update: &Update) -> String {
-    let mut out = format!("{}.", update.metric.name());
     let second = update.metric.label().zip(update.label.as_deref());
-    for (label, value) in std::iter::once((CLUSTER_LABEL, update.cluster.as_str())).chain(second) {
+    let labels: Vec<(&str, &str)> = std::iter::once((CLUSTER_LABEL, update.cluster.as_str())).chain(second).collect();
+    encode_name(update.metric, &labels)
+}
+
+/// `NAME.LABEL=.=VALUE;.;...`, with `;` in values replaced so a value cannot end its segment
+/// early.
+fn encode_name(metric: Metric, labels: &[(&str, &str)]) -> String {
+    let mut out = format!("{}.", metric.name());
+    for (label, value) in labels {
         out.push_str(label);
         out.push_str("=.=");
         out.extend(value.chars().map(|c| if c == ';' { '_' } else { c }));

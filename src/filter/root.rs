@@ -12,6 +12,7 @@ use super::host::{self, SharedData};
 use super::http::Http;
 use super::vm::Vm;
 use crate::config::Config;
+use crate::telemetry::BUILD;
 use crate::units::ns_to_whole_ms;
 use crate::worker::Worker;
 
@@ -45,13 +46,19 @@ impl RootContext for Root {
         }
         let policy = config.policy();
         info!(
-            "ewma-lb: configured: smoothing {}, pick {:?}, refresh every {} ms{}",
+            "ewma-lb {} ({}): configured: smoothing {}, pick {}, refresh every {} ms{}",
+            BUILD.version,
+            BUILD.commit,
             policy.smoother.name(),
-            config.pick(),
+            config.pick().name(),
             ns_to_whole_ms(policy.refresh_interval_ns),
             if config.shadow() { ", shadow mode (never overrides)" } else { "" }
         );
-        self.vm = Some(Rc::new(RefCell::new(Vm::new(Worker::new(config, random_seed())))));
+        let mut worker = Worker::new(config, random_seed());
+        learn_local_zone(&mut worker);
+        let mut vm = Vm::new(worker);
+        vm.metrics.build_info(&BUILD);
+        self.vm = Some(Rc::new(RefCell::new(vm)));
         true
     }
 
@@ -59,14 +66,7 @@ impl RootContext for Root {
         let Some(vm) = &self.vm else { return };
         let Ok(mut vm) = vm.try_borrow_mut() else { return };
         let Vm { worker, metrics, .. } = &mut *vm;
-        if worker.wants_local_zone() {
-            // The node's zone (Istio sets it from the pod's locality); none is a valid answer.
-            if let Ok(zone) = host::optional_property_string(&["xds", "node", "locality", "zone"]) {
-                let zone = zone.unwrap_or_default();
-                info!("ewma-lb: local zone: {}", if zone.is_empty() { "none (locality off)" } else { zone.as_str() });
-                worker.set_local_zone(&zone);
-            }
-        }
+        learn_local_zone(worker);
         let report = worker.tick(host::monotonic_ns(), &mut SharedData);
         for update in &report.metrics {
             metrics.apply(update);
@@ -80,7 +80,7 @@ impl RootContext for Root {
             warn!("ewma-lb: the shared record of cluster {cluster} could not be read ({e}); rebuilt it (counted in ewma_lb_shared_record_errors_total)");
         }
         for (cluster, e) in &report.errors {
-            warn!("ewma-lb: samples for cluster {cluster} kept for the next tick: {e:?}");
+            warn!("ewma-lb: samples for cluster {cluster} kept for the next tick: {e}");
         }
         metrics.flush();
     }
@@ -92,6 +92,20 @@ impl RootContext for Root {
 
     fn get_type(&self) -> Option<ContextType> {
         Some(ContextType::HttpContext)
+    }
+}
+
+/// Reads the node's zone (Istio sets it from the pod's locality) once it is there: at
+/// configuration, so the first requests already know which hosts are remote, else on a tick.
+/// No zone is a valid answer (locality off).
+fn learn_local_zone(worker: &mut Worker) {
+    if !worker.wants_local_zone() {
+        return;
+    }
+    if let Ok(zone) = host::optional_property_string(&["xds", "node", "locality", "zone"]) {
+        let zone = zone.unwrap_or_default();
+        info!("ewma-lb: local zone: {}", if zone.is_empty() { "none (locality off)" } else { zone.as_str() });
+        worker.set_local_zone(&zone);
     }
 }
 

@@ -345,7 +345,7 @@ impl Engine<'_> {
             Balancer::Random => self.present[self.lb_rng.random_range(0..self.present.len())],
             Balancer::LeastRequest => self.least_request(p),
             Balancer::Plugin => {
-                let request = Request { path: "/", cluster: Some(CLUSTER) };
+                let request = Request { path: b"/", cluster: Some(CLUSTER) };
                 let decision = self.proxies[p].workers[w].route(&request, || None);
                 sampled = decision.is_sampled();
                 match decision {
@@ -538,7 +538,7 @@ impl Engine<'_> {
                 latency_ms: latency_ns as f64 / 1e6,
                 outcome: Some(outcome),
                 num_endpoints,
-                zone: None,
+                ..Finished::default()
             };
             worker.finish(CLUSTER, &done);
         }

@@ -1,5 +1,12 @@
-//! In-process HTTP/1.1 test backends on 127.0.0.1 with latency profiles, a bounded worker pool,
-//! injected 503s, and stop/restart that look like a killed and restarted process to Envoy.
+//! In-process test backends on 127.0.0.1 with latency profiles, a bounded worker pool, injected
+//! failures, and stop/restart that look like a killed and restarted process to Envoy. Each
+//! speaks HTTP/1.1 and HTTP/2 (h2c, prior knowledge) on the same port, and answers gRPC
+//! requests as the test service of [`crate::grpc`] ([`grpc`] here).
+//!
+//! A backend started alone runs on a runtime of its own (one thread); dozens of them (a cluster
+//! of 50 endpoints, a rolling restart that starts a new one per endpoint) share the two threads
+//! of one [`BackendPool`] instead: they spend their time sleeping out their latency, so two
+//! threads serve thousands of requests a second between them.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -13,10 +20,10 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::header::HeaderValue;
-use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
 use rand::Rng;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{oneshot, Semaphore};
@@ -24,8 +31,9 @@ use tokio::task::JoinSet;
 
 use crate::latency::Latency;
 
+mod grpc;
 mod spec;
-pub use spec::{BackendSpec, Phase};
+pub use spec::{BackendSpec, GrpcFailure, GrpcStatusIn, Phase};
 
 /// Response header naming the backend that answered.
 pub const BACKEND_HEADER: &str = "x-backend";
@@ -61,6 +69,7 @@ struct Shared {
     schedule: Vec<Phase>,
     health_latency: Latency,
     fail_rate: f64,
+    grpc_failure: GrpcFailure,
     workers: Option<Arc<Semaphore>>,
     /// Start of the schedule's clock: the backend's start, or the last [`Backend::reset_clock`].
     started: Mutex<Instant>,
@@ -82,6 +91,25 @@ impl Shared {
             .find(|p| t >= p.from_s && t < p.to_s)
             .map(|p| p.latency.clone())
             .unwrap_or_else(|| lock(&self.base).clone())
+    }
+
+    /// One business request's work, whatever the protocol: a worker (when capacity is bounded)
+    /// held through the profile's delay, then counted served and, drawn by the failure rate,
+    /// failed. True when it fails.
+    async fn work(&self) -> bool {
+        // The permit is held through the delay: that is what makes requests queue.
+        let _permit = match &self.workers {
+            Some(w) => w.clone().acquire_owned().await.ok(),
+            None => None,
+        };
+        let delay = self.current_latency().sample(&mut rand::rng());
+        tokio::time::sleep(delay).await;
+        let fail = self.fail_rate > 0.0 && rand::rng().random_bool(self.fail_rate.clamp(0.0, 1.0));
+        self.counts.served.fetch_add(1, Ordering::Relaxed);
+        if fail {
+            self.counts.failed.fetch_add(1, Ordering::Relaxed);
+        }
+        fail
     }
 
     fn count_path(&self, path: &str) {
@@ -106,23 +134,67 @@ pub struct Backend {
     shared: Arc<Shared>,
     addr: SocketAddr,
     serving: Mutex<Option<Serving>>,
-    rt: Option<tokio::runtime::Runtime>,
+    /// Its own runtime, or its pool's; the last backend (or pool) to let go shuts it down.
+    rt: Option<Arc<tokio::runtime::Runtime>>,
+}
+
+/// One runtime for many backends: start each with [`BackendPool::start`]. The runtime lives as
+/// long as the pool or any of its backends.
+pub struct BackendPool {
+    rt: Option<Arc<tokio::runtime::Runtime>>,
+}
+
+/// Threads of a [`BackendPool`]'s runtime.
+pub const POOL_THREADS: usize = 2;
+
+impl BackendPool {
+    pub fn new() -> Result<BackendPool> {
+        Ok(BackendPool { rt: Some(Arc::new(runtime("backend-pool", POOL_THREADS)?)) })
+    }
+
+    /// Starts a backend on a free loopback port, on the pool's runtime.
+    pub fn start(&self, spec: BackendSpec) -> Result<Backend> {
+        let rt = self.rt.clone().context("backend pool already shut down")?;
+        Backend::start_on(rt, spec, "127.0.0.1:0")
+    }
+
+    /// Starts one backend per spec.
+    pub fn start_all(&self, specs: impl IntoIterator<Item = BackendSpec>) -> Result<Vec<Backend>> {
+        specs.into_iter().map(|s| self.start(s)).collect()
+    }
+}
+
+impl Drop for BackendPool {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take().and_then(|rt| Arc::try_unwrap(rt).ok()) {
+            rt.shutdown_background();
+        }
+    }
+}
+
+fn runtime(name: &str, threads: usize) -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .thread_name(name)
+        .enable_all()
+        .build()
+        .context("building the backend runtime")
 }
 
 impl Backend {
-    /// Starts a backend on `addr` ("127.0.0.1:0" for any free port); loopback addresses only.
+    /// Starts a backend on `addr` ("127.0.0.1:0" for any free port), on a runtime of its own;
+    /// loopback addresses only.
     pub fn start(spec: BackendSpec, addr: &str) -> Result<Backend> {
+        let rt = Arc::new(runtime(&format!("backend-{}", spec.name), 1)?);
+        Backend::start_on(rt, spec, addr)
+    }
+
+    fn start_on(rt: Arc<tokio::runtime::Runtime>, spec: BackendSpec, addr: &str) -> Result<Backend> {
         spec.validate()?;
         let want: SocketAddr = addr.parse().with_context(|| format!("backend address {addr:?}"))?;
         if !want.ip().is_loopback() {
             bail!("backend {}: address {want} is not loopback; tests stay on this machine", spec.name);
         }
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name(format!("backend-{}", spec.name))
-            .enable_all()
-            .build()
-            .context("building the backend runtime")?;
         let listener = bind(&rt, want).with_context(|| format!("backend {}: binding {want}", spec.name))?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
@@ -132,6 +204,7 @@ impl Backend {
             schedule: spec.schedule,
             health_latency: spec.health_latency,
             fail_rate: spec.fail_rate,
+            grpc_failure: spec.grpc_failure,
             workers: spec.capacity.map(|k| Arc::new(Semaphore::new(k))),
             started: Mutex::new(Instant::now()),
             counts: Counts::default(),
@@ -162,12 +235,13 @@ impl Backend {
         &self.shared.name
     }
 
-    /// Business requests answered (200 or 503), health probes excluded.
+    /// Business requests answered (200 or 503, gRPC `Work` calls whatever their status), health
+    /// probes and gRPC streams excluded.
     pub fn served(&self) -> u64 {
         self.shared.counts.served.load(Ordering::Relaxed)
     }
 
-    /// Business requests answered 503.
+    /// Business requests answered 503 (gRPC: the spec's failure code).
     pub fn failed(&self) -> u64 {
         self.shared.counts.failed.load(Ordering::Relaxed)
     }
@@ -252,8 +326,8 @@ impl Drop for Backend {
     fn drop(&mut self) {
         self.stop();
         // shutdown_background: Drop may run inside another runtime (an async test), where a
-        // blocking shutdown would panic.
-        if let Some(rt) = self.rt.take() {
+        // blocking shutdown would panic. A pool's runtime goes with its last user.
+        if let Some(rt) = self.rt.take().and_then(|rt| Arc::try_unwrap(rt).ok()) {
             rt.shutdown_background();
         }
     }
@@ -313,14 +387,20 @@ async fn serve_conn(stream: TcpStream, shared: Arc<Shared>) {
     let _guard = ConnGuard(shared.clone());
     let _ = stream.set_nodelay(true);
     let svc = service_fn(move |req| handle(req, shared.clone()));
-    let _ = http1::Builder::new()
-        .timer(TokioTimer::new())
-        .keep_alive(true)
-        .serve_connection(TokioIo::new(stream), svc)
-        .await;
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new()).keep_alive(true);
+    builder.http2().timer(TokioTimer::new());
+    let _ = builder.serve_connection(TokioIo::new(stream), svc).await;
 }
 
-async fn handle(req: Request<Incoming>, sh: Arc<Shared>) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn handle(req: Request<Incoming>, sh: Arc<Shared>) -> Result<Response<tonic::body::Body>, Infallible> {
+    if grpc::is_grpc(&req) {
+        return Ok(grpc::handle(req, sh).await);
+    }
+    Ok(handle_http(req, sh).await.map(tonic::body::Body::new))
+}
+
+async fn handle_http(req: Request<Incoming>, sh: Arc<Shared>) -> Response<Full<Bytes>> {
     let path = req.uri().path().to_string();
     let seen = req.headers().get(OVERRIDE_HEADER).cloned();
     let _ = Limited::new(req.into_body(), MAX_BODY).collect().await;
@@ -330,22 +410,10 @@ async fn handle(req: Request<Incoming>, sh: Arc<Shared>) -> Result<Response<Full
         tokio::time::sleep(delay).await;
         sh.counts.health.fetch_add(1, Ordering::Relaxed);
         StatusCode::OK
+    } else if sh.work().await {
+        StatusCode::SERVICE_UNAVAILABLE
     } else {
-        // The permit is held through the delay: that is what makes requests queue.
-        let _permit = match &sh.workers {
-            Some(w) => w.clone().acquire_owned().await.ok(),
-            None => None,
-        };
-        let delay = sh.current_latency().sample(&mut rand::rng());
-        tokio::time::sleep(delay).await;
-        let fail = sh.fail_rate > 0.0 && rand::rng().random_bool(sh.fail_rate.clamp(0.0, 1.0));
-        sh.counts.served.fetch_add(1, Ordering::Relaxed);
-        if fail {
-            sh.counts.failed.fetch_add(1, Ordering::Relaxed);
-            StatusCode::SERVICE_UNAVAILABLE
-        } else {
-            StatusCode::OK
-        }
+        StatusCode::OK
     };
     sh.count_path(&path);
 
@@ -357,7 +425,7 @@ async fn handle(req: Request<Incoming>, sh: Arc<Shared>) -> Result<Response<Full
     if let Some(v) = seen {
         h.insert(SEEN_OVERRIDE_HEADER, v);
     }
-    Ok(resp)
+    resp
 }
 
 #[cfg(test)]

@@ -16,7 +16,31 @@ pub struct Phase {
     pub latency: Latency,
 }
 
-/// What a backend is and how it behaves.
+/// Where a failed gRPC call's status travels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GrpcStatusIn {
+    /// A trailers-only response: HTTP 200 headers with `grpc-status`, and nothing else.
+    Headers,
+    /// HTTP 200 headers first, then trailers with `grpc-status`.
+    Trailers,
+}
+
+/// What a failed gRPC call answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GrpcFailure {
+    pub code: tonic::Code,
+    pub status_in: GrpcStatusIn,
+}
+
+impl Default for GrpcFailure {
+    /// UNAVAILABLE, trailers-only: what a gRPC server shedding load answers.
+    fn default() -> Self {
+        GrpcFailure { code: tonic::Code::Unavailable, status_in: GrpcStatusIn::Headers }
+    }
+}
+
+/// What a backend is and how it behaves. Every backend speaks HTTP/1.1, HTTP/2 (h2c) and gRPC
+/// on its one port; the latency profile, capacity and failure rate apply to each.
 #[derive(Clone, Debug)]
 pub struct BackendSpec {
     /// Sent back in `x-backend` and in the body.
@@ -25,8 +49,10 @@ pub struct BackendSpec {
     pub latency: Latency,
     /// `Some(k)`: only k requests are served at once and the rest queue, so latency grows with load.
     pub capacity: Option<usize>,
-    /// Share of business requests answered 503 (after their delay, like a real overloaded service).
+    /// Share of business requests answered 503 (after their delay, like a real overloaded service);
+    /// gRPC calls answer `grpc_failure` instead.
     pub fail_rate: f64,
+    pub grpc_failure: GrpcFailure,
     /// Time windows with a different latency; the first matching phase wins.
     pub schedule: Vec<Phase>,
     /// Delay of health-path requests; they bypass the worker queue.
@@ -41,6 +67,7 @@ impl BackendSpec {
             latency,
             capacity: None,
             fail_rate: 0.0,
+            grpc_failure: GrpcFailure::default(),
             schedule: Vec::new(),
             health_latency: Latency::Fixed(0),
         }
@@ -55,6 +82,12 @@ impl BackendSpec {
     /// Sets the share of 503 answers.
     pub fn fail_rate(mut self, rate: f64) -> Self {
         self.fail_rate = rate;
+        self
+    }
+
+    /// Sets what a failed gRPC call answers.
+    pub fn grpc_failure(mut self, code: tonic::Code, status_in: GrpcStatusIn) -> Self {
+        self.grpc_failure = GrpcFailure { code, status_in };
         self
     }
 
@@ -77,6 +110,9 @@ impl BackendSpec {
         }
         if !(0.0..=1.0).contains(&self.fail_rate) {
             bail!("backend {}: fail rate {} must be within 0..=1", self.name, self.fail_rate);
+        }
+        if self.grpc_failure.code == tonic::Code::Ok {
+            bail!("backend {}: a failed gRPC call cannot answer OK", self.name);
         }
         if self.capacity == Some(0) {
             bail!("backend {}: capacity must be >= 1", self.name);

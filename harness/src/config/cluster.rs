@@ -9,6 +9,7 @@ use anyhow::Result;
 use serde_json::{json, Value};
 
 use super::node::view;
+use crate::eds::EdsFile;
 
 const OVERRIDE_HOST: &str = "envoy.load_balancing_policies.override_host";
 const POLICY: &str = "load_balancing_policy.policies[0].typed_extension_config";
@@ -109,6 +110,28 @@ impl Cluster<'_> {
         Ok(self)
     }
 
+    /// Endpoints from `eds`'s file instead of the config (`type: EDS`, `eds_cluster_config`
+    /// with a `path_config_source` watching its directory), so they can change while Envoy runs.
+    /// Everything else of the cluster (its load-balancing policy, per-endpoint stats, timeouts)
+    /// stays as it is. Envoy also needs a bootstrap node id to read the file:
+    /// [`EnvoyConfig::use_eds_file`](super::EnvoyConfig::use_eds_file) does both.
+    pub fn use_eds_file(&mut self, eds: &EdsFile) -> Result<&mut Self> {
+        let name = self.get_str("name")?.to_string();
+        if eds.cluster() != name {
+            return Err(self.error("name", format!("the EDS file is for cluster {:?}", eds.cluster())));
+        }
+        if self.get("load_assignment").is_ok() {
+            self.remove("load_assignment")?;
+        }
+        self.upsert("type", "EDS")?;
+        let path = |p: &std::path::Path| p.to_string_lossy().into_owned();
+        self.upsert(
+            "eds_cluster_config",
+            json!({"eds_config": {"path_config_source": {"path": path(&eds.path()), "watched_directory": {"path": path(&eds.watched_dir())}}}}),
+        )?;
+        Ok(self)
+    }
+
     /// How the cluster picks a host now.
     pub fn lb_policy(&self) -> Result<LbPolicy> {
         if self.get("load_balancing_policy").is_err() {
@@ -133,6 +156,21 @@ impl Cluster<'_> {
             self.remove("load_balancing_policy")?;
         }
         self.upsert("lb_policy", lb.lb_policy())?;
+        Ok(self)
+    }
+
+    /// Talk HTTP/2 to the endpoints (h2c: prior knowledge, no TLS), as a gRPC cluster must:
+    /// `typed_extension_protocol_options` with `explicit_http_config.http2_protocol_options`.
+    /// Requests to one endpoint then share a connection per Envoy worker, multiplexed.
+    pub fn use_http2(&mut self) -> Result<&mut Self> {
+        const OPTIONS: &str = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions";
+        let options = json!({
+            OPTIONS: {
+                "@type": format!("type.googleapis.com/{OPTIONS}"),
+                "explicit_http_config": {"http2_protocol_options": {}},
+            }
+        });
+        self.upsert("typed_extension_protocol_options", options)?;
         Ok(self)
     }
 

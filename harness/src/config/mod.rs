@@ -42,6 +42,7 @@ pub use path::{KeyPath, Seg};
 pub use route::{proto_duration, Route};
 pub use wasm::{WasmFilter, WASM_FILTER};
 
+use crate::eds::EdsFile;
 use crate::paths;
 
 /// The shipped config's listener.
@@ -129,6 +130,30 @@ impl EnvoyConfig {
 
     pub fn cluster(&mut self, name: &str) -> Result<Cluster<'_>> {
         Ok(Cluster(self.root().into_node(&format!("static_resources.clusters[name={name}]"))?))
+    }
+
+    /// The proxy's own zone: the bootstrap's `node.locality.zone` (Istio sets it from the pod's
+    /// topology labels; the plugin reads it as `xds.node.locality.zone`).
+    pub fn set_node_zone(&mut self, zone: &str) -> Result<&mut Self> {
+        self.ensure_node()?;
+        self.root().node("node")?.upsert("locality", serde_json::json!({ "zone": zone }))?;
+        Ok(self)
+    }
+
+    /// `cluster` reads its endpoints from `eds`'s file ([`Cluster::use_eds_file`]). Envoy asks
+    /// the bootstrap's node for an id and a cluster name to read it: a `node` with both is added
+    /// when the config has none.
+    pub fn use_eds_file(&mut self, cluster: &str, eds: &EdsFile) -> Result<&mut Self> {
+        self.cluster(cluster)?.use_eds_file(eds)?;
+        self.ensure_node()
+    }
+
+    /// A bootstrap `node` with an `id` and a `cluster`, added when missing.
+    fn ensure_node(&mut self) -> Result<&mut Self> {
+        if self.get("node").is_err() {
+            self.root().insert("node", serde_json::json!({ "id": "ewma-lb", "cluster": "ewma-lb" }))?;
+        }
+        Ok(self)
     }
 
     /// The plugin: the wasm filter of the shipped listener.
