@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every published benchmark figure, from scratch: the three scenarios through a real Envoy (each
-# policy and ewma_lb_previous, 3 rounds in alternating order), the overhead (5 rounds), the
+# policy and ewma_lb_previous, 3 rounds in alternating order) and grpc, the overhead (5 rounds), the
 # simulations (the same scenarios for the cross-check, the defaults turned back one at a time,
 # the fleet, the fleet from 10 to 1,000 proxies), then the plots copied to docs/bench/ and the marked tables of README.md and
 # bench/README.md rewritten from the results (`ewma-bench tables`).
@@ -28,7 +28,7 @@ note "start; load: $(cut -d' ' -f1-3 /proc/loadavg)"
 cargo build --release -p ewma-bench
 bench=target/release/ewma-bench
 
-for s in seed-table slowdown capacity; do
+for s in seed-table slowdown capacity grpc; do
   note "compare $s"
   "$bench" compare "bench/scenarios/$s.toml" --out "$out/$s" "${smoke[@]}"
 done
