@@ -395,7 +395,7 @@ fn large_cluster_run(config_json: &str, ticks: u64, slow: (u64, f64)) -> Vec<usi
         for _ in 0..50 {
             let Decision::Override(pick) = w.pick(CLUSTER) else { continue };
             let mut ms = 50.0;
-            if &*pick.host == watched {
+            if *pick.host == *watched {
                 per_second[(tick / 10) as usize] += 1;
                 if slow_left && tick >= slow.0 {
                     ms = slow.1;
