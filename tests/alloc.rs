@@ -112,3 +112,43 @@ fn the_steered_request_path_allocates_nothing_on_a_hot_table() {
     });
     assert!(tick > 0, "the counting allocator saw nothing");
 }
+
+#[test]
+fn a_host_joining_the_record_costs_the_other_hosts_no_allocation() {
+    // When the record's hosts change, a worker forgets the entries of hosts that left; the
+    // entries of those that stayed must survive, or their next request allocates them again.
+    let hosts: Vec<String> = (1..=16).map(|i| format!("10.0.0.{i}:80")).collect();
+    let cfg = format!(r#"{{"exploration_share": 0, "clusters": {{"{CLUSTER}": {{"endpoints": {hosts:?}}}}}}}"#);
+    let (store, mut w) = ticked(&cfg, 3);
+    for t in 2..12u64 {
+        for _ in 0..800 {
+            request(&mut w, "/", 20.0);
+        }
+        w.tick(t * SEC, &mut store.clone());
+    }
+    // Envoy sent one request to an endpoint the table does not know (the fallback's choice).
+    let newcomer = "10.0.0.99:80";
+    w.finish(
+        CLUSTER,
+        &Finished { served_by: Some(newcomer), attempts: 1, latency_ms: 20.0, outcome: Some(Outcome::Success), ..Finished::default() },
+    );
+    w.tick(12 * SEC, &mut store.clone());
+    assert!(w.snapshots().any(|(_, s)| s.host(newcomer).is_some()), "the record learned the newcomer");
+    // Every request to the sixteen that stayed: no allocation.
+    let mut old = 0;
+    for _ in 0..1_600 {
+        let mut picked = None;
+        let n = allocations(|| {
+            if let Decision::Override(pick) = w.route(&Request { path: b"/", cluster: Some(CLUSTER) }, || None) {
+                let done = Finished { picked: Some(&pick.host), served_by: Some(&pick.host), attempts: 1, latency_ms: 20.0, outcome: Some(Outcome::Success), ..Finished::default() };
+                w.finish(CLUSTER, &done);
+                picked = Some(pick.host.clone());
+            }
+        });
+        if picked.as_deref().is_some_and(|p| p != newcomer) {
+            old += 1;
+            assert_eq!(n, 0, "a request to {picked:?} allocated after the newcomer joined");
+        }
+    }
+    assert!(old > 1_000, "the sixteen got the requests: {old}");
+}
