@@ -23,6 +23,7 @@ use serde::Serialize;
 
 use crate::config::ConfigError;
 use crate::json::{variant, FromJson};
+use crate::units::within;
 
 /// How a host is chosen from the table; `pick` in the plugin configuration.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -96,7 +97,7 @@ impl PickTable {
                 table.cumulative.push(total);
             }
         }
-        let floor = if floor.is_finite() { floor.clamp(0.0, 1.0) * total } else { 0.0 };
+        let floor = if floor.is_finite() { within(floor, 0.0, 1.0) * total } else { 0.0 };
         let (mut probes, mut above) = (0.0, 0.0);
         for w in &table.weights {
             let probe = w.min(floor);

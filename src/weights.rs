@@ -150,7 +150,7 @@ fn apportion(targets: &mut [f64], split: &Split) {
 /// late by a fixed fraction of the band at most. Hosts without a share yet, ejected ones and
 /// ones still ramping in (slow start is a schedule, not noise) are left alone.
 fn settle(targets: &mut [f64], hosts: &[HostInput], params: &WeightParams) {
-    let gain = params.noise_gain.clamp(0.0, 1.0);
+    let gain = within(params.noise_gain, 0.0, 1.0);
     let band = params.noise_band.max(1.0).ln();
     let total: f64 = targets.iter().sum();
     if gain >= 1.0 || band <= 0.0 || total <= 0.0 {
