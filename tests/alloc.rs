@@ -13,6 +13,7 @@ mod store;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
+use std::rc::Rc;
 
 use ewma_lb::outcome::Outcome;
 use ewma_lb::worker::{Decision, Finished, Request, Worker};
@@ -69,10 +70,10 @@ fn allocations(f: impl FnOnce()) -> u64 {
     ALLOCATIONS.with(Cell::get)
 }
 
-/// One steered request: route, then finish as the adapter's `on_log` does. Returns whether the
-/// plugin steered it.
-fn request(w: &mut Worker, path: &str, latency_ms: f64) -> bool {
-    let Decision::Override(pick) = w.route(&Request { path: path.as_bytes(), cluster: Some(CLUSTER) }, || None) else { return false };
+/// One steered request: route, then finish as the adapter's `on_log` does. Returns the host the
+/// plugin picked, if it steered the request.
+fn request(w: &mut Worker, path: &str, latency_ms: f64) -> Option<Rc<str>> {
+    let Decision::Override(pick) = w.route(&Request { path: path.as_bytes(), cluster: Some(CLUSTER) }, || None) else { return None };
     let done = Finished {
         picked: Some(&pick.host),
         served_by: Some(&pick.host),
@@ -82,26 +83,32 @@ fn request(w: &mut Worker, path: &str, latency_ms: f64) -> bool {
         ..Finished::default()
     };
     w.finish(CLUSTER, &done);
-    true
+    Some(pick.host)
 }
 
-#[test]
-fn the_steered_request_path_allocates_nothing_on_a_hot_table() {
-    let hosts = ["10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80", "10.0.0.4:80"];
+/// A worker over `hosts` (static endpoints, no exploration) after ten ticks of `per_tick`
+/// requests each: every host picked and sampled, samples merged, a few tables adopted.
+fn hot(hosts: &[String], per_tick: usize) -> (store::Shared, Worker) {
     let cfg = format!(r#"{{"exploration_share": 0, "clusters": {{"{CLUSTER}": {{"endpoints": {hosts:?}}}}}}}"#);
     let (store, mut w) = ticked(&cfg, 3);
-    // Warm up: every host picked and sampled, samples merged, a few tables adopted.
     for t in 2..12u64 {
-        for _ in 0..200 {
+        for _ in 0..per_tick {
             request(&mut w, "/", 20.0);
         }
         w.tick(t * SEC, &mut store.clone());
     }
+    (store, w)
+}
+
+#[test]
+fn the_steered_request_path_allocates_nothing_on_a_hot_table() {
+    let hosts: Vec<String> = (1..=4).map(|i| format!("10.0.0.{i}:80")).collect();
+    let (store, mut w) = hot(&hosts, 200);
     let paths = ["/", "/api/v1/items/42?sort=asc", "/orders/7"];
     let mut steered = 0;
     let n = allocations(|| {
         for i in 0..3_000 {
-            steered += usize::from(request(&mut w, paths[i % paths.len()], 15.0 + (i % 7) as f64));
+            steered += usize::from(request(&mut w, paths[i % paths.len()], 15.0 + (i % 7) as f64).is_some());
         }
     });
     assert_eq!(steered, 3_000, "every request steered (no exploration configured)");
@@ -118,14 +125,7 @@ fn a_host_joining_the_record_costs_the_other_hosts_no_allocation() {
     // When the record's hosts change, a worker forgets the entries of hosts that left; the
     // entries of those that stayed must survive, or their next request allocates them again.
     let hosts: Vec<String> = (1..=16).map(|i| format!("10.0.0.{i}:80")).collect();
-    let cfg = format!(r#"{{"exploration_share": 0, "clusters": {{"{CLUSTER}": {{"endpoints": {hosts:?}}}}}}}"#);
-    let (store, mut w) = ticked(&cfg, 3);
-    for t in 2..12u64 {
-        for _ in 0..800 {
-            request(&mut w, "/", 20.0);
-        }
-        w.tick(t * SEC, &mut store.clone());
-    }
+    let (store, mut w) = hot(&hosts, 800);
     // Envoy sent one request to an endpoint the table does not know (the fallback's choice).
     let newcomer = "10.0.0.99:80";
     w.finish(
@@ -138,13 +138,7 @@ fn a_host_joining_the_record_costs_the_other_hosts_no_allocation() {
     let mut old = 0;
     for _ in 0..1_600 {
         let mut picked = None;
-        let n = allocations(|| {
-            if let Decision::Override(pick) = w.route(&Request { path: b"/", cluster: Some(CLUSTER) }, || None) {
-                let done = Finished { picked: Some(&pick.host), served_by: Some(&pick.host), attempts: 1, latency_ms: 20.0, outcome: Some(Outcome::Success), ..Finished::default() };
-                w.finish(CLUSTER, &done);
-                picked = Some(pick.host.clone());
-            }
-        });
+        let n = allocations(|| picked = request(&mut w, "/", 20.0));
         if picked.as_deref().is_some_and(|p| p != newcomer) {
             old += 1;
             assert_eq!(n, 0, "a request to {picked:?} allocated after the newcomer joined");
