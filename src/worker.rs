@@ -194,8 +194,13 @@ struct LocalCluster {
     table: PickTable,
     table_version: u64,
     /// Share of requests left to the fallback: the configured exploration, or more while the
-    /// table does not know every endpoint of the cluster (they get their share through it).
+    /// table does not know every endpoint of the cluster (they get their share through it; see
+    /// [`explore_share`]).
     explore_share: f64,
+    /// Endpoints the table did not know at the last tick, and since when it has been learning
+    /// (the last tick at which that count grew).
+    unknown_seen: u32,
+    learning_since_ns: u64,
     /// Keyed by address so counts survive a table rebuild.
     in_flight: Map<Rc<str>, InFlight>,
     /// This tick's samples. Entries are emptied, not removed, after a merge: the next tick's
@@ -487,8 +492,9 @@ impl Worker {
                             report.bad_records.push((name.clone(), e));
                         }
                     }
+                    explore_share(local, &sync.state, self.config.exploration_share(), steady_ns);
                     if sync.state.table_version != local.table_version {
-                        adopt(local, &sync.state, self.config.exploration_share(), &policy.weights);
+                        adopt(local, &sync.state, &policy.weights);
                         report.adopted.push((name.clone(), local.table_version));
                         host_gauges(name, &local.snapshot, &sync.state, slow_start_ns, &mut report.metrics);
                     }
@@ -592,15 +598,42 @@ fn local_entry<'a>(clusters: &'a mut Map<String, LocalCluster>, cluster: &str) -
 
 /// Rebuilds this VM's pick table from a new version of the record, with the weights' floor as
 /// every host's probe budget (see `pick`).
-fn adopt(local: &mut LocalCluster, state: &ClusterState, exploration_share: f64, weights: &WeightParams) {
+fn adopt(local: &mut LocalCluster, state: &ClusterState, weights: &WeightParams) {
     let live = state.hosts.iter().filter(|h| h.share > 0.0).count();
     let floor = crate::weights::floor(weights, live);
     local.table = PickTable::with_floor(state.hosts.iter().map(|h| (h.address.as_str(), h.share)), floor);
     local.table_version = state.table_version;
-    // Endpoints the record does not know get their share through the fallback: a table that
-    // knows one host of three must not send that host every steered request.
-    let unknown = if state.num_endpoints > 0 { f64::from(state.unknown_endpoints()) / f64::from(state.num_endpoints) } else { 0.0 };
-    local.explore_share = exploration_share.max(unknown).min(1.0);
+}
+
+/// How long after endpoints appear that the table does not know the fallback gets at least
+/// [`LEARNING_SHARE`] of the requests.
+pub const LEARNING_WINDOW_NS: u64 = 5 * NS_PER_SEC;
+/// The fallback's share during [`LEARNING_WINDOW_NS`].
+pub const LEARNING_SHARE: f64 = 0.5;
+
+/// Sets the share of requests left to the fallback. Endpoints the record does not know get
+/// their share only through it: a table that knows one host of three must not send that host
+/// every steered request, so the fallback gets at least the unknown fraction. The fallback
+/// spreads what it gets over every endpoint, known ones included, so an unknown endpoint
+/// receives that fraction of its fair share: with one of fifty unknown, 2 % of it, and it could
+/// go unmet for seconds. So for a while after unknown endpoints appear the fallback gets at least
+/// half the requests: each unknown endpoint then receives half its fair share and is met within
+/// a few of its requests. An endpoint that is never met (one Envoy counts but does not route to)
+/// costs that half only for the window, then its fraction.
+fn explore_share(local: &mut LocalCluster, state: &ClusterState, configured: f64, now_ns: u64) {
+    let unknown = if state.num_endpoints > 0 { state.unknown_endpoints() } else { 0 };
+    if unknown > local.unknown_seen {
+        local.learning_since_ns = now_ns;
+    }
+    local.unknown_seen = unknown;
+    let mut share = configured;
+    if unknown > 0 {
+        share = share.max(f64::from(unknown) / f64::from(state.num_endpoints));
+        if now_ns.saturating_sub(local.learning_since_ns) < LEARNING_WINDOW_NS {
+            share = share.max(LEARNING_SHARE);
+        }
+    }
+    local.explore_share = share.min(1.0);
 }
 
 fn update(metric: Metric, cluster: &str, label: Option<&str>, change: Change) -> Update {

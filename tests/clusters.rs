@@ -18,7 +18,7 @@ use ewma_lb::state::{Accumulator, ClusterBatch, ClusterState};
 use ewma_lb::status::HostPhase;
 use ewma_lb::sync;
 use ewma_lb::telemetry::{Change, Metric};
-use ewma_lb::worker::{Decision, Finished, Worker};
+use ewma_lb::worker::{Decision, Finished, Worker, LEARNING_SHARE, LEARNING_WINDOW_NS};
 use store::{config, defaults, Shared, CLUSTER, MS, SEC};
 
 fn served(w: &mut Worker, host: &str, ms: f64, endpoints: u32) {
@@ -127,10 +127,48 @@ fn the_table_follows_a_change_of_membership_in_the_same_tick_not_at_the_next_ref
     let report = w.tick(SEC + 200 * MS, &mut store.clone());
     assert_eq!(report.refreshed, 1);
     assert!(store.state().host(&host(3)).unwrap().share > 0.0);
-    assert_eq!(w.explore_share(CLUSTER), Some(0.25));
     // Nothing new: no refresh before the interval.
     served(&mut w, &host(3), 50.0, 4);
     assert_eq!(w.tick(SEC + 300 * MS, &mut store.clone()).refreshed, 0);
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn while_endpoints_are_unknown_the_fallback_gets_half_the_requests_for_a_while() {
+    // Half is what lets the last unknown endpoints of a large cluster be met within a second:
+    // the fallback spreads its share over every endpoint, known or not.
+    let store = Shared::default();
+    let mut w = Worker::new(config(r#"{"exploration_share": 0}"#), 1);
+    for i in 1..=49 {
+        served(&mut w, &host(i), 50.0, 50);
+    }
+    w.tick(SEC, &mut store.clone());
+    assert_eq!(store.state().unknown_endpoints(), 1);
+    assert_eq!(w.explore_share(CLUSTER), Some(LEARNING_SHARE));
+    let counts = picks(&mut w, 20_000);
+    let explored = counts.get("exploring").copied().unwrap_or(0);
+    assert!((9_000..11_000).contains(&explored), "half to the fallback while learning: {counts:?}");
+    // An endpoint that is never met costs that half only for the window, then its fraction.
+    // (Ticks every 100 ms: the VM's clock takes a larger jump for a clock step.)
+    let mut t = SEC;
+    while t + 100 * MS < SEC + LEARNING_WINDOW_NS {
+        t += 100 * MS;
+        served(&mut w, &host(1), 50.0, 50);
+        w.tick(t, &mut store.clone());
+        assert_eq!(w.explore_share(CLUSTER), Some(LEARNING_SHARE), "{} ms into the window", (t - SEC) / MS);
+    }
+    served(&mut w, &host(1), 50.0, 50);
+    w.tick(SEC + LEARNING_WINDOW_NS, &mut store.clone());
+    assert_eq!(w.explore_share(CLUSTER), Some(1.0 / 50.0));
+    // Another endpoint appears: a new window.
+    served(&mut w, &host(1), 50.0, 51);
+    w.tick(SEC + LEARNING_WINDOW_NS + 100 * MS, &mut store.clone());
+    assert_eq!(w.explore_share(CLUSTER), Some(LEARNING_SHARE));
+    // All met: only the configured exploration.
+    served(&mut w, &host(50), 50.0, 51);
+    served(&mut w, &host(51), 50.0, 51);
+    w.tick(SEC + LEARNING_WINDOW_NS + 200 * MS, &mut store.clone());
+    assert_eq!(w.explore_share(CLUSTER), Some(0.0));
 }
 
 #[test]
