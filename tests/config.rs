@@ -10,6 +10,9 @@ use ewma_lb::outcome::GrpcCode;
 use ewma_lb::pick::PickAlgorithm;
 use ewma_lb::smoothing::Smoother;
 
+mod variants;
+use variants::all_smoothers;
+
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn empty_and_braces_mean_all_defaults() {
@@ -62,15 +65,7 @@ fn every_field_written_reads_back() {
     rich.clusters.insert("backend".into(), ewma_lb::config::ClusterConfig { endpoints: vec!["127.0.0.1:8081".into()] });
     rich.pick = PickAlgorithm::WeightedRandom;
     rich.shadow = true;
-    let smoothers = [
-        Smoother::Ewma { alpha: 0.25 },
-        Smoother::DecayEwma { tau_ms: 2_000 },
-        Smoother::PeakEwma { tau_ms: 3_000, peak_samples: 2 },
-        Smoother::Sma { window: 8 },
-        Smoother::BiasCorrectedEwma { beta: 0.8 },
-        Smoother::DualEwma { short_tau_ms: 500, long_tau_ms: 5_000 },
-    ];
-    for smoothing in smoothers {
+    for smoothing in all_smoothers() {
         let config = PluginConfig { smoothing, ..rich.clone() };
         let json = serde_json::to_vec(&config).unwrap();
         assert_eq!(PluginConfig::from_json(&json), Ok(config), "{}", String::from_utf8_lossy(&json));

@@ -16,12 +16,13 @@ use std::path::{Component, Path, PathBuf};
 use std::process::Command;
 
 mod shipped;
+mod variants;
 
 use harness::repo_root;
 use shipped::{manifests, read, yaml};
+use variants::all_smoothers;
 use ewma_lb::config::{ClusterConfig, Config, PluginConfig};
 use ewma_lb::pick::PickAlgorithm;
-use ewma_lb::smoothing::Smoother;
 use ewma_lb::telemetry::Metric;
 use serde_json::{json, Value};
 
@@ -47,30 +48,6 @@ fn assert_accepted(what: &str, config: &Value) {
 
 fn default_json() -> Value {
     serde_json::to_value(PluginConfig::default()).unwrap()
-}
-
-/// Every smoother, once. The `match` makes a new algorithm a compile error here until it is
-/// added to this list (and so to the schema, which the tests below compare with it).
-fn all_smoothers() -> Vec<Smoother> {
-    let all = vec![
-        Smoother::Ewma { alpha: 0.25 },
-        Smoother::DecayEwma { tau_ms: 2_000 },
-        Smoother::PeakEwma { tau_ms: 3_000, peak_samples: 2 },
-        Smoother::Sma { window: 8 },
-        Smoother::BiasCorrectedEwma { beta: 0.8 },
-        Smoother::DualEwma { short_tau_ms: 500, long_tau_ms: 5_000 },
-    ];
-    for s in &all {
-        match s {
-            Smoother::Ewma { .. }
-            | Smoother::DecayEwma { .. }
-            | Smoother::PeakEwma { .. }
-            | Smoother::Sma { .. }
-            | Smoother::BiasCorrectedEwma { .. }
-            | Smoother::DualEwma { .. } => {}
-        }
-    }
-    all
 }
 
 /// Every pick algorithm, once; the `match` plays the same role as in [`all_smoothers`].
