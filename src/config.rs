@@ -16,9 +16,9 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::json::{quoted, FromJson};
-use crate::map::{Map, Set};
 use crate::json_struct;
 use crate::locality::LocalityParams;
+use crate::map::{Map, Set};
 use crate::outcome::{GrpcCode, GrpcCodes};
 use crate::outlier::OutlierParams;
 use crate::pick::PickAlgorithm;
@@ -127,7 +127,12 @@ impl LocalityConfig {
     fn compile(self) -> Result<LocalityParams, ConfigError> {
         Ok(LocalityParams {
             enabled: self.enabled,
-            spillover_latency_ratio: in_range("locality.spillover_latency_ratio", self.spillover_latency_ratio, 1.0, 100.0)?,
+            spillover_latency_ratio: in_range(
+                "locality.spillover_latency_ratio",
+                self.spillover_latency_ratio,
+                1.0,
+                100.0,
+            )?,
             min_local_hosts: in_range("locality.min_local_hosts", self.min_local_hosts, 1, 1000)?,
         })
     }
@@ -149,7 +154,10 @@ impl Default for PluginConfig {
             outlier_detection: OutlierConfig::default(),
             locality: LocalityConfig::default(),
             steered_clusters: vec![ANY_CLUSTER.into()],
-            grpc_failure_status_codes: GrpcCodes::DEFAULT_FAILURES.iter().map(|c| c.name().to_owned()).collect(),
+            grpc_failure_status_codes: GrpcCodes::DEFAULT_FAILURES
+                .iter()
+                .map(|c| c.name().to_owned())
+                .collect(),
             clusters: Map::default(),
             health_paths: default_health_paths(),
             management: ManagementConfig::default(),
@@ -212,9 +220,27 @@ json_struct!(PluginConfig {
     shadow,
 });
 json_struct!(ClusterConfig { endpoints });
-json_struct!(WeightsConfig { exponent, min_share, min_fair_share, max_step_ratio, noise_band, noise_gain, slow_start_ms, slow_start_min_factor });
-json_struct!(OutlierConfig { consecutive_failures, base_ejection_ms, max_ejection_ms, max_ejection_share });
-json_struct!(LocalityConfig { enabled, spillover_latency_ratio, min_local_hosts });
+json_struct!(WeightsConfig {
+    exponent,
+    min_share,
+    min_fair_share,
+    max_step_ratio,
+    noise_band,
+    noise_gain,
+    slow_start_ms,
+    slow_start_min_factor
+});
+json_struct!(OutlierConfig {
+    consecutive_failures,
+    base_ejection_ms,
+    max_ejection_ms,
+    max_ejection_share
+});
+json_struct!(LocalityConfig {
+    enabled,
+    spillover_latency_ratio,
+    min_local_hosts
+});
 
 // === The runtime form ===
 
@@ -285,7 +311,9 @@ impl Config {
 
     /// Static endpoints of `cluster`, empty when it has none.
     pub fn static_endpoints(&self, cluster: &str) -> &[String] {
-        self.static_endpoints.get(cluster).map_or(&[], Vec::as_slice)
+        self.static_endpoints
+            .get(cluster)
+            .map_or(&[], Vec::as_slice)
     }
 
     /// Clusters with static endpoints.
@@ -318,7 +346,10 @@ impl fmt::Display for ConfigError {
 impl std::error::Error for ConfigError {}
 
 fn err(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
-    ConfigError { field: field.into(), message: message.into() }
+    ConfigError {
+        field: field.into(),
+        message: message.into(),
+    }
 }
 
 fn in_range<T: PartialOrd + Shown>(field: &str, value: T, lo: T, hi: T) -> Result<T, ConfigError> {
@@ -376,7 +407,8 @@ impl PluginConfig {
             return Err(err("config", "must be a JSON object"));
         }
         // Not JSON at all: serde_json says where ("EOF while parsing a value at line 1 column 12").
-        let value: serde_json::Value = serde_json::from_slice(bytes).map_err(|e| err("config", e.to_string()))?;
+        let value: serde_json::Value =
+            serde_json::from_slice(bytes).map_err(|e| err("config", e.to_string()))?;
         <PluginConfig as FromJson>::from_json(&value, "")
     }
 
@@ -384,19 +416,43 @@ impl PluginConfig {
     pub fn compile(self) -> Result<Config, ConfigError> {
         let header = self.override_header;
         if header.is_empty()
-            || !header.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+            || !header
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
         {
-            return Err(err("override_header", format!("must be a lowercase HTTP header name, got {}", quoted(&header))));
+            return Err(err(
+                "override_header",
+                format!(
+                    "must be a lowercase HTTP header name, got {}",
+                    quoted(&header)
+                ),
+            ));
         }
         let tick_period_ms = in_range("tick_period_ms", self.tick_period_ms, 10, 60_000)?;
-        let refresh_interval_ms = in_range("refresh_interval_ms", self.refresh_interval_ms, tick_period_ms, 600_000)?;
+        let refresh_interval_ms = in_range(
+            "refresh_interval_ms",
+            self.refresh_interval_ms,
+            tick_period_ms,
+            600_000,
+        )?;
         let smoother = check_smoother(self.smoothing)?;
         let weights = self.weights.compile()?;
-        let failure_penalty_ms = in_range("failure_penalty_ms", self.failure_penalty_ms, 0, 600_000)?;
+        let failure_penalty_ms =
+            in_range("failure_penalty_ms", self.failure_penalty_ms, 0, 600_000)?;
         let grpc_failures = compile_grpc_codes(&self.grpc_failure_status_codes)?;
         let exploration_share = in_range("exploration_share", self.exploration_share, 0.0, 0.5)?;
-        let host_ttl_ms = in_range("host_ttl_ms", self.host_ttl_ms, refresh_interval_ms, 86_400_000)?;
-        let max_hosts = in_range("max_hosts_per_cluster", self.max_hosts_per_cluster, 1, MAX_RECORD_HOSTS)?;
+        let host_ttl_ms = in_range(
+            "host_ttl_ms",
+            self.host_ttl_ms,
+            refresh_interval_ms,
+            86_400_000,
+        )?;
+        let max_hosts = in_range(
+            "max_hosts_per_cluster",
+            self.max_hosts_per_cluster,
+            1,
+            MAX_RECORD_HOSTS,
+        )?;
         let outlier = self.outlier_detection.compile()?;
         let locality = self.locality.compile()?;
         let steered = SteeredClusters::compile(&self.steered_clusters)?;
@@ -405,7 +461,10 @@ impl PluginConfig {
         if !status_path.starts_with('/') || normalize(&status_path) != status_path {
             return Err(err(
                 "status_path",
-                format!("must be a normalised absolute path such as /ewma-lb/status, got {}", quoted(&status_path)),
+                format!(
+                    "must be a normalised absolute path such as /ewma-lb/status, got {}",
+                    quoted(&status_path)
+                ),
             ));
         }
         let rules = Rules::compile(&self.health_paths, &self.management, &self.excluded_paths)?;
@@ -443,8 +502,18 @@ impl WeightsConfig {
             max_step_ratio: in_range("weights.max_step_ratio", self.max_step_ratio, 1.0, 1000.0)?,
             noise_band: in_range("weights.noise_band", self.noise_band, 1.0, 100.0)?,
             noise_gain: in_range("weights.noise_gain", self.noise_gain, 0.01, 1.0)?,
-            slow_start_ns: ms_to_ns(in_range("weights.slow_start_ms", self.slow_start_ms, 0, 600_000)?),
-            slow_start_min_factor: in_range("weights.slow_start_min_factor", self.slow_start_min_factor, 0.01, 1.0)?,
+            slow_start_ns: ms_to_ns(in_range(
+                "weights.slow_start_ms",
+                self.slow_start_ms,
+                0,
+                600_000,
+            )?),
+            slow_start_min_factor: in_range(
+                "weights.slow_start_min_factor",
+                self.slow_start_min_factor,
+                0.01,
+                1.0,
+            )?,
         })
     }
 }
@@ -452,12 +521,32 @@ impl WeightsConfig {
 impl OutlierConfig {
     fn compile(self) -> Result<OutlierParams, ConfigError> {
         const HOUR_MS: u64 = 3_600_000;
-        let base_ms = in_range("outlier_detection.base_ejection_ms", self.base_ejection_ms, 1, HOUR_MS)?;
+        let base_ms = in_range(
+            "outlier_detection.base_ejection_ms",
+            self.base_ejection_ms,
+            1,
+            HOUR_MS,
+        )?;
         Ok(OutlierParams {
-            consecutive_failures: in_range("outlier_detection.consecutive_failures", self.consecutive_failures, 0, 10_000)?,
+            consecutive_failures: in_range(
+                "outlier_detection.consecutive_failures",
+                self.consecutive_failures,
+                0,
+                10_000,
+            )?,
             base_ejection_ns: ms_to_ns(base_ms),
-            max_ejection_ns: ms_to_ns(in_range("outlier_detection.max_ejection_ms", self.max_ejection_ms, base_ms, HOUR_MS)?),
-            max_ejection_share: in_range("outlier_detection.max_ejection_share", self.max_ejection_share, 0.0, 1.0)?,
+            max_ejection_ns: ms_to_ns(in_range(
+                "outlier_detection.max_ejection_ms",
+                self.max_ejection_ms,
+                base_ms,
+                HOUR_MS,
+            )?),
+            max_ejection_share: in_range(
+                "outlier_detection.max_ejection_share",
+                self.max_ejection_share,
+                0.0,
+                1.0,
+            )?,
         })
     }
 }
@@ -486,13 +575,22 @@ impl SteeredClusters {
                 None => (entry.as_str(), false),
             };
             if name.contains('*') {
-                return Err(err(field(), format!("`*` may only end a prefix, got {}", quoted(entry))));
+                return Err(err(
+                    field(),
+                    format!("`*` may only end a prefix, got {}", quoted(entry)),
+                ));
             }
             if !is_prefix && name.is_empty() {
-                return Err(err(field(), "must be a cluster name or a prefix ending in `*`, got \"\""));
+                return Err(err(
+                    field(),
+                    "must be a cluster name or a prefix ending in `*`, got \"\"",
+                ));
             }
             if name.chars().any(char::is_whitespace) {
-                return Err(err(field(), format!("cluster names have no white space, got {}", quoted(entry))));
+                return Err(err(
+                    field(),
+                    format!("cluster names have no white space, got {}", quoted(entry)),
+                ));
             }
             if is_prefix {
                 set.prefixes.push(name.to_owned());
@@ -505,7 +603,11 @@ impl SteeredClusters {
 
     /// Whether `cluster` is listed, by name or by prefix.
     pub fn contains(&self, cluster: &str) -> bool {
-        self.exact.contains(cluster) || self.prefixes.iter().any(|p| cluster.starts_with(p.as_str()))
+        self.exact.contains(cluster)
+            || self
+                .prefixes
+                .iter()
+                .any(|p| cluster.starts_with(p.as_str()))
     }
 }
 
@@ -527,16 +629,25 @@ fn compile_clusters(
         if cluster.endpoints.len() > max_hosts {
             return Err(err(
                 format!("clusters.{name}.endpoints"),
-                format!("{} endpoints, more than max_hosts_per_cluster ({max_hosts})", cluster.endpoints.len()),
+                format!(
+                    "{} endpoints, more than max_hosts_per_cluster ({max_hosts})",
+                    cluster.endpoints.len()
+                ),
             ));
         }
         for (i, endpoint) in cluster.endpoints.iter().enumerate() {
             if endpoint.parse::<SocketAddr>().is_err() {
-                return Err(err(format!("clusters.{name}.endpoints[{i}]"), format!("must be IP:port, got {}", quoted(endpoint))));
+                return Err(err(
+                    format!("clusters.{name}.endpoints[{i}]"),
+                    format!("must be IP:port, got {}", quoted(endpoint)),
+                ));
             }
         }
     }
-    Ok(clusters.into_iter().map(|(name, c)| (name, c.endpoints)).collect())
+    Ok(clusters
+        .into_iter()
+        .map(|(name, c)| (name, c.endpoints))
+        .collect())
 }
 
 /// `grpc_failure_status_codes`: canonical names only. OK is a success and CANCELLED no sample
@@ -550,14 +661,30 @@ fn compile_grpc_codes(names: &[String]) -> Result<GrpcCodes, ConfigError> {
             let canonical = name.trim().to_ascii_uppercase().replace('-', "_");
             let hint = match GrpcCode::from_name(&canonical) {
                 Some(c) => format!("write it as {c}"),
-                None => format!("one of {}", GrpcCode::ALL.iter().map(|(_, n)| *n).collect::<Vec<_>>().join(", ")),
+                None => format!(
+                    "one of {}",
+                    GrpcCode::ALL
+                        .iter()
+                        .map(|(_, n)| *n)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
             };
-            return Err(err(field, format!("must be a gRPC status code name ({hint}), got {}", quoted(name))));
+            return Err(err(
+                field,
+                format!(
+                    "must be a gRPC status code name ({hint}), got {}",
+                    quoted(name)
+                ),
+            ));
         };
         match code {
             GrpcCode::Ok => return Err(err(field, "OK is a success, not a failure")),
             GrpcCode::Cancelled => {
-                return Err(err(field, "CANCELLED is never a sample: the call was abandoned, most often by the client"))
+                return Err(err(
+                    field,
+                    "CANCELLED is never a sample: the call was abandoned, most often by the client",
+                ))
             }
             _ => codes.push(code),
         }
@@ -569,13 +696,19 @@ fn check_smoother(smoother: Smoother) -> Result<Smoother, ConfigError> {
     const TAU_MAX_MS: u64 = 600_000;
     match smoother {
         Smoother::Ewma { alpha } if !(alpha > 0.0 && alpha <= 1.0) => {
-            return Err(err("smoothing.alpha", format!("must be in (0, 1], got {}", alpha.shown())))
+            return Err(err(
+                "smoothing.alpha",
+                format!("must be in (0, 1], got {}", alpha.shown()),
+            ))
         }
         Smoother::Ewma { .. } => {}
         Smoother::DecayEwma { tau_ms } => {
             in_range("smoothing.tau_ms", tau_ms, 1, TAU_MAX_MS)?;
         }
-        Smoother::PeakEwma { tau_ms, peak_samples } => {
+        Smoother::PeakEwma {
+            tau_ms,
+            peak_samples,
+        } => {
             in_range("smoothing.tau_ms", tau_ms, 1, TAU_MAX_MS)?;
             in_range("smoothing.peak_samples", peak_samples, 1, MAX_PEAK_SAMPLES)?;
         }
@@ -585,9 +718,17 @@ fn check_smoother(smoother: Smoother) -> Result<Smoother, ConfigError> {
         Smoother::BiasCorrectedEwma { beta } => {
             in_range("smoothing.beta", beta, 0.0, 0.999_999)?;
         }
-        Smoother::DualEwma { short_tau_ms, long_tau_ms } => {
+        Smoother::DualEwma {
+            short_tau_ms,
+            long_tau_ms,
+        } => {
             in_range("smoothing.short_tau_ms", short_tau_ms, 1, TAU_MAX_MS)?;
-            in_range("smoothing.long_tau_ms", long_tau_ms, short_tau_ms, TAU_MAX_MS)?;
+            in_range(
+                "smoothing.long_tau_ms",
+                long_tau_ms,
+                short_tau_ms,
+                TAU_MAX_MS,
+            )?;
         }
     }
     Ok(smoother)

@@ -28,9 +28,14 @@ impl<'a> Fields<'a> {
     /// error that lists them). A field it does not know is an error: a typo must not silently
     /// become a default.
     pub fn of(value: &'a Value, path: &'a str, names: &[&str]) -> Result<Fields<'a>, ConfigError> {
-        let Value::Object(map) = value else { return Err(invalid_type(path, value, "a JSON object")) };
+        let Value::Object(map) = value else {
+            return Err(invalid_type(path, value, "a JSON object"));
+        };
         if let Some(unknown) = map.keys().find(|k| !names.contains(&k.as_str())) {
-            return Err(error(join(path, unknown), format!("unknown field `{unknown}`, expected {}", one_of(names))));
+            return Err(error(
+                join(path, unknown),
+                format!("unknown field `{unknown}`, expected {}", one_of(names)),
+            ));
         }
         Ok(Fields { map, path })
     }
@@ -69,18 +74,35 @@ pub fn one_of(names: &[&str]) -> String {
         [] => "nothing".to_owned(),
         [one] => format!("`{one}`"),
         [a, b] => format!("`{a}` or `{b}`"),
-        _ => format!("one of {}", names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(", ")),
+        _ => format!(
+            "one of {}",
+            names
+                .iter()
+                .map(|n| format!("`{n}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
     }
 }
 
 pub fn error(path: impl Into<String>, message: impl Into<String>) -> ConfigError {
     let path = path.into();
-    ConfigError { field: if path.is_empty() { "config".to_owned() } else { path }, message: message.into() }
+    ConfigError {
+        field: if path.is_empty() {
+            "config".to_owned()
+        } else {
+            path
+        },
+        message: message.into(),
+    }
 }
 
 /// "invalid type: string "two", expected f64", as serde words it.
 pub fn invalid_type(path: &str, value: &Value, expected: &str) -> ConfigError {
-    error(path, format!("invalid type: {}, expected {expected}", describe(value)))
+    error(
+        path,
+        format!("invalid type: {}, expected {expected}", describe(value)),
+    )
 }
 
 /// How serde names an unexpected value.
@@ -119,19 +141,26 @@ pub fn quoted(s: &str) -> String {
 
 impl FromJson for bool {
     fn from_json(value: &Value, path: &str) -> Result<Self, ConfigError> {
-        value.as_bool().ok_or_else(|| invalid_type(path, value, "a boolean"))
+        value
+            .as_bool()
+            .ok_or_else(|| invalid_type(path, value, "a boolean"))
     }
 }
 
 impl FromJson for String {
     fn from_json(value: &Value, path: &str) -> Result<Self, ConfigError> {
-        value.as_str().map(str::to_owned).ok_or_else(|| invalid_type(path, value, "a string"))
+        value
+            .as_str()
+            .map(str::to_owned)
+            .ok_or_else(|| invalid_type(path, value, "a string"))
     }
 }
 
 impl FromJson for f64 {
     fn from_json(value: &Value, path: &str) -> Result<Self, ConfigError> {
-        value.as_f64().ok_or_else(|| invalid_type(path, value, "f64"))
+        value
+            .as_f64()
+            .ok_or_else(|| invalid_type(path, value, "f64"))
     }
 }
 
@@ -168,26 +197,45 @@ impl<T: FromJson> FromJson for Option<T> {
 
 impl<T: FromJson> FromJson for Vec<T> {
     fn from_json(value: &Value, path: &str) -> Result<Self, ConfigError> {
-        let Value::Array(items) = value else { return Err(invalid_type(path, value, "a sequence")) };
-        items.iter().enumerate().map(|(i, item)| T::from_json(item, &format!("{path}[{i}]"))).collect()
+        let Value::Array(items) = value else {
+            return Err(invalid_type(path, value, "a sequence"));
+        };
+        items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| T::from_json(item, &format!("{path}[{i}]")))
+            .collect()
     }
 }
 
 impl<T: FromJson> FromJson for map::Map<String, T> {
     fn from_json(value: &Value, path: &str) -> Result<Self, ConfigError> {
-        let Value::Object(map) = value else { return Err(invalid_type(path, value, "a map")) };
-        map.iter().map(|(k, v)| Ok((k.clone(), T::from_json(v, &join(path, k))?))).collect()
+        let Value::Object(map) = value else {
+            return Err(invalid_type(path, value, "a map"));
+        };
+        map.iter()
+            .map(|(k, v)| Ok((k.clone(), T::from_json(v, &join(path, k))?)))
+            .collect()
     }
 }
 
 /// A string naming one of `variants`, as serde reads a unit enum.
-pub fn variant<T: Copy>(value: &Value, path: &str, variants: &[(&str, T)]) -> Result<T, ConfigError> {
-    let Value::String(name) = value else { return Err(invalid_type(path, value, "a string")) };
+pub fn variant<T: Copy>(
+    value: &Value,
+    path: &str,
+    variants: &[(&str, T)],
+) -> Result<T, ConfigError> {
+    let Value::String(name) = value else {
+        return Err(invalid_type(path, value, "a string"));
+    };
     match variants.iter().find(|(n, _)| n == name) {
         Some((_, v)) => Ok(*v),
         None => {
             let names: Vec<&str> = variants.iter().map(|(n, _)| *n).collect();
-            Err(error(path, format!("unknown variant `{name}`, expected {}", one_of(&names))))
+            Err(error(
+                path,
+                format!("unknown variant `{name}`, expected {}", one_of(&names)),
+            ))
         }
     }
 }

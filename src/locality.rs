@@ -27,7 +27,11 @@ impl Default for LocalityParams {
     fn default() -> Self {
         // 1.5: a cross-zone hop costs about a millisecond and money, so a zone that is a third
         // slower still keeps its traffic; one twice as slow keeps three quarters of it.
-        LocalityParams { enabled: true, spillover_latency_ratio: 1.5, min_local_hosts: 1 }
+        LocalityParams {
+            enabled: true,
+            spillover_latency_ratio: 1.5,
+            min_local_hosts: 1,
+        }
     }
 }
 
@@ -49,10 +53,20 @@ pub struct Split {
 
 /// The split for these hosts, or `None` when locality does not apply: turned off, the proxy's
 /// zone unknown, or no live host on one side (nothing to keep local, or nowhere to spill to).
-pub fn split(hosts: &[ZoneInput], local_zone: Option<&str>, params: &LocalityParams) -> Option<Split> {
+pub fn split(
+    hosts: &[ZoneInput],
+    local_zone: Option<&str>,
+    params: &LocalityParams,
+) -> Option<Split> {
     let local_zone = local_zone.filter(|z| params.enabled && !z.is_empty())?;
     let is_local: Vec<bool> = hosts.iter().map(|h| h.zone == local_zone).collect();
-    let side = |local: bool| hosts.iter().zip(&is_local).filter(move |(_, l)| **l == local).map(|(h, _)| h);
+    let side = |local: bool| {
+        hosts
+            .iter()
+            .zip(&is_local)
+            .filter(move |(_, l)| **l == local)
+            .map(|(h, _)| h)
+    };
     let total_local = side(true).count();
     let live_local = side(true).filter(|h| !h.ejected).count();
     let live_remote = side(false).filter(|h| !h.ejected).count();
@@ -60,12 +74,21 @@ pub fn split(hosts: &[ZoneInput], local_zone: Option<&str>, params: &LocalityPar
         return None;
     }
     let local_ms = median(side(true).filter(|h| !h.ejected).filter_map(|h| h.score_ms));
-    let remote_ms = median(side(false).filter(|h| !h.ejected).filter_map(|h| h.score_ms));
+    let remote_ms = median(
+        side(false)
+            .filter(|h| !h.ejected)
+            .filter_map(|h| h.score_ms),
+    );
     let latency = match (local_ms, remote_ms) {
-        (Some(l), Some(r)) if l > params.spillover_latency_ratio * r => params.spillover_latency_ratio * r / l,
+        (Some(l), Some(r)) if l > params.spillover_latency_ratio * r => {
+            params.spillover_latency_ratio * r / l
+        }
         _ => 1.0,
     };
     let health = live_local as f64 / total_local as f64;
     let enough = (live_local as f64 / f64::from(params.min_local_hosts.max(1))).min(1.0);
-    Some(Split { is_local, local_share: within(latency * health * enough, 0.0, 1.0) })
+    Some(Split {
+        is_local,
+        local_share: within(latency * health * enough, 0.0, 1.0),
+    })
 }

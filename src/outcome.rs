@@ -72,10 +72,16 @@ impl Outcome {
     /// if any, is Envoy's own reply about them. Otherwise the gRPC status decides: a code in
     /// `failures` is the host's failure, CANCELLED is no sample (the call was abandoned, most
     /// often by the client), any other code is an answer.
-    pub fn with_grpc(http: Option<Outcome>, grpc: Option<GrpcCode>, failures: GrpcCodes) -> Option<Outcome> {
+    pub fn with_grpc(
+        http: Option<Outcome>,
+        grpc: Option<GrpcCode>,
+        failures: GrpcCodes,
+    ) -> Option<Outcome> {
         match (http?, grpc) {
             (Outcome::Success | Outcome::ServerError, Some(GrpcCode::Cancelled)) => None,
-            (Outcome::Success | Outcome::ServerError, Some(code)) if failures.contains(code) => Some(Outcome::GrpcFailure(code)),
+            (Outcome::Success | Outcome::ServerError, Some(code)) if failures.contains(code) => {
+                Some(Outcome::GrpcFailure(code))
+            }
             (Outcome::Success | Outcome::ServerError, Some(_)) => Some(Outcome::Success),
             (http, _) => Some(http),
         }
@@ -132,7 +138,10 @@ impl GrpcCode {
 
     /// The code of a number; `None` outside 0-16.
     pub fn from_number(n: u64) -> Option<GrpcCode> {
-        Self::ALL.iter().map(|(c, _)| *c).find(|c| u64::from(*c as u8) == n)
+        Self::ALL
+            .iter()
+            .map(|(c, _)| *c)
+            .find(|c| u64::from(*c as u8) == n)
     }
 
     /// The code of a canonical name, e.g. `UNAVAILABLE`.
@@ -152,7 +161,9 @@ impl GrpcCode {
         if digits.is_empty() || digits.len() > 10 || !digits.iter().all(u8::is_ascii_digit) {
             return GrpcCode::Internal;
         }
-        let n = digits.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+        let n = digits
+            .iter()
+            .fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
         GrpcCode::from_number(n).unwrap_or(GrpcCode::Unknown)
     }
 }
@@ -184,7 +195,10 @@ impl GrpcCodes {
     }
 
     pub fn iter(self) -> impl Iterator<Item = GrpcCode> {
-        GrpcCode::ALL.into_iter().map(|(c, _)| c).filter(move |c| self.contains(*c))
+        GrpcCode::ALL
+            .into_iter()
+            .map(|(c, _)| c)
+            .filter(move |c| self.contains(*c))
     }
 }
 
@@ -201,7 +215,9 @@ pub fn is_grpc_content_type(value: &[u8]) -> bool {
     const GRPC: &[u8] = b"application/grpc";
     let value = value.trim_ascii();
     match (value.get(..GRPC.len()), value.get(GRPC.len())) {
-        (Some(head), next) => head.eq_ignore_ascii_case(GRPC) && matches!(next, None | Some(b'+' | b';' | b' ')),
+        (Some(head), next) => {
+            head.eq_ignore_ascii_case(GRPC) && matches!(next, None | Some(b'+' | b';' | b' '))
+        }
         (None, _) => false,
     }
 }
@@ -219,9 +235,16 @@ pub struct GrpcResponse {
 impl GrpcResponse {
     /// From the response headers: their `content-type`, and a function reading their
     /// `grpc-status`, called only when the response is gRPC.
-    pub fn from_headers(content_type: Option<&[u8]>, grpc_status: impl FnOnce() -> Option<Vec<u8>>) -> GrpcResponse {
+    pub fn from_headers(
+        content_type: Option<&[u8]>,
+        grpc_status: impl FnOnce() -> Option<Vec<u8>>,
+    ) -> GrpcResponse {
         let is_grpc = content_type.is_some_and(is_grpc_content_type);
-        let status = if is_grpc { grpc_status().map(|v| GrpcCode::parse(&v)) } else { None };
+        let status = if is_grpc {
+            grpc_status().map(|v| GrpcCode::parse(&v))
+        } else {
+            None
+        };
         GrpcResponse { is_grpc, status }
     }
 

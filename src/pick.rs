@@ -51,7 +51,10 @@ impl PickAlgorithm {
 
     /// The name `pick` gives it.
     pub fn name(self) -> &'static str {
-        Self::NAMES.iter().find(|(_, p)| *p == self).map_or("", |(n, _)| n)
+        Self::NAMES
+            .iter()
+            .find(|(_, p)| *p == self)
+            .map_or("", |(n, _)| n)
     }
 }
 
@@ -97,7 +100,11 @@ impl PickTable {
                 table.cumulative.push(total);
             }
         }
-        let floor = if floor.is_finite() { within(floor, 0.0, 1.0) * total } else { 0.0 };
+        let floor = if floor.is_finite() {
+            within(floor, 0.0, 1.0) * total
+        } else {
+            0.0
+        };
         let (mut probes, mut above) = (0.0, 0.0);
         for w in &table.weights {
             let probe = w.min(floor);
@@ -146,28 +153,45 @@ impl PickTable {
         if r >= before_excluded {
             r += w_excluded;
         }
-        let i = self.cumulative.partition_point(|c| *c <= r).min(self.hosts.len() - 1);
+        let i = self
+            .cumulative
+            .partition_point(|c| *c <= r)
+            .min(self.hosts.len() - 1);
         (i != excluded).then_some(i)
     }
 
     /// Weighted power of two choices with the floor as probes (see the module's doc). Each host
     /// is picked with probability close to its share when loads match the shares; `in_flight(i)`
     /// is this worker's count for host `i`.
-    pub fn weighted_p2c(&self, rng: &mut fastrand::Rng, in_flight: impl Fn(usize) -> u32) -> Option<usize> {
+    pub fn weighted_p2c(
+        &self,
+        rng: &mut fastrand::Rng,
+        in_flight: impl Fn(usize) -> u32,
+    ) -> Option<usize> {
         let total = *self.cumulative.last()?;
         let probes = self.probes.last().copied().unwrap_or(0.0);
         let r = rng.f64() * total;
         if r < probes {
-            return Some(self.probes.partition_point(|c| *c <= r).min(self.hosts.len() - 1));
+            return Some(
+                self.probes
+                    .partition_point(|c| *c <= r)
+                    .min(self.hosts.len() - 1),
+            );
         }
-        let Some(a) = draw(&self.above_cumulative, rng) else { return self.weighted(rng) };
+        let Some(a) = draw(&self.above_cumulative, rng) else {
+            return self.weighted(rng);
+        };
         let b = draw(&self.above_cumulative, rng)?;
         let above = |i: usize| self.above.get(i).copied().unwrap_or(0.0);
         let served = |i: usize| self.served.get(i).map_or(0, Cell::get) as f64;
         // Cross-multiplied: no division, and a share of 0 (never drawn) cannot divide by zero.
         let load = |i: usize, other: usize| f64::from(in_flight(i)) * above(other);
         let (la, lb) = (load(a, b), load(b, a));
-        let pick = if lb < la || (lb == la && served(b) * above(a) < served(a) * above(b)) { b } else { a };
+        let pick = if lb < la || (lb == la && served(b) * above(a) < served(a) * above(b)) {
+            b
+        } else {
+            a
+        };
         if let Some(n) = self.served.get(pick) {
             n.set(n.get().saturating_add(1));
         }
@@ -186,7 +210,12 @@ impl PickTable {
     }
 
     /// Picks with `algorithm`; `None` only for an empty table.
-    pub fn pick(&self, algorithm: PickAlgorithm, rng: &mut fastrand::Rng, in_flight: impl Fn(usize) -> u32) -> Option<usize> {
+    pub fn pick(
+        &self,
+        algorithm: PickAlgorithm,
+        rng: &mut fastrand::Rng,
+        in_flight: impl Fn(usize) -> u32,
+    ) -> Option<usize> {
         match algorithm {
             PickAlgorithm::WeightedRandom => self.weighted(rng),
             PickAlgorithm::WeightedP2c => self.weighted_p2c(rng, in_flight),
@@ -203,5 +232,9 @@ fn draw(cumulative: &[f64], rng: &mut fastrand::Rng) -> Option<usize> {
         return None;
     }
     let r = rng.f64() * total;
-    Some(cumulative.partition_point(|c| *c <= r).min(cumulative.len() - 1))
+    Some(
+        cumulative
+            .partition_point(|c| *c <= r)
+            .min(cumulative.len() - 1),
+    )
 }

@@ -68,11 +68,16 @@ impl Default for ManagementConfig {
 }
 
 json_struct!(PathSet { exact, prefix });
-json_struct!(ManagementConfig { paths, allowed_cidrs });
+json_struct!(ManagementConfig {
+    paths,
+    allowed_cidrs
+});
 
 pub fn default_health_paths() -> PathSet {
     PathSet::of(
-        &["/health", "/healthz", "/livez", "/readyz", "/ready", "/status", "/ping"],
+        &[
+            "/health", "/healthz", "/livez", "/readyz", "/ready", "/status", "/ping",
+        ],
         &["/actuator/health"],
     )
 }
@@ -109,15 +114,24 @@ impl CompiledSet {
 }
 
 impl Rules {
-    pub fn compile(health: &PathSet, management: &ManagementConfig, excluded: &PathSet) -> Result<Rules, ConfigError> {
+    pub fn compile(
+        health: &PathSet,
+        management: &ManagementConfig,
+        excluded: &PathSet,
+    ) -> Result<Rules, ConfigError> {
         let allowed = management
             .allowed_cidrs
             .iter()
             .enumerate()
-            .map(|(i, cidr)| parse_network(cidr).ok_or_else(|| ConfigError {
-                field: format!("management.allowed_cidrs[{i}]"),
-                message: format!("must be a CIDR such as 10.0.0.0/8 or an IP address, got {}", quoted(cidr)),
-            }))
+            .map(|(i, cidr)| {
+                parse_network(cidr).ok_or_else(|| ConfigError {
+                    field: format!("management.allowed_cidrs[{i}]"),
+                    message: format!(
+                        "must be a CIDR such as 10.0.0.0/8 or an IP address, got {}",
+                        quoted(cidr)
+                    ),
+                })
+            })
             .collect::<Result<Vec<_>, _>>()?;
         Ok(Rules {
             health: compile_set("health_paths", health)?,
@@ -187,19 +201,28 @@ fn compile_set(field: &str, set: &PathSet) -> Result<CompiledSet, ConfigError> {
             })
             .collect()
     };
-    Ok(CompiledSet { exact: check("exact", &set.exact)?, prefix: check("prefix", &set.prefix)? })
+    Ok(CompiledSet {
+        exact: check("exact", &set.exact)?,
+        prefix: check("prefix", &set.prefix)?,
+    })
 }
 
 const MAX_RULE_PATH: usize = 1024;
 
 fn parse_network(s: &str) -> Option<IpNet> {
-    s.parse::<IpNet>().ok().or_else(|| s.parse::<IpAddr>().ok().map(IpNet::from))
+    s.parse::<IpNet>()
+        .ok()
+        .or_else(|| s.parse::<IpAddr>().ok().map(IpNet::from))
 }
 
 /// An IP from `IP`, `IP:port` or `[IPv6]:port`; IPv4-mapped IPv6 counts as IPv4. Unix socket
 /// paths and anything else give `None`.
 fn parse_ip(s: &str) -> Option<IpAddr> {
-    let ip = s.parse::<SocketAddr>().map(|a| a.ip()).or_else(|_| s.parse::<IpAddr>()).ok()?;
+    let ip = s
+        .parse::<SocketAddr>()
+        .map(|a| a.ip())
+        .or_else(|_| s.parse::<IpAddr>())
+        .ok()?;
     Some(ip.to_canonical())
 }
 
@@ -295,11 +318,23 @@ pub fn normalize_counting(raw: &[u8]) -> (NormalPath<'_>, usize) {
     let mut scanned = 0;
     let path = before_query(raw, &mut scanned);
     if is_normal(path, &mut scanned) {
-        return (NormalPath { bytes: Cow::Borrowed(path), ambiguous: false }, scanned);
+        return (
+            NormalPath {
+                bytes: Cow::Borrowed(path),
+                ambiguous: false,
+            },
+            scanned,
+        );
     }
     let (decoded, still_encoded) = decode(path, &mut scanned);
     let (bytes, odd_byte) = resolve_segments(&decoded, &mut scanned);
-    (NormalPath { bytes: Cow::Owned(bytes), ambiguous: still_encoded || odd_byte }, scanned)
+    (
+        NormalPath {
+            bytes: Cow::Owned(bytes),
+            ambiguous: still_encoded || odd_byte,
+        },
+        scanned,
+    )
 }
 
 /// The path without its query or fragment.
@@ -319,7 +354,9 @@ fn before_query<'p>(raw: &'p [u8], scanned: &mut usize) -> &'p [u8] {
 /// True for the common path that normalising would not change: lower case, digits and `-_~.`,
 /// slash-separated segments none of which is empty, `.` or `..` (a trailing slash is kept).
 fn is_normal(path: &[u8], scanned: &mut usize) -> bool {
-    let plain = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'_' | b'~' | b'.');
+    let plain = |b: u8| {
+        b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'_' | b'~' | b'.')
+    };
     let proper_segment = |s: &[u8]| !matches!(s, b"" | b"." | b"..");
     let mut segment_start = 1;
     for (i, &b) in path.iter().enumerate() {
@@ -338,7 +375,8 @@ fn is_normal(path: &[u8], scanned: &mut usize) -> bool {
         }
     }
     // The last segment may be empty: a trailing slash, or the path "/".
-    path.get(segment_start..).is_some_and(|last| last.is_empty() || proper_segment(last))
+    path.get(segment_start..)
+        .is_some_and(|last| last.is_empty() || proper_segment(last))
 }
 
 /// Percent-decodes `path` up to `MAX_DECODINGS` times, stopping at the first round that finds
@@ -418,7 +456,9 @@ fn escaped_byte(input: &[u8], i: usize) -> Option<u8> {
         _ => None,
     };
     match input.get(i..i.saturating_add(3))? {
-        [b'%', high, low] => Some(hex(*high)? << 4 | hex(*low)?).filter(|v| !matches!(v, b'?' | b'#')),
+        [b'%', high, low] => {
+            Some(hex(*high)? << 4 | hex(*low)?).filter(|v| !matches!(v, b'?' | b'#'))
+        }
         _ => None,
     }
 }
@@ -472,5 +512,8 @@ fn close_segment(out: &mut Vec<u8>, kept: &mut Vec<usize>, start: usize) {
 /// valid client sends but lenient decoders read as ASCII: `C0 AE` as `.`, `E0 80 AF` as `/`.
 fn is_ambiguous_byte(previous: u8, b: u8) -> bool {
     b.is_ascii_control()
-        || matches!((previous, b), (0xC0 | 0xC1, 0x80..=0xBF) | (0xE0, 0x80..=0x9F) | (0xF0, 0x80..=0x8F))
+        || matches!(
+            (previous, b),
+            (0xC0 | 0xC1, 0x80..=0xBF) | (0xE0, 0x80..=0x9F) | (0xF0, 0x80..=0x8F)
+        )
 }

@@ -33,7 +33,10 @@ pub struct Batch {
 
 impl Batch {
     pub fn one(sample_ms: f64) -> Self {
-        Batch { count: 1, sum_ms: sample_ms }
+        Batch {
+            count: 1,
+            sum_ms: sample_ms,
+        }
     }
 
     pub fn add(&mut self, sample_ms: f64) {
@@ -121,10 +124,24 @@ impl Algorithm {
 /// `smoothing`: an `algorithm` and that algorithm's parameters.
 impl FromJson for Smoother {
     fn from_json(value: &Value, path: &str) -> Result<Self, ConfigError> {
-        const PARAMS: [&str; 8] = ["algorithm", "alpha", "tau_ms", "peak_samples", "window", "beta", "short_tau_ms", "long_tau_ms"];
+        const PARAMS: [&str; 8] = [
+            "algorithm",
+            "alpha",
+            "tau_ms",
+            "peak_samples",
+            "window",
+            "beta",
+            "short_tau_ms",
+            "long_tau_ms",
+        ];
         let fields = Fields::of(value, path, &PARAMS)?;
-        let Some(algorithm) = fields.get("algorithm") else { return Err(error(path, "missing field `algorithm`")) };
-        let mut spec = SmoothingSpec { algorithm: variant(algorithm, &fields.path_of("algorithm"), &Algorithm::NAMES)?, ..SmoothingSpec::default() };
+        let Some(algorithm) = fields.get("algorithm") else {
+            return Err(error(path, "missing field `algorithm`"));
+        };
+        let mut spec = SmoothingSpec {
+            algorithm: variant(algorithm, &fields.path_of("algorithm"), &Algorithm::NAMES)?,
+            ..SmoothingSpec::default()
+        };
         fields.read("alpha", &mut spec.alpha)?;
         fields.read("tau_ms", &mut spec.tau_ms)?;
         fields.read("peak_samples", &mut spec.peak_samples)?;
@@ -150,10 +167,18 @@ impl TryFrom<SmoothingSpec> for Smoother {
             ("long_tau_ms", spec.long_tau_ms.is_some()),
         ];
         let (smoother, takes): (Smoother, &[&str]) = match spec.algorithm {
-            Algorithm::Ewma => (Smoother::Ewma { alpha: spec.alpha.unwrap_or(0.3) }, &["alpha"]),
-            Algorithm::DecayEwma => {
-                (Smoother::DecayEwma { tau_ms: spec.tau_ms.unwrap_or(DEFAULT_TAU_MS) }, &["tau_ms"])
-            }
+            Algorithm::Ewma => (
+                Smoother::Ewma {
+                    alpha: spec.alpha.unwrap_or(0.3),
+                },
+                &["alpha"],
+            ),
+            Algorithm::DecayEwma => (
+                Smoother::DecayEwma {
+                    tau_ms: spec.tau_ms.unwrap_or(DEFAULT_TAU_MS),
+                },
+                &["tau_ms"],
+            ),
             Algorithm::PeakEwma => (
                 Smoother::PeakEwma {
                     tau_ms: spec.tau_ms.unwrap_or(DEFAULT_TAU_MS),
@@ -161,10 +186,18 @@ impl TryFrom<SmoothingSpec> for Smoother {
                 },
                 &["tau_ms", "peak_samples"],
             ),
-            Algorithm::Sma => (Smoother::Sma { window: spec.window.unwrap_or(16) }, &["window"]),
-            Algorithm::BiasCorrectedEwma => {
-                (Smoother::BiasCorrectedEwma { beta: spec.beta.unwrap_or(0.9) }, &["beta"])
-            }
+            Algorithm::Sma => (
+                Smoother::Sma {
+                    window: spec.window.unwrap_or(16),
+                },
+                &["window"],
+            ),
+            Algorithm::BiasCorrectedEwma => (
+                Smoother::BiasCorrectedEwma {
+                    beta: spec.beta.unwrap_or(0.9),
+                },
+                &["beta"],
+            ),
             Algorithm::DualEwma => (
                 Smoother::DualEwma {
                     short_tau_ms: spec.short_tau_ms.unwrap_or(1_000),
@@ -173,7 +206,10 @@ impl TryFrom<SmoothingSpec> for Smoother {
                 &["short_tau_ms", "long_tau_ms"],
             ),
         };
-        match given.iter().find(|(name, present)| *present && !takes.contains(name)) {
+        match given
+            .iter()
+            .find(|(name, present)| *present && !takes.contains(name))
+        {
             Some((name, _)) => Err(format!(
                 "`{name}` is not a parameter of `{}`, which takes `{}`",
                 smoother.name(),
@@ -188,21 +224,39 @@ impl From<Smoother> for SmoothingSpec {
     fn from(smoother: Smoother) -> Self {
         let none = SmoothingSpec::default();
         match smoother {
-            Smoother::Ewma { alpha } => SmoothingSpec { algorithm: Algorithm::Ewma, alpha: Some(alpha), ..none },
-            Smoother::DecayEwma { tau_ms } => {
-                SmoothingSpec { algorithm: Algorithm::DecayEwma, tau_ms: Some(tau_ms), ..none }
-            }
-            Smoother::PeakEwma { tau_ms, peak_samples } => SmoothingSpec {
+            Smoother::Ewma { alpha } => SmoothingSpec {
+                algorithm: Algorithm::Ewma,
+                alpha: Some(alpha),
+                ..none
+            },
+            Smoother::DecayEwma { tau_ms } => SmoothingSpec {
+                algorithm: Algorithm::DecayEwma,
+                tau_ms: Some(tau_ms),
+                ..none
+            },
+            Smoother::PeakEwma {
+                tau_ms,
+                peak_samples,
+            } => SmoothingSpec {
                 algorithm: Algorithm::PeakEwma,
                 tau_ms: Some(tau_ms),
                 peak_samples: Some(peak_samples),
                 ..none
             },
-            Smoother::Sma { window } => SmoothingSpec { algorithm: Algorithm::Sma, window: Some(window), ..none },
-            Smoother::BiasCorrectedEwma { beta } => {
-                SmoothingSpec { algorithm: Algorithm::BiasCorrectedEwma, beta: Some(beta), ..none }
-            }
-            Smoother::DualEwma { short_tau_ms, long_tau_ms } => SmoothingSpec {
+            Smoother::Sma { window } => SmoothingSpec {
+                algorithm: Algorithm::Sma,
+                window: Some(window),
+                ..none
+            },
+            Smoother::BiasCorrectedEwma { beta } => SmoothingSpec {
+                algorithm: Algorithm::BiasCorrectedEwma,
+                beta: Some(beta),
+                ..none
+            },
+            Smoother::DualEwma {
+                short_tau_ms,
+                long_tau_ms,
+            } => SmoothingSpec {
                 algorithm: Algorithm::DualEwma,
                 short_tau_ms: Some(short_tau_ms),
                 long_tau_ms: Some(long_tau_ms),
@@ -241,9 +295,17 @@ pub struct Estimate {
 enum Registers {
     #[default]
     None,
-    Window { samples_ms: VecDeque<f64>, sum_ms: f64 },
-    Biased { value_ms: f64 },
-    Dual { short_ms: f64, long_ms: f64 },
+    Window {
+        samples_ms: VecDeque<f64>,
+        sum_ms: f64,
+    },
+    Biased {
+        value_ms: f64,
+    },
+    Dual {
+        short_ms: f64,
+        long_ms: f64,
+    },
 }
 
 impl Estimate {
@@ -285,8 +347,16 @@ impl Smoother {
             // n steps of α; exact when the batch's samples are equal.
             (Smoother::Ewma { alpha }, Some(v)) => blend(v, mean, (1.0 - alpha).powi(n)),
             (Smoother::DecayEwma { tau_ms }, Some(v)) => blend(v, mean, decay(dt_ns, tau_ms)),
-            (Smoother::PeakEwma { tau_ms, .. }, Some(v)) if mean <= v => blend(v, mean, decay(dt_ns, tau_ms)),
-            (Smoother::PeakEwma { tau_ms, peak_samples }, Some(v)) => {
+            (Smoother::PeakEwma { tau_ms, .. }, Some(v)) if mean <= v => {
+                blend(v, mean, decay(dt_ns, tau_ms))
+            }
+            (
+                Smoother::PeakEwma {
+                    tau_ms,
+                    peak_samples,
+                },
+                Some(v),
+            ) => {
                 // The evidence of the batch, or the age of the estimate, whichever is more: after
                 // a silence of several τ (a proxy that sees a host once in seconds) the old value
                 // says little, and one slow answer replaces it as the classic peak would.
@@ -300,11 +370,16 @@ impl Smoother {
                 let total = est.samples.saturating_add(u64::from(batch.count));
                 est.registers.push_biased(mean, beta, n, total)
             }
-            (Smoother::DualEwma { short_tau_ms, long_tau_ms }, _) => est.registers.push_dual(
-                mean,
-                decay(dt_ns, short_tau_ms),
-                decay(dt_ns, long_tau_ms),
-            ),
+            (
+                Smoother::DualEwma {
+                    short_tau_ms,
+                    long_tau_ms,
+                },
+                _,
+            ) => {
+                est.registers
+                    .push_dual(mean, decay(dt_ns, short_tau_ms), decay(dt_ns, long_tau_ms))
+            }
         };
         est.value_ms = Some(value);
         est.samples = est.samples.saturating_add(u64::from(batch.count));
@@ -317,9 +392,14 @@ impl Registers {
     fn push_window(&mut self, mean: f64, count: u32, window: usize) -> f64 {
         let window = window.clamp(1, MAX_SMA_WINDOW);
         if !matches!(self, Registers::Window { .. }) {
-            *self = Registers::Window { samples_ms: VecDeque::with_capacity(window), sum_ms: 0.0 };
+            *self = Registers::Window {
+                samples_ms: VecDeque::with_capacity(window),
+                sum_ms: 0.0,
+            };
         }
-        let Registers::Window { samples_ms, sum_ms } = self else { return mean };
+        let Registers::Window { samples_ms, sum_ms } = self else {
+            return mean;
+        };
         for _ in 0..(count as usize).min(window) {
             samples_ms.push_back(mean);
             *sum_ms += mean;
@@ -340,15 +420,20 @@ impl Registers {
         *self = Registers::Biased { value_ms: biased };
         let t = i32::try_from(total_samples).unwrap_or(i32::MAX);
         let correction = 1.0 - beta.powi(t);
-        if correction > f64::EPSILON { biased / correction } else { mean }
+        if correction > f64::EPSILON {
+            biased / correction
+        } else {
+            mean
+        }
     }
 
     /// Advances both EWMAs of the dual smoother and returns their maximum.
     fn push_dual(&mut self, mean: f64, keep_short: f64, keep_long: f64) -> f64 {
         let (short_ms, long_ms) = match self {
-            Registers::Dual { short_ms, long_ms } => {
-                (blend(*short_ms, mean, keep_short), blend(*long_ms, mean, keep_long))
-            }
+            Registers::Dual { short_ms, long_ms } => (
+                blend(*short_ms, mean, keep_short),
+                blend(*long_ms, mean, keep_long),
+            ),
             _ => (mean, mean),
         };
         *self = Registers::Dual { short_ms, long_ms };
@@ -358,7 +443,10 @@ impl Registers {
 
 impl Default for Smoother {
     fn default() -> Self {
-        Smoother::PeakEwma { tau_ms: DEFAULT_TAU_MS, peak_samples: DEFAULT_PEAK_SAMPLES }
+        Smoother::PeakEwma {
+            tau_ms: DEFAULT_TAU_MS,
+            peak_samples: DEFAULT_PEAK_SAMPLES,
+        }
     }
 }
 

@@ -13,8 +13,6 @@
 //! it (it left the cluster), when the cluster has fewer endpoints than the record has hosts (the
 //! least recently seen go), or after `host_ttl` of silence.
 
-
-
 use serde::{Deserialize, Serialize};
 
 use crate::locality::{self, LocalityParams, ZoneInput};
@@ -62,7 +60,10 @@ impl Accumulator {
     /// Empties the batch, keeping what never changes (the zone), so the next batch of this host
     /// needs no allocation.
     pub fn clear(&mut self) {
-        *self = Accumulator { zone: self.zone.take(), ..Accumulator::default() };
+        *self = Accumulator {
+            zone: self.zone.take(),
+            ..Accumulator::default()
+        };
     }
 }
 
@@ -180,18 +181,21 @@ impl ClusterState {
     }
 
     fn index(&self, address: &str) -> Result<usize, usize> {
-        self.hosts.binary_search_by(|h| h.address.as_str().cmp(address))
+        self.hosts
+            .binary_search_by(|h| h.address.as_str().cmp(address))
     }
 
     pub fn refresh_due(&self, now_ns: u64, policy: &Policy) -> bool {
-        self.table_version == 0 || now_ns.saturating_sub(self.refreshed_ns) >= policy.refresh_interval_ns
+        self.table_version == 0
+            || now_ns.saturating_sub(self.refreshed_ns) >= policy.refresh_interval_ns
     }
 
     /// How many endpoints of the cluster the record does not know: Envoy's count minus the hosts
     /// known to be in it.
     pub fn unknown_endpoints(&self) -> u32 {
         let known = self.hosts.iter().filter(|h| !h.absent).count();
-        self.num_endpoints.saturating_sub(u32::try_from(known).unwrap_or(u32::MAX))
+        self.num_endpoints
+            .saturating_sub(u32::try_from(known).unwrap_or(u32::MAX))
     }
 
     /// Folds one worker's batch in. An ejection or a host that left changes the table at once
@@ -209,19 +213,25 @@ impl ClusterState {
                 continue;
             }
             joined += usize::from(self.index(address).is_err());
-            let Some(host) = self.host_mut_or_insert(address, now_ns, false, policy.max_hosts) else { continue };
+            let Some(host) = self.host_mut_or_insert(address, now_ns, false, policy.max_hosts)
+            else {
+                continue;
+            };
             host.absent = false;
             host.last_seen_ns = now_ns;
             if let Some(zone) = acc.zone.as_deref().filter(|z| *z != host.zone) {
                 host.zone = zone.to_owned();
             }
             let dt_ns = now_ns.saturating_sub(host.latency.updated_ns());
-            policy.smoother.observe(&mut host.latency, &acc.latency, now_ns);
+            policy
+                .smoother
+                .observe(&mut host.latency, &acc.latency, now_ns);
             let rate = f64::from(acc.failures) / f64::from(acc.latency.count);
             let keep = (-(dt_ns as f64) / ERROR_RATE_TAU_NS).exp();
             host.error_rate = keep * host.error_rate + (1.0 - keep) * rate;
             if !host.health.is_ejected(now_ns) {
-                host.health.record(acc.failures, acc.trailing_failures, acc.had_success);
+                host.health
+                    .record(acc.failures, acc.trailing_failures, acc.had_success);
             }
         }
         if removed > 0 {
@@ -232,14 +242,25 @@ impl ClusterState {
             self.bump_version();
         }
         self.complete |= self.num_endpoints > 0 && self.unknown_endpoints() == 0;
-        Merged { ejected: self.eject_failing(now_ns, &policy.outlier), removed, joined, resized }
+        Merged {
+            ejected: self.eject_failing(now_ns, &policy.outlier),
+            removed,
+            joined,
+            resized,
+        }
     }
 
     /// Recomputes the shares: adds the static hosts (and clears the flag of hosts no longer
     /// listed), forgets learned hosts that are silent or surplus, ends elapsed ejections, and
     /// bumps `table_version` when the shares changed. `local_zone` is the proxy's zone.
     /// Returns how many hosts it ejected (a failure count reached during a refresh-only tick).
-    pub fn refresh(&mut self, now_ns: u64, policy: &Policy, static_hosts: &[String], local_zone: Option<&str>) -> usize {
+    pub fn refresh(
+        &mut self,
+        now_ns: u64,
+        policy: &Policy,
+        static_hosts: &[String],
+        local_zone: Option<&str>,
+    ) -> usize {
         // Clear every flag, set the listed ones by search (a scan of the list per host cost
         // 250,000 string comparisons per refresh at 500 static endpoints), then add the missing.
         for host in &mut self.hosts {
@@ -257,7 +278,8 @@ impl ClusterState {
                 host.is_static = true;
             }
         }
-        self.hosts.retain(|h| h.is_static || now_ns.saturating_sub(h.last_seen_ns) < policy.host_ttl_ns);
+        self.hosts
+            .retain(|h| h.is_static || now_ns.saturating_sub(h.last_seen_ns) < policy.host_ttl_ns);
         self.drop_surplus(now_ns, policy.refresh_interval_ns);
         for host in &mut self.hosts {
             if host.health.tick(&policy.outlier, now_ns) {
@@ -286,8 +308,15 @@ impl ClusterState {
                 previous_share: (h.share > 0.0).then_some(h.share),
             })
             .collect();
-        let zones: Vec<ZoneInput> =
-            self.hosts.iter().map(|h| ZoneInput { zone: &h.zone, score_ms: h.latency.value_ms(), ejected: out(h) }).collect();
+        let zones: Vec<ZoneInput> = self
+            .hosts
+            .iter()
+            .map(|h| ZoneInput {
+                zone: &h.zone,
+                score_ms: h.latency.value_ms(),
+                ejected: out(h),
+            })
+            .collect();
         let split = locality::split(&zones, local_zone, &policy.locality);
         let shares = weights::shares_within(&inputs, &policy.weights, split.as_ref());
         let mut changed = self.table_version == 0;
@@ -304,7 +333,11 @@ impl ClusterState {
     /// returns how many.
     fn eject_failing(&mut self, now_ns: u64, params: &OutlierParams) -> usize {
         let budget = ejection_budget(params, self.hosts.len());
-        let mut ejected = self.hosts.iter().filter(|h| h.health.is_ejected(now_ns)).count();
+        let mut ejected = self
+            .hosts
+            .iter()
+            .filter(|h| h.health.is_ejected(now_ns))
+            .count();
         let mut newly = 0;
         for host in &mut self.hosts {
             if ejected >= budget {
@@ -340,7 +373,9 @@ impl ClusterState {
     /// A host Envoy no longer honours picks of: a learned one is dropped, a static one is kept
     /// out of the table until it serves again. Returns whether the table changed.
     fn remove_absent(&mut self, address: &str) -> bool {
-        let Ok(i) = self.index(address) else { return false };
+        let Ok(i) = self.index(address) else {
+            return false;
+        };
         match self.hosts.get_mut(i) {
             Some(h) if h.is_static => {
                 let changed = !h.absent;
@@ -361,7 +396,8 @@ impl ClusterState {
     /// cluster keeps being seen).
     fn drop_surplus(&mut self, now_ns: u64, grace_ns: u64) {
         let present = self.hosts.iter().filter(|h| !h.absent).count();
-        let surplus = present.saturating_sub(usize::try_from(self.num_endpoints).unwrap_or(usize::MAX));
+        let surplus =
+            present.saturating_sub(usize::try_from(self.num_endpoints).unwrap_or(usize::MAX));
         if self.num_endpoints == 0 || surplus == 0 {
             return;
         }
@@ -373,17 +409,29 @@ impl ClusterState {
             .collect();
         silent.sort_unstable();
         silent.truncate(surplus);
-        self.hosts.retain(|h| !silent.iter().any(|(_, a)| *a == h.address));
+        self.hosts
+            .retain(|h| !silent.iter().any(|(_, a)| *a == h.address));
     }
 
     /// The host's entry, created when missing. A full record makes room by forgetting the learned
     /// host seen least recently: the newest endpoints are never the ones left out.
-    fn host_mut_or_insert(&mut self, address: &str, now_ns: u64, is_static: bool, max_hosts: usize) -> Option<&mut HostState> {
+    fn host_mut_or_insert(
+        &mut self,
+        address: &str,
+        now_ns: u64,
+        is_static: bool,
+        max_hosts: usize,
+    ) -> Option<&mut HostState> {
         let i = match self.index(address) {
             Ok(i) => i,
             Err(_) => {
                 if self.hosts.len() >= max_hosts {
-                    let oldest = self.hosts.iter().enumerate().filter(|(_, h)| !h.is_static).min_by_key(|(_, h)| h.last_seen_ns);
+                    let oldest = self
+                        .hosts
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, h)| !h.is_static)
+                        .min_by_key(|(_, h)| h.last_seen_ns);
                     let (victim, _) = oldest?;
                     self.hosts.remove(victim);
                 }
@@ -396,7 +444,10 @@ impl ClusterState {
                     // 0: fully ramped from the start (see `complete`); a ramp that starts at the
                     // record's time 0 starts at 1.
                     active_since_ns: if joined { now_ns.max(1) } else { 0 },
-                    health: Health { healthy_since_ns: now_ns, ..Health::default() },
+                    health: Health {
+                        healthy_since_ns: now_ns,
+                        ..Health::default()
+                    },
                     ..HostState::default()
                 };
                 self.hosts.insert(i, host);

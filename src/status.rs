@@ -86,7 +86,8 @@ impl<'a> ClusterStatus<'a> {
         ClusterStatus {
             cluster,
             table_version: state.table_version,
-            refreshed_ms_ago: (state.table_version > 0).then(|| ns_to_whole_ms(now_ns.saturating_sub(state.refreshed_ns))),
+            refreshed_ms_ago: (state.table_version > 0)
+                .then(|| ns_to_whole_ms(now_ns.saturating_sub(state.refreshed_ns))),
             endpoints: (state.num_endpoints > 0).then_some(state.num_endpoints),
             unknown_endpoints: state.unknown_endpoints(),
             hosts: state
@@ -101,7 +102,9 @@ impl<'a> ClusterStatus<'a> {
                     error_rate: h.error_rate,
                     state: HostPhase::of(h, now_ns, slow_start_ns),
                     consecutive_failures: h.health.consecutive_failures,
-                    ejected_for_ms: ns_to_whole_ms(h.health.ejected_until_ns.saturating_sub(now_ns)),
+                    ejected_for_ms: ns_to_whole_ms(
+                        h.health.ejected_until_ns.saturating_sub(now_ns),
+                    ),
                     in_flight: in_flight(&h.address),
                 })
                 .collect(),

@@ -48,7 +48,9 @@ pub fn key(namespace: &str, cluster: &str) -> String {
 /// encoding (a field added to the policy is fingerprinted without anyone remembering to).
 pub fn namespace(policy: &Policy) -> String {
     let bytes = postcard::to_allocvec(policy).unwrap_or_default();
-    let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3));
+    let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    });
     format!("{hash:016x}")
 }
 
@@ -74,7 +76,9 @@ impl std::fmt::Display for DecodeError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             DecodeError::NotOurs => write!(f, "not an ewma-lb record"),
-            DecodeError::OtherVersion(v) => write!(f, "record format {v}, expected {FORMAT_VERSION}"),
+            DecodeError::OtherVersion(v) => {
+                write!(f, "record format {v}, expected {FORMAT_VERSION}")
+            }
             DecodeError::Corrupt(why) => write!(f, "corrupt record: {why}"),
         }
     }
@@ -95,14 +99,20 @@ pub fn encode(state: &ClusterState) -> Vec<u8> {
 /// The record in `bytes`, if it is one of ours, of this format, with at most `max_hosts` hosts.
 pub fn decode(bytes: &[u8], max_hosts: usize) -> Result<ClusterState, DecodeError> {
     let max_hosts = max_hosts.min(MAX_RECORD_HOSTS);
-    let body = bytes.strip_prefix(MAGIC.as_slice()).ok_or(DecodeError::NotOurs)?;
+    let body = bytes
+        .strip_prefix(MAGIC.as_slice())
+        .ok_or(DecodeError::NotOurs)?;
     let (&version, body) = body.split_first().ok_or(DecodeError::NotOurs)?;
     if version != FORMAT_VERSION {
         return Err(DecodeError::OtherVersion(version));
     }
-    let state: ClusterState = postcard::from_bytes(body).map_err(|e| DecodeError::Corrupt(e.to_string()))?;
+    let state: ClusterState =
+        postcard::from_bytes(body).map_err(|e| DecodeError::Corrupt(e.to_string()))?;
     if state.hosts.len() > max_hosts {
-        return Err(DecodeError::Corrupt(format!("{} hosts, limit {max_hosts}", state.hosts.len())));
+        return Err(DecodeError::Corrupt(format!(
+            "{} hosts, limit {max_hosts}",
+            state.hosts.len()
+        )));
     }
     Ok(state)
 }
@@ -131,7 +141,10 @@ pub enum SyncError {
 impl std::fmt::Display for SyncError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            SyncError::Contended => write!(f, "every one of {MAX_CAS_ATTEMPTS} compare-and-swaps lost to another VM"),
+            SyncError::Contended => write!(
+                f,
+                "every one of {MAX_CAS_ATTEMPTS} compare-and-swaps lost to another VM"
+            ),
             SyncError::Store(why) => write!(f, "shared data: {why}"),
         }
     }
@@ -174,7 +187,9 @@ pub fn sync_cluster(
 ) -> Result<Synced, SyncError> {
     let policy = ctx.policy;
     for _ in 0..MAX_CAS_ATTEMPTS {
-        let (bytes, cas) = store.get(ctx.key).map_err(|e| SyncError::Store(e.to_string()))?;
+        let (bytes, cas) = store
+            .get(ctx.key)
+            .map_err(|e| SyncError::Store(e.to_string()))?;
         let (mut state, replaced) = match bytes.map(|b| decode(&b, policy.max_hosts)) {
             Some(Ok(state)) => (state, None),
             // Not a record this build can read in our own key: corrupt. Rebuilt, and reported.
@@ -188,7 +203,10 @@ pub fn sync_cluster(
             }
         };
         // A fresh record has no time yet: this VM's own clock starts it.
-        let now_ns = clock.now(ctx.steady_ns, (state.clock_ns > 0).then_some(state.clock_ns));
+        let now_ns = clock.now(
+            ctx.steady_ns,
+            (state.clock_ns > 0).then_some(state.clock_ns),
+        );
         state.clock_ns = now_ns;
         let merged = state.merge(batch, now_ns, policy);
         let mut ejected = merged.ejected;
@@ -197,10 +215,22 @@ pub fn sync_cluster(
             ejected += state.refresh(now_ns, policy, ctx.static_hosts, ctx.local_zone);
         }
         if batch.is_empty() && !refreshed && ejected == 0 && replaced.is_none() {
-            return Ok(Synced { state, refreshed, ejected, replaced });
+            return Ok(Synced {
+                state,
+                refreshed,
+                ejected,
+                replaced,
+            });
         }
         match store.set(ctx.key, &encode(&state), cas) {
-            Ok(()) => return Ok(Synced { state, refreshed, ejected, replaced }),
+            Ok(()) => {
+                return Ok(Synced {
+                    state,
+                    refreshed,
+                    ejected,
+                    replaced,
+                })
+            }
             Err(StoreError::CasMismatch) => continue,
             Err(StoreError::Other(e)) => return Err(SyncError::Store(e)),
         }

@@ -106,7 +106,10 @@ impl Metric {
         match self {
             Metric::BuildInfo => &BUILD_LABELS,
             Metric::FallbackRequests => &[CLUSTER_LABEL, "reason"],
-            Metric::HostWeight | Metric::HostLatency | Metric::HostInFlight | Metric::HostEjected => &[CLUSTER_LABEL, "host"],
+            Metric::HostWeight
+            | Metric::HostLatency
+            | Metric::HostInFlight
+            | Metric::HostEjected => &[CLUSTER_LABEL, "host"],
             Metric::SteeredRequests
             | Metric::ManagementDeniedRequests
             | Metric::Ejections
@@ -160,7 +163,10 @@ pub const BUILD: Build = Build {
 impl Build {
     /// `(label, value)` of `ewma_lb_build_info`, in [`Metric::labels`] order.
     pub fn labels(&self) -> [(&'static str, &'static str); 2] {
-        [(BUILD_LABELS[0], self.version), (BUILD_LABELS[1], self.commit)]
+        [
+            (BUILD_LABELS[0], self.version),
+            (BUILD_LABELS[1], self.commit),
+        ]
     }
 }
 

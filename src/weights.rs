@@ -81,8 +81,17 @@ pub fn shares(hosts: &[HostInput], params: &WeightParams) -> Vec<f64> {
 /// [`shares`] with the zones' split: local hosts share `split.local_share` of the traffic by
 /// their weights, remote ones the rest (`locality`). The floor and the damping bound still hold
 /// for every host, so a zone's traffic moves as gradually as a host's.
-pub fn shares_within(hosts: &[HostInput], params: &WeightParams, split: Option<&Split>) -> Vec<f64> {
-    let median = median(hosts.iter().filter(|h| !h.ejected).filter_map(|h| h.score_ms));
+pub fn shares_within(
+    hosts: &[HostInput],
+    params: &WeightParams,
+    split: Option<&Split>,
+) -> Vec<f64> {
+    let median = median(
+        hosts
+            .iter()
+            .filter(|h| !h.ejected)
+            .filter_map(|h| h.score_ms),
+    );
     let mut targets: Vec<f64> = hosts
         .iter()
         .map(|h| {
@@ -108,15 +117,21 @@ pub fn shares_within(hosts: &[HostInput], params: &WeightParams, split: Option<&
     let bounds = |damped: bool| -> Vec<(f64, f64)> {
         hosts
             .iter()
-            .map(|h| match (h.ejected, h.previous_share.filter(|p| *p > 0.0 && damped)) {
-                (true, _) => (0.0, 0.0),
-                (false, Some(prev)) => ((prev / ratio).max(floor), within(prev * ratio, floor, 1.0)),
-                (false, None) => (floor, 1.0),
-            })
+            .map(
+                |h| match (h.ejected, h.previous_share.filter(|p| *p > 0.0 && damped)) {
+                    (true, _) => (0.0, 0.0),
+                    (false, Some(prev)) => {
+                        ((prev / ratio).max(floor), within(prev * ratio, floor, 1.0))
+                    }
+                    (false, None) => (floor, 1.0),
+                },
+            )
             .collect()
     };
     let mut limits = bounds(true);
-    let (lo_sum, hi_sum) = limits.iter().fold((0.0, 0.0), |(l, h), (lo, hi)| (l + lo, h + hi));
+    let (lo_sum, hi_sum) = limits
+        .iter()
+        .fold((0.0, 0.0), |(l, h), (lo, hi)| (l + lo, h + hi));
     if lo_sum > 1.0 || hi_sum < 1.0 {
         // Hosts came or went (ejections): the damping bounds cannot all hold; the floor can.
         limits = bounds(false);
@@ -134,13 +149,24 @@ pub fn floor(params: &WeightParams, live: usize) -> f64 {
 /// Rescales the targets so the local ones sum to `local_share` and the remote ones to the rest,
 /// each side keeping its proportions.
 fn apportion(targets: &mut [f64], split: &Split) {
-    let sum = |local: bool| -> f64 { targets.iter().zip(&split.is_local).filter(|(_, l)| **l == local).map(|(t, _)| t).sum() };
+    let sum = |local: bool| -> f64 {
+        targets
+            .iter()
+            .zip(&split.is_local)
+            .filter(|(_, l)| **l == local)
+            .map(|(t, _)| t)
+            .sum()
+    };
     let (local_sum, remote_sum) = (sum(true), sum(false));
     if local_sum <= 0.0 || remote_sum <= 0.0 {
         return;
     }
     for (t, local) in targets.iter_mut().zip(&split.is_local) {
-        *t *= if *local { split.local_share / local_sum } else { (1.0 - split.local_share) / remote_sum };
+        *t *= if *local {
+            split.local_share / local_sum
+        } else {
+            (1.0 - split.local_share) / remote_sum
+        };
     }
 }
 
@@ -158,7 +184,9 @@ fn settle(targets: &mut [f64], hosts: &[HostInput], params: &WeightParams) {
     }
     for (t, h) in targets.iter_mut().zip(hosts) {
         let ramping = params.slow_start_ns > 0 && h.active_for_ns < params.slow_start_ns;
-        let Some(share) = h.previous_share.filter(|p| *p > 0.0) else { continue };
+        let Some(share) = h.previous_share.filter(|p| *p > 0.0) else {
+            continue;
+        };
         if h.ejected || ramping || *t <= 0.0 {
             continue;
         }
@@ -177,9 +205,16 @@ fn settle(targets: &mut [f64], hosts: &[HostInput], params: &WeightParams) {
 /// targets that keeps every bound.
 fn fit(targets: &[f64], limits: &[(f64, f64)]) -> Vec<f64> {
     let total: f64 = targets.iter().sum();
-    let targets: Vec<f64> = targets.iter().map(|t| if total > 0.0 { t / total } else { 0.0 }).collect();
+    let targets: Vec<f64> = targets
+        .iter()
+        .map(|t| if total > 0.0 { t / total } else { 0.0 })
+        .collect();
     let at = |lambda: f64| -> f64 {
-        targets.iter().zip(limits).map(|(t, (lo, hi))| within(lambda * t, *lo, *hi)).sum()
+        targets
+            .iter()
+            .zip(limits)
+            .map(|(t, (lo, hi))| within(lambda * t, *lo, *hi))
+            .sum()
     };
     let (mut below, mut above) = (0.0, 1.0);
     for _ in 0..64 {
@@ -197,7 +232,11 @@ fn fit(targets: &[f64], limits: &[(f64, f64)]) -> Vec<f64> {
             above = mid;
         }
     }
-    let mut out: Vec<f64> = targets.iter().zip(limits).map(|(t, (lo, hi))| within(above * t, *lo, *hi)).collect();
+    let mut out: Vec<f64> = targets
+        .iter()
+        .zip(limits)
+        .map(|(t, (lo, hi))| within(above * t, *lo, *hi))
+        .collect();
     // What bisection leaves (≤ 1e-12) is rounding; renormalise it away.
     let sum: f64 = out.iter().sum();
     if sum > 0.0 {
@@ -217,7 +256,11 @@ fn ramp(active_for_ns: u64, params: &WeightParams) -> f64 {
         return 1.0;
     }
     let progress = active_for_ns as f64 / params.slow_start_ns as f64;
-    within(progress, within(params.slow_start_min_factor, 0.0, 1.0), 1.0)
+    within(
+        progress,
+        within(params.slow_start_min_factor, 0.0, 1.0),
+        1.0,
+    )
 }
 
 /// The median of the finite scores; `None` when there is none.

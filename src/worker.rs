@@ -90,7 +90,12 @@ impl Decision {
         match self {
             Decision::Override(_) => true,
             Decision::Fallback(reason) => {
-                matches!(reason, FallbackReason::Exploring | FallbackReason::TableNotReady | FallbackReason::Shadow)
+                matches!(
+                    reason,
+                    FallbackReason::Exploring
+                        | FallbackReason::TableNotReady
+                        | FallbackReason::Shadow
+                )
             }
             Decision::Deny | Decision::Status => false,
         }
@@ -222,7 +227,9 @@ impl LocalCluster {
     /// The batch of `host`, created while there is room.
     fn host_batch(&mut self, host: &str) -> Option<&mut crate::state::Accumulator> {
         if !self.batch.hosts.contains_key(host) && self.batch.hosts.len() < MAX_PENDING_HOSTS {
-            self.batch.hosts.insert(host.to_owned(), crate::state::Accumulator::default());
+            self.batch
+                .hosts
+                .insert(host.to_owned(), crate::state::Accumulator::default());
         }
         self.batch.hosts.get_mut(host)
     }
@@ -260,7 +267,9 @@ pub struct Worker {
 
 impl Worker {
     pub fn new(config: Config, seed: u64) -> Self {
-        let max_gap_ns = u64::try_from(config.tick_period().as_nanos()).unwrap_or(u64::MAX).saturating_mul(2);
+        let max_gap_ns = u64::try_from(config.tick_period().as_nanos())
+            .unwrap_or(u64::MAX)
+            .saturating_mul(2);
         let mut worker = Worker {
             namespace: sync::namespace(config.policy()),
             clock: VmClock::new(max_gap_ns.max(MIN_CLOCK_GAP_NS)),
@@ -305,7 +314,11 @@ impl Worker {
     /// Decides what happens to a request: the path rules first, then the pick. `source` gives
     /// Envoy's `source.address` (the client as its connection manager determined it); it is
     /// asked for only on guarded paths.
-    pub fn route(&mut self, request: &Request, source: impl FnOnce() -> Option<String>) -> Decision {
+    pub fn route(
+        &mut self,
+        request: &Request,
+        source: impl FnOnce() -> Option<String>,
+    ) -> Decision {
         let decision = self.decide(request, source);
         let counts = self.counts_of(request.cluster);
         match (&decision, counts) {
@@ -339,7 +352,9 @@ impl Worker {
             PathClass::Management => Decision::Deny,
             PathClass::Excluded => Decision::Fallback(FallbackReason::Excluded),
             PathClass::Business => match request.cluster {
-                Some(cluster) if !self.config.steers(cluster) => Decision::Fallback(FallbackReason::UnlistedCluster),
+                Some(cluster) if !self.config.steers(cluster) => {
+                    Decision::Fallback(FallbackReason::UnlistedCluster)
+                }
                 Some(cluster) if self.config.shadow() => {
                     if let Some(local) = local_entry(&mut self.clusters, cluster) {
                         local.used = true;
@@ -354,7 +369,12 @@ impl Worker {
 
     /// Chooses where a request to `cluster` goes. Per request: local data only.
     pub fn pick(&mut self, cluster: &str) -> Decision {
-        let Worker { config, rng, clusters, .. } = self;
+        let Worker {
+            config,
+            rng,
+            clusters,
+            ..
+        } = self;
         let Some(local) = local_entry(clusters, cluster) else {
             return Decision::Fallback(FallbackReason::TableNotReady);
         };
@@ -372,11 +392,21 @@ impl Worker {
         let Some(host) = local.table.host(first).cloned() else {
             return Decision::Fallback(FallbackReason::TableNotReady);
         };
-        let alternative = local.table.weighted_except(rng, first).and_then(|i| local.table.host(i)).cloned();
+        let alternative = local
+            .table
+            .weighted_except(rng, first)
+            .and_then(|i| local.table.host(i))
+            .cloned();
         match local.in_flight.get_mut(&*host) {
             Some(n) => n.now += 1,
             None => {
-                local.in_flight.insert(host.clone(), InFlight { now: 1, reported: 0 });
+                local.in_flight.insert(
+                    host.clone(),
+                    InFlight {
+                        now: 1,
+                        reported: 0,
+                    },
+                );
             }
         }
         Decision::Override(Pick { host, alternative })
@@ -385,7 +415,11 @@ impl Worker {
     /// Undoes a pick that never took effect (the host refused the header): the request is the
     /// fallback's, not in flight to the picked host and not steered.
     pub fn cancel(&mut self, cluster: &str, pick: &Pick) {
-        if let Some(n) = self.clusters.get_mut(cluster).and_then(|c| c.in_flight.get_mut(&*pick.host)) {
+        if let Some(n) = self
+            .clusters
+            .get_mut(cluster)
+            .and_then(|c| c.in_flight.get_mut(&*pick.host))
+        {
             n.now = n.now.saturating_sub(1);
         }
         if let Some(c) = self.counts.get_mut(cluster) {
@@ -396,13 +430,21 @@ impl Worker {
     /// Whether the adapter should read `upstream.num_endpoints` for a request of `cluster`
     /// finishing now: once a tick is enough.
     pub fn wants_endpoint_count(&self, cluster: &str) -> bool {
-        self.clusters.get(cluster).is_some_and(|c| c.batch.num_endpoints.is_none())
+        self.clusters
+            .get(cluster)
+            .is_some_and(|c| c.batch.num_endpoints.is_none())
     }
 
     /// Whether the adapter should read the zone of `host` (not known yet).
     pub fn wants_zone(&self, cluster: &str, host: &str) -> bool {
-        let Some(local) = self.clusters.get(cluster) else { return false };
-        let batched = local.batch.hosts.get(host).is_some_and(|a| a.zone.is_some());
+        let Some(local) = self.clusters.get(cluster) else {
+            return false;
+        };
+        let batched = local
+            .batch
+            .hosts
+            .get(host)
+            .is_some_and(|a| a.zone.is_some());
         !batched && local.snapshot.host(host).is_none_or(|h| h.zone.is_empty())
     }
 
@@ -410,7 +452,9 @@ impl Worker {
     pub fn finish(&mut self, cluster: &str, done: &Finished) {
         let penalty_ms = self.config.failure_penalty_ms();
         let local_zone = self.local_zone.as_deref().filter(|z| !z.is_empty());
-        let Some(local) = local_entry(&mut self.clusters, cluster) else { return };
+        let Some(local) = local_entry(&mut self.clusters, cluster) else {
+            return;
+        };
         local.used = true;
         if let Some(n) = done.num_endpoints {
             local.batch.num_endpoints = Some(n);
@@ -433,8 +477,11 @@ impl Worker {
                 }
             }
         }
-        let outcome = Outcome::with_grpc(done.outcome, done.grpc_status, self.config.grpc_failures());
-        let (Some(host), Some(outcome)) = (done.served_by, outcome) else { return };
+        let outcome =
+            Outcome::with_grpc(done.outcome, done.grpc_status, self.config.grpc_failures());
+        let (Some(host), Some(outcome)) = (done.served_by, outcome) else {
+            return;
+        };
         // The zone as reported now, or as this VM's batch or the record already know it (the
         // adapter reads it once per host: see `wants_zone`).
         let remote = local_zone.is_some_and(|mine| {
@@ -470,7 +517,13 @@ impl Worker {
         let slow_start_ns = policy.weights.slow_start_ns;
         for (name, local) in &mut self.clusters {
             let key = sync::key(&self.namespace, name);
-            let ctx = SyncContext { key: &key, static_hosts: self.config.static_endpoints(name), policy, local_zone, steady_ns };
+            let ctx = SyncContext {
+                key: &key,
+                static_hosts: self.config.static_endpoints(name),
+                policy,
+                local_zone,
+                steady_ns,
+            };
             match sync_cluster(store, &ctx, &local.batch, &mut local.clock) {
                 Ok(sync) => {
                     local.batch.clear();
@@ -481,7 +534,12 @@ impl Worker {
                     }
                     report.refreshed += usize::from(sync.refreshed);
                     if sync.ejected > 0 {
-                        report.metrics.push(update(Metric::Ejections, name, None, Change::Add(sync.ejected as i64)));
+                        report.metrics.push(update(
+                            Metric::Ejections,
+                            name,
+                            None,
+                            Change::Add(sync.ejected as i64),
+                        ));
                     }
                     if let Some(e) = sync.replaced {
                         if let Some(c) = counts_entry(&mut self.counts, name) {
@@ -492,11 +550,22 @@ impl Worker {
                             report.bad_records.push((name.clone(), e));
                         }
                     }
-                    explore_share(local, &sync.state, self.config.exploration_share(), steady_ns);
+                    explore_share(
+                        local,
+                        &sync.state,
+                        self.config.exploration_share(),
+                        steady_ns,
+                    );
                     if sync.state.table_version != local.table_version {
                         adopt(local, &sync.state, &policy.weights);
                         report.adopted.push((name.clone(), local.table_version));
-                        host_gauges(name, &local.snapshot, &sync.state, slow_start_ns, &mut report.metrics);
+                        host_gauges(
+                            name,
+                            &local.snapshot,
+                            &sync.state,
+                            slow_start_ns,
+                            &mut report.metrics,
+                        );
                     }
                     local.snapshot = sync.state;
                 }
@@ -521,7 +590,10 @@ impl Worker {
                 local.last_used_ns = steady_ns;
             }
             let idle = steady_ns.saturating_sub(local.last_used_ns) >= idle_after_ns
-                && local.in_flight.values().all(|n| n.now == 0 && n.reported == 0)
+                && local
+                    .in_flight
+                    .values()
+                    .all(|n| n.now == 0 && n.reported == 0)
                 && config.static_endpoints(name).is_empty();
             if idle {
                 counts.remove(name.as_str());
@@ -543,26 +615,44 @@ impl Worker {
             .clusters
             .iter()
             .map(|(name, local)| {
-                let now_ns = local.clock.estimate(steady_ns).unwrap_or(local.snapshot.clock_ns);
-                ClusterStatus::new(name, &local.snapshot, now_ns, slow_start_ns, |h| local.in_flight(h))
+                let now_ns = local
+                    .clock
+                    .estimate(steady_ns)
+                    .unwrap_or(local.snapshot.clock_ns);
+                ClusterStatus::new(name, &local.snapshot, now_ns, slow_start_ns, |h| {
+                    local.in_flight(h)
+                })
             })
             .collect();
-        let status = Status { build: crate::telemetry::BUILD, shadow: self.config.shadow(), local_zone: self.local_zone(), clusters };
+        let status = Status {
+            build: crate::telemetry::BUILD,
+            shadow: self.config.shadow(),
+            local_zone: self.local_zone(),
+            clusters,
+        };
         serde_json::to_string_pretty(&status).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
     }
 
     /// `host=share` (in parts per million) for every host of the table this worker last adopted
     /// for `cluster`, for logs.
     pub fn table_summary(&self, cluster: &str) -> String {
-        let Some(local) = self.clusters.get(cluster) else { return String::new() };
-        let shares: Vec<String> =
-            local.snapshot.hosts.iter().map(|h| format!("{}={}ppm", h.address, share_to_ppm(h.share))).collect();
+        let Some(local) = self.clusters.get(cluster) else {
+            return String::new();
+        };
+        let shares: Vec<String> = local
+            .snapshot
+            .hosts
+            .iter()
+            .map(|h| format!("{}={}ppm", h.address, share_to_ppm(h.share)))
+            .collect();
         shares.join(" ")
     }
 
     /// The last shared record seen of each cluster.
     pub fn snapshots(&self) -> impl Iterator<Item = (&str, &ClusterState)> {
-        self.clusters.iter().map(|(name, c)| (name.as_str(), &c.snapshot))
+        self.clusters
+            .iter()
+            .map(|(name, c)| (name.as_str(), &c.snapshot))
     }
 
     /// This worker's in-flight count for a host.
@@ -589,7 +679,10 @@ fn counts_entry<'a>(counts: &'a mut Map<String, Counts>, label: &str) -> Option<
 }
 
 /// The local entry of `cluster`, created on first sight while there is room.
-fn local_entry<'a>(clusters: &'a mut Map<String, LocalCluster>, cluster: &str) -> Option<&'a mut LocalCluster> {
+fn local_entry<'a>(
+    clusters: &'a mut Map<String, LocalCluster>,
+    cluster: &str,
+) -> Option<&'a mut LocalCluster> {
     if !clusters.contains_key(cluster) && clusters.len() < MAX_CLUSTERS {
         clusters.insert(cluster.to_owned(), LocalCluster::default());
     }
@@ -601,7 +694,10 @@ fn local_entry<'a>(clusters: &'a mut Map<String, LocalCluster>, cluster: &str) -
 fn adopt(local: &mut LocalCluster, state: &ClusterState, weights: &WeightParams) {
     let live = state.hosts.iter().filter(|h| h.share > 0.0).count();
     let floor = crate::weights::floor(weights, live);
-    local.table = PickTable::with_floor(state.hosts.iter().map(|h| (h.address.as_str(), h.share)), floor);
+    local.table = PickTable::with_floor(
+        state.hosts.iter().map(|h| (h.address.as_str(), h.share)),
+        floor,
+    );
     local.table_version = state.table_version;
 }
 
@@ -621,7 +717,11 @@ pub const LEARNING_SHARE: f64 = 0.5;
 /// a few of its requests. An endpoint that is never met (one Envoy counts but does not route to)
 /// costs that half only for the window, then its fraction.
 fn explore_share(local: &mut LocalCluster, state: &ClusterState, configured: f64, now_ns: u64) {
-    let unknown = if state.num_endpoints > 0 { state.unknown_endpoints() } else { 0 };
+    let unknown = if state.num_endpoints > 0 {
+        state.unknown_endpoints()
+    } else {
+        0
+    };
     if unknown > local.unknown_seen {
         local.learning_since_ns = now_ns;
     }
@@ -637,18 +737,38 @@ fn explore_share(local: &mut LocalCluster, state: &ClusterState, configured: f64
 }
 
 fn update(metric: Metric, cluster: &str, label: Option<&str>, change: Change) -> Update {
-    Update { metric, cluster: cluster.to_owned(), label: label.map(str::to_owned), change }
+    Update {
+        metric,
+        cluster: cluster.to_owned(),
+        label: label.map(str::to_owned),
+        change,
+    }
 }
 
 /// The per-host gauges of a newly adopted table, and zeros for the hosts that left it. Every VM
 /// adopts the same table, so they all set the same values.
-fn host_gauges(cluster: &str, old: &ClusterState, new: &ClusterState, slow_start_ns: u64, out: &mut Vec<Update>) {
+fn host_gauges(
+    cluster: &str,
+    old: &ClusterState,
+    new: &ClusterState,
+    slow_start_ns: u64,
+    out: &mut Vec<Update>,
+) {
     const HOST_GAUGES: [Metric; 3] = [Metric::HostWeight, Metric::HostLatency, Metric::HostEjected];
     for h in &new.hosts {
         let ejected = HostPhase::of(h, new.clock_ns, slow_start_ns) == HostPhase::Ejected;
         let latency_us = h.latency.value_ms().map_or(0, ms_to_whole_us);
-        for (metric, value) in HOST_GAUGES.into_iter().zip([share_to_ppm(h.share), latency_us, u64::from(ejected)]) {
-            out.push(update(metric, cluster, Some(&h.address), Change::Set(value)));
+        for (metric, value) in
+            HOST_GAUGES
+                .into_iter()
+                .zip([share_to_ppm(h.share), latency_us, u64::from(ejected)])
+        {
+            out.push(update(
+                metric,
+                cluster,
+                Some(&h.address),
+                Change::Set(value),
+            ));
         }
     }
     // Both sorted by address: one walk finds the hosts that left.
@@ -662,7 +782,12 @@ fn host_gauges(cluster: &str, old: &ClusterState, new: &ClusterState, slow_start
             out.push(update(metric, cluster, Some(&gone.address), Change::Set(0)));
         }
     }
-    out.push(update(Metric::UnknownEndpoints, cluster, None, Change::Set(u64::from(new.unknown_endpoints()))));
+    out.push(update(
+        Metric::UnknownEndpoints,
+        cluster,
+        None,
+        Change::Set(u64::from(new.unknown_endpoints())),
+    ));
 }
 
 /// Moves the shared in-flight gauge by this worker's change since the last tick.
@@ -670,7 +795,12 @@ fn in_flight_updates(cluster: &str, local: &mut LocalCluster, out: &mut Vec<Upda
     for (host, n) in &mut local.in_flight {
         if n.now != n.reported {
             let delta = i64::from(n.now) - i64::from(n.reported);
-            out.push(update(Metric::HostInFlight, cluster, Some(host), Change::Add(delta)));
+            out.push(update(
+                Metric::HostInFlight,
+                cluster,
+                Some(host),
+                Change::Add(delta),
+            ));
             n.reported = n.now;
         }
     }
@@ -678,7 +808,11 @@ fn in_flight_updates(cluster: &str, local: &mut LocalCluster, out: &mut Vec<Upda
 
 /// Whether two records list the same hosts (both are sorted by address).
 fn same_hosts(a: &ClusterState, b: &ClusterState) -> bool {
-    a.hosts.len() == b.hosts.len() && a.hosts.iter().zip(&b.hosts).all(|(x, y)| x.address == y.address)
+    a.hosts.len() == b.hosts.len()
+        && a.hosts
+            .iter()
+            .zip(&b.hosts)
+            .all(|(x, y)| x.address == y.address)
 }
 
 /// Forgets the batch entries of hosts no longer in `record`, and the in-flight entries of those
@@ -687,8 +821,13 @@ fn same_hosts(a: &ClusterState, b: &ClusterState) -> bool {
 /// the tick. (The batch is a hash map, so each entry is looked up in the record, whose hosts
 /// are sorted.)
 fn forget_departed(local: &mut LocalCluster, record: &ClusterState) {
-    local.batch.hosts.retain(|host, _| record.host(host).is_some());
-    local.in_flight.retain(|host, n| n.now > 0 || n.reported > 0 || record.host(host).is_some());
+    local
+        .batch
+        .hosts
+        .retain(|host, _| record.host(host).is_some());
+    local
+        .in_flight
+        .retain(|host, n| n.now > 0 || n.reported > 0 || record.host(host).is_some());
 }
 
 /// The counters as counter increments, then zeroed.
@@ -704,7 +843,12 @@ fn count_updates(cluster: &str, counts: &mut Counts, out: &mut Vec<Update>) {
     }
     for (reason, n) in FallbackReason::ALL.iter().zip(&counts.fallback) {
         if *n > 0 {
-            out.push(update(Metric::FallbackRequests, cluster, Some(reason.label()), Change::Add(*n as i64)));
+            out.push(update(
+                Metric::FallbackRequests,
+                cluster,
+                Some(reason.label()),
+                Change::Add(*n as i64),
+            ));
         }
     }
     *counts = Counts::default();

@@ -73,7 +73,15 @@ fn allocations(f: impl FnOnce()) -> u64 {
 /// One steered request: route, then finish as the adapter's `on_log` does. Returns the host the
 /// plugin picked, if it steered the request.
 fn request(w: &mut Worker, path: &str, latency_ms: f64) -> Option<Rc<str>> {
-    let Decision::Override(pick) = w.route(&Request { path: path.as_bytes(), cluster: Some(CLUSTER) }, || None) else { return None };
+    let Decision::Override(pick) = w.route(
+        &Request {
+            path: path.as_bytes(),
+            cluster: Some(CLUSTER),
+        },
+        || None,
+    ) else {
+        return None;
+    };
     let done = Finished {
         picked: Some(&pick.host),
         served_by: Some(&pick.host),
@@ -89,7 +97,9 @@ fn request(w: &mut Worker, path: &str, latency_ms: f64) -> Option<Rc<str>> {
 /// A worker over `hosts` (static endpoints, no exploration) after ten ticks of `per_tick`
 /// requests each: every host picked and sampled, samples merged, a few tables adopted.
 fn hot(hosts: &[String], per_tick: usize) -> (store::Shared, Worker) {
-    let cfg = format!(r#"{{"exploration_share": 0, "clusters": {{"{CLUSTER}": {{"endpoints": {hosts:?}}}}}}}"#);
+    let cfg = format!(
+        r#"{{"exploration_share": 0, "clusters": {{"{CLUSTER}": {{"endpoints": {hosts:?}}}}}}}"#
+    );
     let (store, mut w) = ticked(&cfg, 3);
     for t in 2..12u64 {
         for _ in 0..per_tick {
@@ -108,10 +118,15 @@ fn the_steered_request_path_allocates_nothing_on_a_hot_table() {
     let mut steered = 0;
     let n = allocations(|| {
         for i in 0..3_000 {
-            steered += usize::from(request(&mut w, paths[i % paths.len()], 15.0 + (i % 7) as f64).is_some());
+            steered += usize::from(
+                request(&mut w, paths[i % paths.len()], 15.0 + (i % 7) as f64).is_some(),
+            );
         }
     });
-    assert_eq!(steered, 3_000, "every request steered (no exploration configured)");
+    assert_eq!(
+        steered, 3_000,
+        "every request steered (no exploration configured)"
+    );
     assert_eq!(n, 0, "allocations on the steered path over 3,000 requests");
     // The counter counts: a tick (merge, encode, adopt) allocates.
     let tick = allocations(|| {
@@ -130,10 +145,19 @@ fn a_host_joining_the_record_costs_the_other_hosts_no_allocation() {
     let newcomer = "10.0.0.99:80";
     w.finish(
         CLUSTER,
-        &Finished { served_by: Some(newcomer), attempts: 1, latency_ms: 20.0, outcome: Some(Outcome::Success), ..Finished::default() },
+        &Finished {
+            served_by: Some(newcomer),
+            attempts: 1,
+            latency_ms: 20.0,
+            outcome: Some(Outcome::Success),
+            ..Finished::default()
+        },
     );
     w.tick(12 * SEC, &mut store.clone());
-    assert!(w.snapshots().any(|(_, s)| s.host(newcomer).is_some()), "the record learned the newcomer");
+    assert!(
+        w.snapshots().any(|(_, s)| s.host(newcomer).is_some()),
+        "the record learned the newcomer"
+    );
     // Every request to the sixteen that stayed: no allocation.
     let mut old = 0;
     for _ in 0..1_600 {
@@ -141,7 +165,10 @@ fn a_host_joining_the_record_costs_the_other_hosts_no_allocation() {
         let n = allocations(|| picked = request(&mut w, "/", 20.0));
         if picked.as_deref().is_some_and(|p| p != newcomer) {
             old += 1;
-            assert_eq!(n, 0, "a request to {picked:?} allocated after the newcomer joined");
+            assert_eq!(
+                n, 0,
+                "a request to {picked:?} allocated after the newcomer joined"
+            );
         }
     }
     assert!(old > 1_000, "the sixteen got the requests: {old}");

@@ -65,8 +65,14 @@ fn endpoints_the_table_does_not_know_get_their_share_through_the_fallback() {
     let counts = picks(&mut w, 30_000);
     let steered = counts.get(&host(1)).copied().unwrap_or(0);
     let explored = counts.get("exploring").copied().unwrap_or(0);
-    assert!((9_000..11_000).contains(&steered), "a third steered to the one known host: {counts:?}");
-    assert!((19_000..21_000).contains(&explored), "two thirds left to the fallback: {counts:?}");
+    assert!(
+        (9_000..11_000).contains(&steered),
+        "a third steered to the one known host: {counts:?}"
+    );
+    assert!(
+        (19_000..21_000).contains(&explored),
+        "two thirds left to the fallback: {counts:?}"
+    );
     // Once all three are known, only the configured exploration is left (0 here).
     served(&mut w, &host(2), 50.0, 3);
     served(&mut w, &host(3), 50.0, 3);
@@ -90,22 +96,42 @@ fn hosts_met_while_learning_the_cluster_need_no_slow_start_but_newcomers_ramp_in
     }
     let state = store.state();
     assert!(state.complete, "every endpoint known");
-    assert!(state.hosts.iter().all(|h| h.active_since_ns == 0), "no ramp for a host the plugin met late: {state:?}");
+    assert!(
+        state.hosts.iter().all(|h| h.active_since_ns == 0),
+        "no ramp for a host the plugin met late: {state:?}"
+    );
     // Live, not warming, though the record's clock has not run a ramp's length yet.
     let ramp_ns = defaults().policy().weights.slow_start_ns;
-    assert!(state.clock_ns < ramp_ns, "the check needs a young record: {}", state.clock_ns);
-    assert!(state.hosts.iter().all(|h| HostPhase::of(h, state.clock_ns, ramp_ns) == HostPhase::Live), "{state:?}");
+    assert!(
+        state.clock_ns < ramp_ns,
+        "the check needs a young record: {}",
+        state.clock_ns
+    );
+    assert!(
+        state
+            .hosts
+            .iter()
+            .all(|h| HostPhase::of(h, state.clock_ns, ramp_ns) == HostPhase::Live),
+        "{state:?}"
+    );
     // A scale-out: the cluster grows to four, and the fourth is new to the cluster too.
     served(&mut w, &host(4), 50.0, 4);
     w.tick(t, &mut store.clone());
     let state = store.state();
     let newcomer = state.host(&host(4)).cloned().unwrap();
     assert!(newcomer.active_since_ns > 0, "{newcomer:?}");
-    assert_eq!(HostPhase::of(&newcomer, state.clock_ns, ramp_ns), HostPhase::Warming);
+    assert_eq!(
+        HostPhase::of(&newcomer, state.clock_ns, ramp_ns),
+        HostPhase::Warming
+    );
     // Against the old hosts' mean: the noise band lets their own shares settle over several
     // refreshes, so one of them alone may still be above its target.
     let old = (1.0 - newcomer.share) / 3.0;
-    assert!((newcomer.share / old - 0.1).abs() < 0.01, "starts at the ramp's 10 %: {} against {old}", newcomer.share);
+    assert!(
+        (newcomer.share / old - 0.1).abs() < 0.01,
+        "starts at the ramp's 10 %: {} against {old}",
+        newcomer.share
+    );
 }
 
 #[test]
@@ -113,7 +139,10 @@ fn hosts_met_while_learning_the_cluster_need_no_slow_start_but_newcomers_ramp_in
 fn the_table_follows_a_change_of_membership_in_the_same_tick_not_at_the_next_refresh() {
     // Refreshes every 10 s: only a change of who is in the cluster may move the table sooner.
     let store = Shared::default();
-    let mut w = Worker::new(config(r#"{"refresh_interval_ms": 10000, "exploration_share": 0}"#), 1);
+    let mut w = Worker::new(
+        config(r#"{"refresh_interval_ms": 10000, "exploration_share": 0}"#),
+        1,
+    );
     served(&mut w, &host(1), 50.0, 2);
     served(&mut w, &host(2), 50.0, 2);
     w.tick(SEC, &mut store.clone());
@@ -147,7 +176,10 @@ fn while_endpoints_are_unknown_the_fallback_gets_half_the_requests_for_a_while()
     assert_eq!(w.explore_share(CLUSTER), Some(LEARNING_SHARE));
     let counts = picks(&mut w, 20_000);
     let explored = counts.get("exploring").copied().unwrap_or(0);
-    assert!((9_000..11_000).contains(&explored), "half to the fallback while learning: {counts:?}");
+    assert!(
+        (9_000..11_000).contains(&explored),
+        "half to the fallback while learning: {counts:?}"
+    );
     // An endpoint that is never met costs that half only for the window, then its fraction.
     // (Ticks every 100 ms: the VM's clock takes a larger jump for a clock step.)
     let mut t = SEC;
@@ -155,7 +187,12 @@ fn while_endpoints_are_unknown_the_fallback_gets_half_the_requests_for_a_while()
         t += 100 * MS;
         served(&mut w, &host(1), 50.0, 50);
         w.tick(t, &mut store.clone());
-        assert_eq!(w.explore_share(CLUSTER), Some(LEARNING_SHARE), "{} ms into the window", (t - SEC) / MS);
+        assert_eq!(
+            w.explore_share(CLUSTER),
+            Some(LEARNING_SHARE),
+            "{} ms into the window",
+            (t - SEC) / MS
+        );
     }
     served(&mut w, &host(1), 50.0, 50);
     w.tick(SEC + LEARNING_WINDOW_NS, &mut store.clone());
@@ -185,14 +222,31 @@ fn a_host_envoy_no_longer_honours_leaves_the_table_at_once_and_its_gauges_go_to_
     let gone = host(3);
     w.finish(
         CLUSTER,
-        &Finished { picked: Some(&gone), served_by: Some(&host(1)), attempts: 1, latency_ms: 50.0, outcome: Some(Outcome::Success), ..Finished::default() },
+        &Finished {
+            picked: Some(&gone),
+            served_by: Some(&host(1)),
+            attempts: 1,
+            latency_ms: 50.0,
+            outcome: Some(Outcome::Success),
+            ..Finished::default()
+        },
     );
     let report = w.tick(SEC + 400 * MS, &mut store.clone());
     assert!(store.state().host(&gone).is_none(), "still in the record");
-    let zeroed: Vec<Metric> =
-        report.metrics.iter().filter(|u| u.label.as_deref() == Some(gone.as_str()) && u.change == Change::Set(0)).map(|u| u.metric).collect();
-    assert_eq!(zeroed, vec![Metric::HostWeight, Metric::HostLatency, Metric::HostEjected]);
-    assert!(!picks(&mut w, 2_000).contains_key(&gone), "never picked again");
+    let zeroed: Vec<Metric> = report
+        .metrics
+        .iter()
+        .filter(|u| u.label.as_deref() == Some(gone.as_str()) && u.change == Change::Set(0))
+        .map(|u| u.metric)
+        .collect();
+    assert_eq!(
+        zeroed,
+        vec![Metric::HostWeight, Metric::HostLatency, Metric::HostEjected]
+    );
+    assert!(
+        !picks(&mut w, 2_000).contains_key(&gone),
+        "never picked again"
+    );
 }
 
 #[test]
@@ -209,7 +263,10 @@ fn fewer_endpoints_drop_the_hosts_seen_least_recently() {
                 (host(*i), acc)
             })
             .collect();
-        ClusterBatch { hosts, num_endpoints: Some(endpoints) }
+        ClusterBatch {
+            hosts,
+            num_endpoints: Some(endpoints),
+        }
     };
     state.merge(&batch(&[1, 2, 3, 4], 4), SEC, &p);
     // Scale-in to two: hosts 3 and 4 fall silent, Envoy reports two endpoints.
@@ -231,10 +288,21 @@ fn a_full_record_forgets_the_host_seen_least_recently_never_the_newest() {
     for (i, t) in [(1, SEC), (2, 2 * SEC), (1, 3 * SEC), (3, 4 * SEC)] {
         let mut acc = Accumulator::default();
         acc.record(50.0, false, 1000.0);
-        state.merge(&ClusterBatch { hosts: Map::from_iter([(host(i), acc)]), num_endpoints: None }, t, p);
+        state.merge(
+            &ClusterBatch {
+                hosts: Map::from_iter([(host(i), acc)]),
+                num_endpoints: None,
+            },
+            t,
+            p,
+        );
     }
     let left: Vec<&str> = state.hosts.iter().map(|h| h.address.as_str()).collect();
-    assert_eq!(left, vec![host(1), host(3)], "host 2 was seen least recently");
+    assert_eq!(
+        left,
+        vec![host(1), host(3)],
+        "host 2 was seen least recently"
+    );
 }
 
 #[test]
@@ -247,7 +315,10 @@ fn static_flags_follow_the_current_configuration() {
     state.refresh(2 * SEC, &p, &[], None);
     assert!(!state.host(&host(1)).unwrap().is_static, "no longer listed");
     state.refresh(2 * SEC + p.host_ttl_ns, &p, &[], None);
-    assert!(state.hosts.is_empty(), "and forgotten like any learned host");
+    assert!(
+        state.hosts.is_empty(),
+        "and forgotten like any learned host"
+    );
 }
 
 #[test]
@@ -261,7 +332,14 @@ fn two_vms_creating_a_record_in_the_same_tick_lose_no_sample() {
         let mut s = ClusterState::default();
         let mut acc = Accumulator::default();
         acc.record(70.0, false, 1000.0);
-        s.merge(&ClusterBatch { hosts: Map::from_iter([(host(2), acc)]), num_endpoints: None }, 0, defaults().policy());
+        s.merge(
+            &ClusterBatch {
+                hosts: Map::from_iter([(host(2), acc)]),
+                num_endpoints: None,
+            },
+            0,
+            defaults().policy(),
+        );
         sync::encode(&s)
     };
     let key_for_hook = key.clone();
@@ -272,7 +350,10 @@ fn two_vms_creating_a_record_in_the_same_tick_lose_no_sample() {
     let report = w.tick(SEC, &mut store.clone());
     assert!(report.errors.is_empty(), "{:?}", report.errors);
     let state = store.record(&key);
-    assert!(state.host(&host(1)).is_some() && state.host(&host(2)).is_some(), "both VMs' samples: {state:?}");
+    assert!(
+        state.host(&host(1)).is_some() && state.host(&host(2)).is_some(),
+        "both VMs' samples: {state:?}"
+    );
 }
 
 #[test]
@@ -280,7 +361,10 @@ fn two_vms_creating_a_record_in_the_same_tick_lose_no_sample() {
 fn two_configurations_keep_their_own_records() {
     let store = Shared::default();
     let mut a = Worker::new(defaults(), 1);
-    let mut b = Worker::new(config(r#"{"max_hosts_per_cluster": 8, "refresh_interval_ms": 500}"#), 2);
+    let mut b = Worker::new(
+        config(r#"{"max_hosts_per_cluster": 8, "refresh_interval_ms": 500}"#),
+        2,
+    );
     assert_ne!(a.record_key(CLUSTER), b.record_key(CLUSTER));
     for t in 1..=10u64 {
         served(&mut a, &host(1), 50.0, 2);
@@ -297,7 +381,10 @@ fn two_configurations_keep_their_own_records() {
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn an_idle_cluster_is_not_reweighed_and_is_forgotten_after_the_ttl() {
     let store = Shared::default();
-    let mut w = Worker::new(config(r#"{"host_ttl_ms": 5000, "weights": {"slow_start_ms": 0}}"#), 1);
+    let mut w = Worker::new(
+        config(r#"{"host_ttl_ms": 5000, "weights": {"slow_start_ms": 0}}"#),
+        1,
+    );
     for i in 1..=2 {
         served(&mut w, &host(i), 50.0, 2);
     }
@@ -312,7 +399,10 @@ fn an_idle_cluster_is_not_reweighed_and_is_forgotten_after_the_ttl() {
     let version = store.state().table_version;
     for _ in 0..10 {
         t += 100 * MS;
-        assert!(w.tick(t, &mut store.clone()).adopted.is_empty(), "an idle cluster got a new table");
+        assert!(
+            w.tick(t, &mut store.clone()).adopted.is_empty(),
+            "an idle cluster got a new table"
+        );
     }
     assert_eq!(store.state().table_version, version);
     // After host_ttl without use the VM forgets the cluster (the record stays in shared data).
@@ -322,7 +412,10 @@ fn an_idle_cluster_is_not_reweighed_and_is_forgotten_after_the_ttl() {
     }
     assert_eq!(w.snapshots().count(), 0);
     // A cluster listed in the configuration is never forgotten.
-    let mut w = Worker::new(config(r#"{"host_ttl_ms": 5000, "clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}}"#), 1);
+    let mut w = Worker::new(
+        config(r#"{"host_ttl_ms": 5000, "clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}}"#),
+        1,
+    );
     for k in 0..100 {
         w.tick(SEC + k * 100 * MS, &mut store.clone());
     }
@@ -352,25 +445,48 @@ fn a_clock_step_moves_no_refresh_no_ejection_and_no_sample() {
         if real == 2_500 * MS {
             // Host 2 fails three times: ejected for 2 s.
             for _ in 0..3 {
-                w.finish(CLUSTER, &Finished { served_by: Some("10.0.0.2:80"), attempts: 1, latency_ms: 5.0, outcome: Some(Outcome::ServerError), ..Finished::default() });
+                w.finish(
+                    CLUSTER,
+                    &Finished {
+                        served_by: Some("10.0.0.2:80"),
+                        attempts: 1,
+                        latency_ms: 5.0,
+                        outcome: Some(Outcome::ServerError),
+                        ..Finished::default()
+                    },
+                );
             }
         }
         let report = w.tick(raw(real), &mut store.clone());
         *refreshes_per_second.entry(real / SEC).or_default() += report.refreshed;
-        if store.state().host("10.0.0.2:80").is_some_and(|h| h.share == 0.0) {
+        if store
+            .state()
+            .host("10.0.0.2:80")
+            .is_some_and(|h| h.share == 0.0)
+        {
             ejected_ticks += 1;
         }
     }
     // A refresh every 250 ms, on the first tick after it is due: every 300 ms at 100 ms ticks,
     // so three or four a second, the seconds of the steps (3 and 6) included.
     for (second, n) in &refreshes_per_second {
-        assert!((3..=4).contains(n), "second {second}: {n} refreshes ({refreshes_per_second:?})");
+        assert!(
+            (3..=4).contains(n),
+            "second {second}: {n} refreshes ({refreshes_per_second:?})"
+        );
     }
-    assert!((19..=22).contains(&ejected_ticks), "ejected for {ejected_ticks} ticks of 100 ms, want about 20");
+    assert!(
+        (19..=22).contains(&ejected_ticks),
+        "ejected for {ejected_ticks} ticks of 100 ms, want about 20"
+    );
     // A request that starts before the forward step and ends after it took 200 ms.
     let start = w.clock(raw(10_000 * MS));
     let end = w.clock(raw(10_000 * MS) + 2 * HOUR + 200 * MS);
-    assert!(end - start <= 200 * MS, "the step became {} ms of latency", (end - start) / MS);
+    assert!(
+        end - start <= 200 * MS,
+        "the step became {} ms of latency",
+        (end - start) / MS
+    );
 }
 
 #[test]
@@ -386,7 +502,16 @@ fn hosts_learn_their_zone_and_the_local_zone_keeps_the_traffic() {
         for i in 1..=4 {
             w.finish(
                 CLUSTER,
-                &Finished { served_by: Some(&host(i)), attempts: 1, latency_ms: 50.0, outcome: Some(Outcome::Success), num_endpoints: Some(4), zone: Some(zone_of(i)), picked: None, grpc_status: None },
+                &Finished {
+                    served_by: Some(&host(i)),
+                    attempts: 1,
+                    latency_ms: 50.0,
+                    outcome: Some(Outcome::Success),
+                    num_endpoints: Some(4),
+                    zone: Some(zone_of(i)),
+                    picked: None,
+                    grpc_status: None,
+                },
             );
         }
         let report = w.tick(t, &mut store.clone());
@@ -401,22 +526,48 @@ fn hosts_learn_their_zone_and_the_local_zone_keeps_the_traffic() {
             .sum::<i64>();
         t += 250 * MS;
     }
-    assert_eq!(cross_zone, 40, "the two remote hosts served 20 requests each");
+    assert_eq!(
+        cross_zone, 40,
+        "the two remote hosts served 20 requests each"
+    );
     let state = store.state();
-    assert_eq!(state.host(&host(3)).map(|h| h.zone.as_str()), Some("zone-b"));
+    assert_eq!(
+        state.host(&host(3)).map(|h| h.zone.as_str()),
+        Some("zone-b")
+    );
     let counts = picks(&mut w, 10_000);
-    let local: usize = (1..=2).map(|i| counts.get(&host(i)).copied().unwrap_or(0)).sum();
-    assert!(local >= 9_900, "equal zones: the local zone keeps all but the floor: {counts:?}");
+    let local: usize = (1..=2)
+        .map(|i| counts.get(&host(i)).copied().unwrap_or(0))
+        .sum();
+    assert!(
+        local >= 9_900,
+        "equal zones: the local zone keeps all but the floor: {counts:?}"
+    );
     // The adapter reads a host's zone once (`wants_zone`): a second request to a new remote
     // host in the same tick comes without it, and crossed zones all the same.
     let newcomer = host(5);
     assert!(w.wants_zone(CLUSTER, &newcomer));
-    let done = |zone| Finished { served_by: Some(&newcomer), attempts: 1, latency_ms: 50.0, outcome: Some(Outcome::Success), num_endpoints: Some(5), zone, ..Finished::default() };
+    let done = |zone| Finished {
+        served_by: Some(&newcomer),
+        attempts: 1,
+        latency_ms: 50.0,
+        outcome: Some(Outcome::Success),
+        num_endpoints: Some(5),
+        zone,
+        ..Finished::default()
+    };
     w.finish(CLUSTER, &done(Some("zone-b")));
     assert!(!w.wants_zone(CLUSTER, &newcomer));
     w.finish(CLUSTER, &done(None));
     let report = w.tick(t, &mut store.clone());
-    assert!(report.metrics.iter().any(|u| u.metric == Metric::CrossZoneRequests && u.change == Change::Add(2)), "{:?}", report.metrics);
+    assert!(
+        report
+            .metrics
+            .iter()
+            .any(|u| u.metric == Metric::CrossZoneRequests && u.change == Change::Add(2)),
+        "{:?}",
+        report.metrics
+    );
 }
 
 /// One VM's traffic to a 50-endpoint cluster: `ticks` ticks of 100 ms, 50 requests each (about
@@ -431,7 +582,9 @@ fn large_cluster_run(config_json: &str, ticks: u64, slow: (u64, f64)) -> Vec<usi
     let mut slow_left = true;
     for tick in 0..ticks {
         for _ in 0..50 {
-            let Decision::Override(pick) = w.pick(CLUSTER) else { continue };
+            let Decision::Override(pick) = w.pick(CLUSTER) else {
+                continue;
+            };
             let mut ms = 50.0;
             if *pick.host == *watched {
                 per_second[(tick / 10) as usize] += 1;
@@ -462,20 +615,42 @@ fn large_cluster_run(config_json: &str, ticks: u64, slow: (u64, f64)) -> Vec<usi
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn one_slow_answer_in_a_large_cluster_costs_the_host_a_dip_not_its_traffic() {
     let endpoints: Vec<String> = (1..=50).map(host).collect();
-    let json = |extra: &str| format!(r#"{{"exploration_share": 0, {extra} "clusters": {{"{CLUSTER}": {{"endpoints": {endpoints:?}}}}}}}"#);
+    let json = |extra: &str| {
+        format!(
+            r#"{{"exploration_share": 0, {extra} "clusters": {{"{CLUSTER}": {{"endpoints": {endpoints:?}}}}}}}"#
+        )
+    };
     // 10 s to settle, one 300 ms answer at second 10, then 6 s more. A fair share is 10 a second.
     let now = large_cluster_run(&json(""), 160, (100, 300.0));
     let settled: usize = now[5..10].iter().sum();
-    assert!((35..=65).contains(&settled), "host 1 near its fair share before: {now:?}");
+    assert!(
+        (35..=65).contains(&settled),
+        "host 1 near its fair share before: {now:?}"
+    );
     // Seconds 11-15: the answer is in the estimate (Peak EWMA lifts it by a quarter of the way
     // for a batch of one sample) and the table has moved; measured 3, 6, 6, 5, 7 a second.
     let after = &now[11..16];
     let sum = |v: &[usize]| v.iter().sum::<usize>();
-    assert!(after.iter().all(|n| *n >= 2), "never near zero after one slow answer: {now:?}");
-    assert!(sum(after) >= 20, "at least 40 % of its fair share over the 5 s: {now:?}");
+    assert!(
+        after.iter().all(|n| *n >= 2),
+        "never near zero after one slow answer: {now:?}"
+    );
+    assert!(
+        sum(after) >= 20,
+        "at least 40 % of its fair share over the 5 s: {now:?}"
+    );
     // What the test tells apart: the classic peak (the whole 300 ms adopted) and a refresh that
     // follows every target, the settings before, leave the host 1-5 a second after the same
     // answer (13 over the 5 s).
-    let before = large_cluster_run(&json(r#""smoothing": {"algorithm": "peak_ewma", "tau_ms": 2000, "peak_samples": 1}, "weights": {"exponent": 2.0, "noise_gain": 1.0},"#), 160, (100, 300.0));
-    assert!(sum(&before[11..16]) < 20, "the previous settings: {before:?}");
+    let before = large_cluster_run(
+        &json(
+            r#""smoothing": {"algorithm": "peak_ewma", "tau_ms": 2000, "peak_samples": 1}, "weights": {"exponent": 2.0, "noise_gain": 1.0},"#,
+        ),
+        160,
+        (100, 300.0),
+    );
+    assert!(
+        sum(&before[11..16]) < 20,
+        "the previous settings: {before:?}"
+    );
 }

@@ -16,11 +16,27 @@ use variants::all_smoothers;
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn empty_and_braces_mean_all_defaults() {
-    let defaults = PluginConfig::default().compile().unwrap_or_else(|e| panic!("the defaults must compile: {e}"));
+    let defaults = PluginConfig::default()
+        .compile()
+        .unwrap_or_else(|e| panic!("the defaults must compile: {e}"));
     assert_eq!(Config::from_json(b""), Ok(defaults.clone()));
     assert_eq!(Config::from_json(b" {} "), Ok(defaults.clone()));
-    let failures: Vec<&str> = defaults.grpc_failures().iter().map(GrpcCode::name).collect();
-    assert_eq!(failures, ["UNKNOWN", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS"]);
+    let failures: Vec<&str> = defaults
+        .grpc_failures()
+        .iter()
+        .map(GrpcCode::name)
+        .collect();
+    assert_eq!(
+        failures,
+        [
+            "UNKNOWN",
+            "DEADLINE_EXCEEDED",
+            "RESOURCE_EXHAUSTED",
+            "INTERNAL",
+            "UNAVAILABLE",
+            "DATA_LOSS"
+        ]
+    );
 }
 
 #[test]
@@ -51,7 +67,10 @@ fn a_full_configuration_parses() {
     assert_eq!(c.policy().weights.slow_start_ns, 0);
     assert_eq!(c.policy().outlier.base_ejection_ns, 10_000_000_000);
     assert_eq!(c.failure_penalty_ms(), 2000.0);
-    assert_eq!(c.grpc_failures().iter().collect::<Vec<_>>(), [GrpcCode::Unimplemented, GrpcCode::Unavailable]);
+    assert_eq!(
+        c.grpc_failures().iter().collect::<Vec<_>>(),
+        [GrpcCode::Unimplemented, GrpcCode::Unavailable]
+    );
     assert_eq!(c.tick_period().as_millis(), 100);
 }
 
@@ -62,13 +81,26 @@ fn a_full_configuration_parses() {
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn every_field_written_reads_back() {
     let mut rich = PluginConfig::default();
-    rich.clusters.insert("backend".into(), ewma_lb::config::ClusterConfig { endpoints: vec!["127.0.0.1:8081".into()] });
+    rich.clusters.insert(
+        "backend".into(),
+        ewma_lb::config::ClusterConfig {
+            endpoints: vec!["127.0.0.1:8081".into()],
+        },
+    );
     rich.pick = PickAlgorithm::WeightedRandom;
     rich.shadow = true;
     for smoothing in all_smoothers() {
-        let config = PluginConfig { smoothing, ..rich.clone() };
+        let config = PluginConfig {
+            smoothing,
+            ..rich.clone()
+        };
         let json = serde_json::to_vec(&config).unwrap();
-        assert_eq!(PluginConfig::from_json(&json), Ok(config), "{}", String::from_utf8_lossy(&json));
+        assert_eq!(
+            PluginConfig::from_json(&json),
+            Ok(config),
+            "{}",
+            String::from_utf8_lossy(&json)
+        );
     }
 }
 
@@ -139,7 +171,11 @@ fn invalid_configurations_name_the_field_and_the_value() {
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn steered_clusters_match_exact_names_and_prefixes() {
     let reviews = "outbound|9080|ewma-lb|reviews.default.svc.cluster.local";
-    let steers = |json: &str, cluster: &str| Config::from_json(json.as_bytes()).unwrap_or_else(|e| panic!("{json}: {e}")).steers(cluster);
+    let steers = |json: &str, cluster: &str| {
+        Config::from_json(json.as_bytes())
+            .unwrap_or_else(|e| panic!("{json}: {e}"))
+            .steers(cluster)
+    };
     let cases: &[(&str, &str, bool)] = &[
         // The default steers every cluster, as before the option existed.
         ("{}", "backend", true),
@@ -147,12 +183,36 @@ fn steered_clusters_match_exact_names_and_prefixes() {
         (r#"{"steered_clusters": ["*"]}"#, "anything", true),
         // An empty list steers nothing, as an empty allowlist allows nothing.
         (r#"{"steered_clusters": []}"#, "backend", false),
-        (r#"{"steered_clusters": ["outbound|9080|ewma-lb|reviews.default.svc.cluster.local"]}"#, reviews, true),
-        (r#"{"steered_clusters": ["outbound|9080|ewma-lb|reviews.default.svc.cluster.local"]}"#, "outbound|9080||reviews.default.svc.cluster.local", false),
-        (r#"{"steered_clusters": ["outbound|9080|ewma-lb|reviews.default.svc.cluster.local"]}"#, "outbound|9080|ewma-lb|reviews.default.svc.cluster.local.", false),
-        (r#"{"steered_clusters": ["httproute/default/reviews/*"]}"#, "httproute/default/reviews/rule/0", true),
-        (r#"{"steered_clusters": ["httproute/default/reviews/*"]}"#, "httproute/default/reviewsx/rule/0", false),
-        (r#"{"steered_clusters": ["httproute/default/reviews/*"]}"#, "httproute/default/reviews/", true),
+        (
+            r#"{"steered_clusters": ["outbound|9080|ewma-lb|reviews.default.svc.cluster.local"]}"#,
+            reviews,
+            true,
+        ),
+        (
+            r#"{"steered_clusters": ["outbound|9080|ewma-lb|reviews.default.svc.cluster.local"]}"#,
+            "outbound|9080||reviews.default.svc.cluster.local",
+            false,
+        ),
+        (
+            r#"{"steered_clusters": ["outbound|9080|ewma-lb|reviews.default.svc.cluster.local"]}"#,
+            "outbound|9080|ewma-lb|reviews.default.svc.cluster.local.",
+            false,
+        ),
+        (
+            r#"{"steered_clusters": ["httproute/default/reviews/*"]}"#,
+            "httproute/default/reviews/rule/0",
+            true,
+        ),
+        (
+            r#"{"steered_clusters": ["httproute/default/reviews/*"]}"#,
+            "httproute/default/reviewsx/rule/0",
+            false,
+        ),
+        (
+            r#"{"steered_clusters": ["httproute/default/reviews/*"]}"#,
+            "httproute/default/reviews/",
+            true,
+        ),
         (r#"{"steered_clusters": ["a", "b*"]}"#, "bee", true),
         (r#"{"steered_clusters": ["a", "b*"]}"#, "ab", false),
     ];

@@ -36,7 +36,11 @@ type LabelSets = BTreeMap<String, BTreeSet<String>>;
 /// declares (`Metric::labels`), provided the configuration was seen cutting each of them out of
 /// another plugin metric's name.
 fn with_declared(mut sets: LabelSets) -> LabelSets {
-    let extracted: BTreeSet<String> = sets.iter().filter(|(n, _)| n.starts_with("ewma_lb_")).flat_map(|(_, l)| l.iter().cloned()).collect();
+    let extracted: BTreeSet<String> = sets
+        .iter()
+        .filter(|(n, _)| n.starts_with("ewma_lb_"))
+        .flat_map(|(_, l)| l.iter().cloned())
+        .collect();
     for metric in ewma_lb::telemetry::Metric::ALL {
         let labels: BTreeSet<String> = metric.labels().iter().map(|l| l.to_string()).collect();
         if !sets.contains_key(metric.name()) && labels.is_subset(&extracted) {
@@ -48,8 +52,13 @@ fn with_declared(mut sets: LabelSets) -> LabelSets {
 
 fn label_sets(prometheus: &str) -> LabelSets {
     let mut out = LabelSets::new();
-    for line in prometheus.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
-        let (name, rest) = line.split_once('{').unwrap_or((line.split(' ').next().unwrap_or_default(), ""));
+    for line in prometheus
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let (name, rest) = line
+            .split_once('{')
+            .unwrap_or((line.split(' ').next().unwrap_or_default(), ""));
         let labels = out.entry(name.to_string()).or_default();
         let mut inside = rest.rsplit_once('}').map_or("", |(l, _)| l);
         // label="value",label="value" (values may hold commas and escaped quotes)
@@ -57,7 +66,9 @@ fn label_sets(prometheus: &str) -> LabelSets {
             labels.insert(label.trim_start_matches(',').to_string());
             let mut end = 0;
             let bytes = after.as_bytes();
-            while end < bytes.len() && !(bytes[end] == b'"' && (end == 0 || bytes[end - 1] != b'\\')) {
+            while end < bytes.len()
+                && !(bytes[end] == b'"' && (end == 0 || bytes[end - 1] != b'\\'))
+            {
                 end += 1;
             }
             inside = after.get(end + 1..).unwrap_or_default();
@@ -69,19 +80,36 @@ fn label_sets(prometheus: &str) -> LabelSets {
 /// The extraStatTags list of docs/istio.md (the YAML block after `extraStatTags:`).
 fn istio_extra_stat_tags() -> Vec<String> {
     let docs = read("docs/istio.md");
-    let after = docs.split("extraStatTags:\n").nth(1).unwrap_or_else(|| panic!("docs/istio.md has no extraStatTags block"));
-    after.lines().map_while(|l| l.trim().strip_prefix("- ").map(str::to_string)).collect()
+    let after = docs
+        .split("extraStatTags:\n")
+        .nth(1)
+        .unwrap_or_else(|| panic!("docs/istio.md has no extraStatTags block"));
+    after
+        .lines()
+        .map_while(|l| l.trim().strip_prefix("- ").map(str::to_string))
+        .collect()
 }
 
 /// Backends whose traffic moves most metrics: two that answer, one that fails.
 fn backends() -> Vec<BackendSpec> {
-    vec![BackendSpec::new("a", Latency::Fixed(1)), BackendSpec::new("b", Latency::Fixed(2)), BackendSpec::new("c", Latency::Fixed(1)).fail_rate(1.0)]
+    vec![
+        BackendSpec::new("a", Latency::Fixed(1)),
+        BackendSpec::new("b", Latency::Fixed(2)),
+        BackendSpec::new("c", Latency::Fixed(1)).fail_rate(1.0),
+    ]
 }
 
 /// The shipped plugin configuration, with an allowlist that leaves the test client out, so a
 /// management request is denied and counted.
 fn plugin_config() -> String {
-    let shipped = harness::EnvoyConfig::shipped().unwrap().clone().plugin().unwrap().plugin_config().unwrap().to_string();
+    let shipped = harness::EnvoyConfig::shipped()
+        .unwrap()
+        .clone()
+        .plugin()
+        .unwrap()
+        .plugin_config()
+        .unwrap()
+        .to_string();
     let mut config: Value = serde_json::from_str(&shipped).unwrap();
     config["management"] = json!({"allowed_cidrs": ["192.0.2.0/24"]});
     config.to_string()
@@ -99,7 +127,8 @@ fn scrape(stack: &Stack) -> String {
 }
 
 fn plain() -> LabelSets {
-    let stack = Stack::with_plugin_config(backends(), &plugin_config()).unwrap_or_else(|e| panic!("{e:#}"));
+    let stack =
+        Stack::with_plugin_config(backends(), &plugin_config()).unwrap_or_else(|e| panic!("{e:#}"));
     with_declared(label_sets(&scrape(&stack)))
 }
 
@@ -108,10 +137,19 @@ fn istio() -> LabelSets {
     let plugin = plugin_config();
     let stack = Stack::start_with(backends(), |config| {
         config.plugin()?.set_plugin_config(&plugin)?;
-        let mut stats_tags = vec![json!({"tag_name": "cluster_name", "regex": "^cluster(\\.(.+);)"})];
-        stats_tags.extend(tags.iter().map(|t| json!({"tag_name": t, "regex": format!("({t}=\\.=(.*?);\\.;)")})));
-        config.set("stats_config", json!({"use_all_default_tags": false, "stats_tags": stats_tags}))?;
-        config.cluster(CLUSTER)?.insert("alt_stat_name", format!("{CLUSTER};"))?;
+        let mut stats_tags =
+            vec![json!({"tag_name": "cluster_name", "regex": "^cluster(\\.(.+);)"})];
+        stats_tags.extend(
+            tags.iter()
+                .map(|t| json!({"tag_name": t, "regex": format!("({t}=\\.=(.*?);\\.;)")})),
+        );
+        config.set(
+            "stats_config",
+            json!({"use_all_default_tags": false, "stats_tags": stats_tags}),
+        )?;
+        config
+            .cluster(CLUSTER)?
+            .insert("alt_stat_name", format!("{CLUSTER};"))?;
         let _ = LISTENER;
         Ok(())
     })
@@ -129,14 +167,31 @@ fn read_query(expr: &str) -> (Vec<(String, Vec<String>)>, Vec<String>) {
         let c = bytes[i] as char;
         if c.is_ascii_alphabetic() || c == '_' {
             let start = i;
-            while i < bytes.len() && ((bytes[i] as char).is_ascii_alphanumeric() || bytes[i] == b'_') {
+            while i < bytes.len()
+                && ((bytes[i] as char).is_ascii_alphanumeric() || bytes[i] == b'_')
+            {
                 i += 1;
             }
             let word = &expr[start..i];
             let rest = expr[i..].trim_start();
-            if ["by", "without", "ignoring", "on", "group_left", "group_right"].contains(&word) && rest.starts_with('(') {
+            if [
+                "by",
+                "without",
+                "ignoring",
+                "on",
+                "group_left",
+                "group_right",
+            ]
+            .contains(&word)
+                && rest.starts_with('(')
+            {
                 let close = rest.find(')').unwrap();
-                grouping.extend(rest[1..close].split(',').map(|l| l.trim().to_string()).filter(|l| !l.is_empty()));
+                grouping.extend(
+                    rest[1..close]
+                        .split(',')
+                        .map(|l| l.trim().to_string())
+                        .filter(|l| !l.is_empty()),
+                );
                 i = expr.len() - rest.len() + close + 1;
             } else if word.starts_with("ewma_lb_") || word.starts_with("envoy_") {
                 let mut labels = Vec::new();
@@ -152,11 +207,19 @@ fn read_query(expr: &str) -> (Vec<(String, Vec<String>)>, Vec<String>) {
                     let close = close.map(|(at, _)| at).unwrap();
                     let mut matchers = &inner[..close];
                     while !matchers.is_empty() {
-                        let label: String = matchers.trim_start_matches([',', ' ']).chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+                        let label: String = matchers
+                            .trim_start_matches([',', ' '])
+                            .chars()
+                            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                            .collect();
                         labels.push(label);
                         // Skip `op "value"` (a value may hold commas).
-                        let Some(open) = matchers.find('"') else { break };
-                        let Some(end) = matchers[open + 1..].find('"') else { break };
+                        let Some(open) = matchers.find('"') else {
+                            break;
+                        };
+                        let Some(end) = matchers[open + 1..].find('"') else {
+                            break;
+                        };
                         matchers = &matchers[open + 1 + end + 1..];
                     }
                     i = expr.len() - inner.len() + close + 1;
@@ -190,27 +253,47 @@ fn check(config: &str, sets: &LabelSets, title: &str, expr: &str, problems: &mut
         seen.extend(have.iter().cloned());
         for l in labels {
             if !have.contains(l) {
-                problems.push(format!("{config}: {title}: {metric} has no label {l} (has {have:?})"));
+                problems.push(format!(
+                    "{config}: {title}: {metric} has no label {l} (has {have:?})"
+                ));
             }
         }
     }
     for l in &grouping {
         if !seen.contains(l) {
-            problems.push(format!("{config}: {title}: groups by {l}, which none of its series has ({seen:?})"));
+            problems.push(format!(
+                "{config}: {title}: groups by {l}, which none of its series has ({seen:?})"
+            ));
         }
     }
 }
 
 fn panel_queries() -> Vec<(String, String)> {
-    let dashboard: Value = serde_json::from_str(&read("envoy-config/grafana/ewma-lb-dashboard.json")).unwrap();
+    let dashboard: Value =
+        serde_json::from_str(&read("envoy-config/grafana/ewma-lb-dashboard.json")).unwrap();
     let mut out = Vec::new();
     for panel in dashboard["panels"].as_array().unwrap() {
         for t in panel["targets"].as_array().into_iter().flatten() {
-            out.push((panel["title"].as_str().unwrap_or_default().to_string(), t["expr"].as_str().unwrap().to_string()));
+            out.push((
+                panel["title"].as_str().unwrap_or_default().to_string(),
+                t["expr"].as_str().unwrap().to_string(),
+            ));
         }
     }
-    for var in dashboard["templating"]["list"].as_array().into_iter().flatten().filter(|v| v["type"] == "query") {
-        out.push((format!("variable {}", var["name"]), var["definition"].as_str().unwrap().replace("label_values(", "by (").replacen(", ", ") ", 1)));
+    for var in dashboard["templating"]["list"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|v| v["type"] == "query")
+    {
+        out.push((
+            format!("variable {}", var["name"]),
+            var["definition"]
+                .as_str()
+                .unwrap()
+                .replace("label_values(", "by (")
+                .replacen(", ", ") ", 1),
+        ));
     }
     out
 }
@@ -238,10 +321,27 @@ fn every_panel_reads_series_both_configurations_produce() {
 
 #[test]
 fn the_query_reader_sees_selectors_and_groupings() {
-    let (selectors, grouping) = read_query(r#"sum by (le, cluster_name) (rate(envoy_cluster_upstream_rq_time_bucket{cluster_name=~"$cluster", x="a,b}"}[1m])) / ignoring (reason) group_left sum by (cluster_name) (ewma_lb_steered_requests_total)"#);
-    assert_eq!(selectors, vec![("envoy_cluster_upstream_rq_time_bucket".to_string(), vec!["cluster_name".to_string(), "x".to_string()]), ("ewma_lb_steered_requests_total".to_string(), vec![])]);
-    assert_eq!(grouping, vec!["le", "cluster_name", "reason", "cluster_name"]);
+    let (selectors, grouping) = read_query(
+        r#"sum by (le, cluster_name) (rate(envoy_cluster_upstream_rq_time_bucket{cluster_name=~"$cluster", x="a,b}"}[1m])) / ignoring (reason) group_left sum by (cluster_name) (ewma_lb_steered_requests_total)"#,
+    );
+    assert_eq!(
+        selectors,
+        vec![
+            (
+                "envoy_cluster_upstream_rq_time_bucket".to_string(),
+                vec!["cluster_name".to_string(), "x".to_string()]
+            ),
+            ("ewma_lb_steered_requests_total".to_string(), vec![])
+        ]
+    );
+    assert_eq!(
+        grouping,
+        vec!["le", "cluster_name", "reason", "cluster_name"]
+    );
     let sets = label_sets("# TYPE x counter\nenvoy_x{a=\"1,\\\"b\",c=\"\"} 1\newma_lb_y 2\n");
-    assert_eq!(sets["envoy_x"], BTreeSet::from(["a".to_string(), "c".to_string()]));
+    assert_eq!(
+        sets["envoy_x"],
+        BTreeSet::from(["a".to_string(), "c".to_string()])
+    );
     assert!(sets["ewma_lb_y"].is_empty());
 }

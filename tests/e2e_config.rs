@@ -19,10 +19,18 @@ fn an_invalid_configuration_stops_envoy_and_names_the_field() {
     ];
     for (plugin_config, message) in cases {
         let mut config = EnvoyConfig::local(0, &plugin_wasm().unwrap()).unwrap();
-        config.plugin().unwrap().set_plugin_config(plugin_config).unwrap();
-        let (code, log) = Envoy::start_expect_failure(EnvoyOptions::new(config.to_yaml().unwrap())).unwrap_or_else(|e| panic!("{e:#}"));
+        config
+            .plugin()
+            .unwrap()
+            .set_plugin_config(plugin_config)
+            .unwrap();
+        let (code, log) = Envoy::start_expect_failure(EnvoyOptions::new(config.to_yaml().unwrap()))
+            .unwrap_or_else(|e| panic!("{e:#}"));
         assert_ne!(code, 0);
-        assert!(log.contains(&format!("ewma-lb: invalid plugin configuration: {message}")), "{plugin_config}: log:\n{log}");
+        assert!(
+            log.contains(&format!("ewma-lb: invalid plugin configuration: {message}")),
+            "{plugin_config}: log:\n{log}"
+        );
     }
 }
 
@@ -31,7 +39,10 @@ fn shipped_bootstraps() -> Vec<PathBuf> {
     let mut found = Vec::new();
     let mut dirs = vec![repo_root().join("envoy-config")];
     while let Some(dir) = dirs.pop() {
-        for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())).flatten() {
+        for entry in std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .flatten()
+        {
             let path = entry.path();
             if path.is_dir() {
                 dirs.push(path);
@@ -43,7 +54,10 @@ fn shipped_bootstraps() -> Vec<PathBuf> {
             }
         }
     }
-    assert!(!found.is_empty(), "no Envoy config found under envoy-config/");
+    assert!(
+        !found.is_empty(),
+        "no Envoy config found under envoy-config/"
+    );
     found
 }
 
@@ -55,7 +69,8 @@ fn every_shipped_envoy_config_validates() {
     for path in shipped_bootstraps() {
         let mut config = EnvoyConfig::load(&path).unwrap();
         config.resolve_module_paths(&repo_root());
-        Envoy::validate(&config.to_yaml().unwrap()).unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
+        Envoy::validate(&config.to_yaml().unwrap())
+            .unwrap_or_else(|e| panic!("{}: {e:#}", path.display()));
     }
 }
 
@@ -71,18 +86,37 @@ fn every_shipped_config_strips_the_override_header_before_the_plugin() {
         let mut chains = Vec::new();
         http_filter_chains(config.value(), &mut chains);
         for chain in chains {
-            let Some(at) = chain.iter().position(|f| f["name"] == "envoy.filters.http.wasm") else { continue };
-            let json = chain[at]["typed_config"]["config"]["configuration"]["value"].as_str().unwrap_or_default();
-            let header = Config::from_json(json.as_bytes()).unwrap().override_header().to_string();
+            let Some(at) = chain
+                .iter()
+                .position(|f| f["name"] == "envoy.filters.http.wasm")
+            else {
+                continue;
+            };
+            let json = chain[at]["typed_config"]["config"]["configuration"]["value"]
+                .as_str()
+                .unwrap_or_default();
+            let header = Config::from_json(json.as_bytes())
+                .unwrap()
+                .override_header()
+                .to_string();
             let before = at.checked_sub(1).map(|i| &chain[i]).unwrap_or(&Value::Null);
-            assert_eq!(before["name"], "envoy.filters.http.header_mutation", "{}: the filter before the plugin", path.display());
+            assert_eq!(
+                before["name"],
+                "envoy.filters.http.header_mutation",
+                "{}: the filter before the plugin",
+                path.display()
+            );
             let removed: Vec<&str> = before["typed_config"]["mutations"]["request_mutations"]
                 .as_array()
                 .into_iter()
                 .flatten()
                 .filter_map(|m| m["remove"].as_str())
                 .collect();
-            assert!(removed.contains(&header.as_str()), "{}: header_mutation removes {removed:?}, not {header}", path.display());
+            assert!(
+                removed.contains(&header.as_str()),
+                "{}: header_mutation removes {removed:?}, not {header}",
+                path.display()
+            );
             checked += 1;
         }
     }

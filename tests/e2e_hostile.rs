@@ -20,7 +20,10 @@ use harness::backend::{BackendSpec, OVERRIDE_HEADER, SEEN_OVERRIDE_HEADER};
 use harness::{http, repo_root, Latency, Stack};
 
 fn three(spec: &str) -> Vec<BackendSpec> {
-    ["a", "b", "c"].iter().map(|n| BackendSpec::new(*n, spec.parse::<Latency>().unwrap())).collect()
+    ["a", "b", "c"]
+        .iter()
+        .map(|n| BackendSpec::new(*n, spec.parse::<Latency>().unwrap()))
+        .collect()
 }
 
 /// Loopback is NOT allowlisted, so guarded paths answer 403 from the plugin itself.
@@ -48,7 +51,12 @@ fn a_forty_kilobyte_path_does_not_hold_the_worker() {
         |o| o.concurrency = 1,
     )
     .unwrap();
-    assert_eq!(http::get(&format!("{}/warm", stack.url), &[]).unwrap().status, 200);
+    assert_eq!(
+        http::get(&format!("{}/warm", stack.url), &[])
+            .unwrap()
+            .status,
+        200
+    );
     let long_url = format!("{}{}", stack.url, nested_path());
     let long = thread::spawn(move || {
         let start = Instant::now();
@@ -60,11 +68,24 @@ fn a_forty_kilobyte_path_does_not_hold_the_worker() {
     let normal = http::get(&format!("{}/normal", stack.url), &[]).unwrap();
     let waited = start.elapsed();
     let (long_status, long_took) = long.join().unwrap();
-    eprintln!("40 KB path: {long_status:?} in {long_took:?}; normal request: {} in {waited:?}", normal.status);
+    eprintln!(
+        "40 KB path: {long_status:?} in {long_took:?}; normal request: {} in {waited:?}",
+        normal.status
+    );
     assert_eq!(normal.status, 200);
-    assert!(waited < Duration::from_secs(1), "the normal request waited {waited:?} behind the long path");
-    assert_eq!(long_status.unwrap(), 403, "a path still encoded after the decoding rounds is guarded");
-    assert!(long_took < Duration::from_secs(1), "the long path took {long_took:?}");
+    assert!(
+        waited < Duration::from_secs(1),
+        "the normal request waited {waited:?} behind the long path"
+    );
+    assert_eq!(
+        long_status.unwrap(),
+        403,
+        "a path still encoded after the decoding rounds is guarded"
+    );
+    assert!(
+        long_took < Duration::from_secs(1),
+        "the long path took {long_took:?}"
+    );
 }
 
 /// How an HTTP/2 request ended: its status (0: the stream was reset) and whether the answer came
@@ -92,11 +113,26 @@ fn h2_requests(authority: &str, requests: &[RawRequest]) -> Vec<Answer> {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap_or_else(|e| panic!("{}: {e} (./test.sh installs the h2 package into .venv)", python.display()));
-    child.stdin.take().unwrap().write_all(spec.to_string().as_bytes()).unwrap();
+        .unwrap_or_else(|e| {
+            panic!(
+                "{}: {e} (./test.sh installs the h2 package into .venv)",
+                python.display()
+            )
+        });
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(spec.to_string().as_bytes())
+        .unwrap();
     let out = child.wait_with_output().unwrap();
-    assert!(out.status.success(), "h2 client failed: {}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
+    assert!(
+        out.status.success(),
+        "h2 client failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)))
 }
 
 /// What it observes: the status of every request on the wire, Envoy's log and its wasm stats.
@@ -114,24 +150,84 @@ fn no_byte_an_http2_client_sends_panics_the_vm() {
     // HTTP/1 parser refuses a request line that is not ASCII: either way the answer came from
     // upstream, so the request passed the plugin. A reset (0) or a 431 is Envoy's own codec
     // refusing too many headers.
-    type Case = (&'static str, Vec<u8>, Vec<(&'static str, Vec<u8>)>, &'static [Answer]);
+    type Case = (
+        &'static str,
+        Vec<u8>,
+        Vec<(&'static str, Vec<u8>)>,
+        &'static [Answer],
+    );
     let many = |n: usize| -> Vec<(&'static str, Vec<u8>)> {
-        (0..n).map(|i| (["x-a", "x-b", "x-c", "x-d"][i % 4], vec![0xff, b'v', 0x80 + (i % 64) as u8])).collect()
+        (0..n)
+            .map(|i| {
+                (
+                    ["x-a", "x-b", "x-c", "x-d"][i % 4],
+                    vec![0xff, b'v', 0x80 + (i % 64) as u8],
+                )
+            })
+            .collect()
     };
     const UPSTREAM_OK: &[Answer] = &[Answer(200, true)];
     const REACHED_UPSTREAM: &[Answer] = &[Answer(200, true), Answer(400, true)];
     const GUARDED_403: &[Answer] = &[Answer(403, false)];
     let cases: Vec<Case> = vec![
-        ("non-UTF-8 query", b"/x?\xff".to_vec(), vec![], REACHED_UPSTREAM),
-        ("non-UTF-8 path", b"/caf\xe9/\xff\xfe".to_vec(), vec![], REACHED_UPSTREAM),
-        ("guard bypass: one bad escape", b"/%2561ctuator/env%FF".to_vec(), vec![], GUARDED_403),
-        ("guard bypass: health then ..", b"/actuator/health%FF/..%2Fenv".to_vec(), vec![], GUARDED_403),
-        ("overlong dot", b"/a/%c0%ae%c0%ae/actuator/env".to_vec(), vec![], GUARDED_403),
-        ("nested escapes, 20 KB", format!("/%{}61", "25".repeat(10_000)).into_bytes(), vec![], GUARDED_403),
-        ("forged override, not UTF-8", b"/work".to_vec(), vec![(OVERRIDE_HEADER, b"\xff127.0.0.1:1".to_vec())], UPSTREAM_OK),
-        ("header values not UTF-8", b"/work".to_vec(), vec![("x-trace", b"\xc3\x28\xff".to_vec()), ("cookie", b"a=\xfe".to_vec())], UPSTREAM_OK),
+        (
+            "non-UTF-8 query",
+            b"/x?\xff".to_vec(),
+            vec![],
+            REACHED_UPSTREAM,
+        ),
+        (
+            "non-UTF-8 path",
+            b"/caf\xe9/\xff\xfe".to_vec(),
+            vec![],
+            REACHED_UPSTREAM,
+        ),
+        (
+            "guard bypass: one bad escape",
+            b"/%2561ctuator/env%FF".to_vec(),
+            vec![],
+            GUARDED_403,
+        ),
+        (
+            "guard bypass: health then ..",
+            b"/actuator/health%FF/..%2Fenv".to_vec(),
+            vec![],
+            GUARDED_403,
+        ),
+        (
+            "overlong dot",
+            b"/a/%c0%ae%c0%ae/actuator/env".to_vec(),
+            vec![],
+            GUARDED_403,
+        ),
+        (
+            "nested escapes, 20 KB",
+            format!("/%{}61", "25".repeat(10_000)).into_bytes(),
+            vec![],
+            GUARDED_403,
+        ),
+        (
+            "forged override, not UTF-8",
+            b"/work".to_vec(),
+            vec![(OVERRIDE_HEADER, b"\xff127.0.0.1:1".to_vec())],
+            UPSTREAM_OK,
+        ),
+        (
+            "header values not UTF-8",
+            b"/work".to_vec(),
+            vec![
+                ("x-trace", b"\xc3\x28\xff".to_vec()),
+                ("cookie", b"a=\xfe".to_vec()),
+            ],
+            UPSTREAM_OK,
+        ),
         ("90 headers", b"/work".to_vec(), many(90), UPSTREAM_OK),
-        ("300 headers (over Envoy's limit)", b"/work".to_vec(), many(300), &[Answer(0, false), Answer(431, false)]),
+        (
+            "300 headers (over Envoy's limit)",
+            b"/work".to_vec(),
+            many(300),
+            &[Answer(0, false), Answer(431, false)],
+        ),
     ];
     let mut requests = Vec::new();
     for _ in 0..20 {
@@ -140,23 +236,47 @@ fn no_byte_an_http2_client_sends_panics_the_vm() {
     let answers = h2_requests(&authority, &requests);
     let mut by_case: BTreeMap<&str, BTreeMap<Answer, usize>> = BTreeMap::new();
     for (i, answer) in answers.iter().enumerate() {
-        *by_case.entry(cases[i % cases.len()].0).or_default().entry(*answer).or_default() += 1;
+        *by_case
+            .entry(cases[i % cases.len()].0)
+            .or_default()
+            .entry(*answer)
+            .or_default() += 1;
     }
     eprintln!("HTTP/2 hostile requests, answers per case: {by_case:#?}");
     for (name, _, _, allowed) in &cases {
         let got = &by_case[name];
-        assert!(got.keys().all(|a| allowed.contains(a)), "{name}: got {got:?}, want only {allowed:?}");
+        assert!(
+            got.keys().all(|a| allowed.contains(a)),
+            "{name}: got {got:?}, want only {allowed:?}"
+        );
     }
     let log = stack.envoy.log();
-    for needle in ["panicked", "Wasm VM failed", "wasm_fail_stream", "[critical]"] {
+    for needle in [
+        "panicked",
+        "Wasm VM failed",
+        "wasm_fail_stream",
+        "[critical]",
+    ] {
         assert!(!log.contains(needle), "Envoy log mentions {needle:?}");
     }
     let stats = stack.envoy.stats().unwrap_or_default();
-    let failures: Vec<(&String, &u64)> =
-        stats.iter().filter(|(k, v)| (k.contains("vm_reload") || k.ends_with(".failed")) && !k.contains("backoff") && **v > 0).collect();
-    assert!(failures.is_empty(), "the VM failed or was reloaded: {failures:?}");
+    let failures: Vec<(&String, &u64)> = stats
+        .iter()
+        .filter(|(k, v)| {
+            (k.contains("vm_reload") || k.ends_with(".failed")) && !k.contains("backoff") && **v > 0
+        })
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "the VM failed or was reloaded: {failures:?}"
+    );
     // And it still balances.
-    assert_eq!(http::get(&format!("{}/after", stack.url), &[]).unwrap().status, 200);
+    assert_eq!(
+        http::get(&format!("{}/after", stack.url), &[])
+            .unwrap()
+            .status,
+        200
+    );
 }
 
 /// What it observes: which backend served requests that name backend `a` in a forged override
@@ -175,12 +295,19 @@ fn without_the_plugin_a_forged_header_decides_nothing() {
     let target = stack.backend("a").unwrap().addr().to_string();
     let mut seen_header = 0;
     for _ in 0..300 {
-        let r = http::get(&format!("{}/work", stack.url), &[(OVERRIDE_HEADER, target.as_str())]).unwrap();
+        let r = http::get(
+            &format!("{}/work", stack.url),
+            &[(OVERRIDE_HEADER, target.as_str())],
+        )
+        .unwrap();
         assert_eq!(r.status, 200);
         seen_header += usize::from(r.header(SEEN_OVERRIDE_HEADER).is_some());
     }
     let served = stack.served();
     eprintln!("forged header naming a, plugin absent: {served:?}");
     assert_eq!(seen_header, 0, "the client's header reached a backend");
-    assert!(share(&served, "a") < 0.6, "the forged header was obeyed: {served:?}");
+    assert!(
+        share(&served, "a") < 0.6,
+        "the forged header was obeyed: {served:?}"
+    );
 }

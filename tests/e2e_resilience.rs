@@ -16,80 +16,154 @@ use harness::config::LISTENER;
 use harness::{http, within, BackendSpec, Stack};
 
 fn three(spec: &str) -> Vec<BackendSpec> {
-    ["a", "b", "c"].iter().map(|n| BackendSpec::new(*n, spec.parse().unwrap())).collect()
+    ["a", "b", "c"]
+        .iter()
+        .map(|n| BackendSpec::new(*n, spec.parse().unwrap()))
+        .collect()
 }
 
 #[test]
 fn health_probes_are_never_steered_nor_sampled() {
     // b's health endpoint is slow (800 ms), its business answers are fast.
     let mut specs = three("uniform:40-60");
-    specs[1] = BackendSpec::new("b", "uniform:40-60".parse().unwrap()).health_latency("fixed:800".parse().unwrap());
+    specs[1] = BackendSpec::new("b", "uniform:40-60".parse().unwrap())
+        .health_latency("fixed:800".parse().unwrap());
     let stack = Stack::start(specs).unwrap();
     stack.load(100.0, 4).unwrap();
     let probes = 30;
     let handles: Vec<_> = (0..probes)
         .map(|i| {
-            let url = format!("{}/{}", stack.url, ["health", "actuator/health/liveness"][i % 2]);
-            thread::spawn(move || http::get(&url, &[]).map(|r| (r.status, r.header("x-seen-override").map(str::to_string))))
+            let url = format!(
+                "{}/{}",
+                stack.url,
+                ["health", "actuator/health/liveness"][i % 2]
+            );
+            thread::spawn(move || {
+                http::get(&url, &[])
+                    .map(|r| (r.status, r.header("x-seen-override").map(str::to_string)))
+            })
         })
         .collect();
     stack.load(100.0, 3).unwrap();
     for h in handles {
         let (status, seen) = h.join().unwrap().unwrap();
         assert_eq!(status, 200);
-        assert_eq!(seen, None, "a health probe reached a backend with an override header");
+        assert_eq!(
+            seen, None,
+            "a health probe reached a backend with an override header"
+        );
     }
     let health_served: u64 = stack.backends.iter().map(|b| b.health_served()).sum();
-    assert_eq!(health_served, probes as u64, "every probe reached a backend");
+    assert_eq!(
+        health_served, probes as u64,
+        "every probe reached a backend"
+    );
     let series = r#"ewma_lb_fallback_requests_total{cluster_name="backend",reason="health_path"}"#;
-    let counted = within(Duration::from_secs(2), || stack.prometheus(series) == Some(probes as f64));
-    assert!(counted.is_some(), "{series} = {:?}, want {probes}", stack.prometheus(series));
+    let counted = within(Duration::from_secs(2), || {
+        stack.prometheus(series) == Some(probes as f64)
+    });
+    assert!(
+        counted.is_some(),
+        "{series} = {:?}, want {probes}",
+        stack.prometheus(series)
+    );
     std::thread::sleep(Duration::from_millis(1200));
     let b = stack.host_status("b").unwrap();
     let latency_ms = b["latency_ms"].as_f64().unwrap_or(f64::NAN);
     assert!(latency_ms < 150.0, "slow probes polluted b's latency: {b}");
-    assert!(share(&stack.served(), "b") > 0.2, "b lost traffic to its slow probes: {:?}", stack.served());
+    assert!(
+        share(&stack.served(), "b") > 0.2,
+        "b lost traffic to its slow probes: {:?}",
+        stack.served()
+    );
 }
 
 #[test]
 fn management_paths_are_open_to_the_allowlist_only() {
     let denied_cfg = r#"{"management": {"allowed_cidrs": ["10.0.0.0/8"]}}"#;
     let stack = Stack::with_plugin_config(three("fixed:5"), denied_cfg).unwrap();
-    let get = |path: &str, headers: &[(&str, &str)]| http::get(&format!("{}{path}", stack.url), headers).unwrap();
-    for path in ["/actuator/prometheus", "/actuator/env", "/Actuator/%65nv", "/x/../actuator/metrics", "/ewma-lb/status"] {
+    let get = |path: &str, headers: &[(&str, &str)]| {
+        http::get(&format!("{}{path}", stack.url), headers).unwrap()
+    };
+    for path in [
+        "/actuator/prometheus",
+        "/actuator/env",
+        "/Actuator/%65nv",
+        "/x/../actuator/metrics",
+        "/ewma-lb/status",
+    ] {
         let r = get(path, &[]);
-        assert_eq!(r.status, 403, "{path} from 127.0.0.1 must be refused: {r:?}");
+        assert_eq!(
+            r.status, 403,
+            "{path} from 127.0.0.1 must be refused: {r:?}"
+        );
         assert_eq!(r.body, "forbidden: management endpoint\n");
     }
     let forged = get("/actuator/prometheus", &[("x-forwarded-for", "10.1.2.3")]);
     assert_eq!(forged.status, 403, "a forged X-Forwarded-For got in");
-    assert_eq!(get("/actuator/health", &[]).status, 200, "the health path stays open");
-    let reached: u64 = stack.backends.iter().map(|b| b.served_path("/actuator") - b.served_path("/actuator/health")).sum();
+    assert_eq!(
+        get("/actuator/health", &[]).status,
+        200,
+        "the health path stays open"
+    );
+    let reached: u64 = stack
+        .backends
+        .iter()
+        .map(|b| b.served_path("/actuator") - b.served_path("/actuator/health"))
+        .sum();
     assert_eq!(reached, 0, "a refused request reached a backend");
     // Counters reach Envoy on the plugin's next tick.
     let series = r#"ewma_lb_management_denied_requests_total{cluster_name="backend"}"#;
-    let counted = within(Duration::from_secs(2), || stack.prometheus(series) == Some(6.0));
-    assert!(counted.is_some(), "{series} = {:?}, want 6", stack.prometheus(series));
+    let counted = within(Duration::from_secs(2), || {
+        stack.prometheus(series) == Some(6.0)
+    });
+    assert!(
+        counted.is_some(),
+        "{series} = {:?}, want 6",
+        stack.prometheus(series)
+    );
     drop(stack);
 
     // One trusted proxy in front (Envoy's xff_num_trusted_hops): the address it appended counts,
     // whatever the client wrote to the left of it.
     let stack = Stack::start_with(three("fixed:5"), |config| {
         config.plugin()?.set_plugin_config(denied_cfg)?;
-        config.listener(LISTENER)?.http()?.set_xff_num_trusted_hops(1)?;
+        config
+            .listener(LISTENER)?
+            .http()?
+            .set_xff_num_trusted_hops(1)?;
         Ok(())
     })
     .unwrap();
-    let get = |path: &str, headers: &[(&str, &str)]| http::get(&format!("{}{path}", stack.url), headers).unwrap();
-    assert_eq!(get("/actuator/prometheus", &[("x-forwarded-for", "10.1.2.3")]).status, 200);
-    assert_eq!(get("/actuator/prometheus", &[("x-forwarded-for", "10.1.2.3, 203.0.113.9")]).status, 403);
+    let get = |path: &str, headers: &[(&str, &str)]| {
+        http::get(&format!("{}{path}", stack.url), headers).unwrap()
+    };
+    assert_eq!(
+        get("/actuator/prometheus", &[("x-forwarded-for", "10.1.2.3")]).status,
+        200
+    );
+    assert_eq!(
+        get(
+            "/actuator/prometheus",
+            &[("x-forwarded-for", "10.1.2.3, 203.0.113.9")]
+        )
+        .status,
+        403
+    );
     drop(stack);
 
     // The default allowlist has loopback in it.
     let stack = Stack::start(three("fixed:5")).unwrap();
     let r = http::get(&format!("{}/actuator/prometheus", stack.url), &[]).unwrap();
     assert_eq!(r.status, 200, "{r:?}");
-    assert_eq!(stack.backends.iter().map(|b| b.served_path("/actuator/prometheus")).sum::<u64>(), 1);
+    assert_eq!(
+        stack
+            .backends
+            .iter()
+            .map(|b| b.served_path("/actuator/prometheus"))
+            .sum::<u64>(),
+        1
+    );
 }
 
 #[test]
@@ -105,8 +179,14 @@ fn a_killed_backend_is_ejected_and_ramps_back_after_restart() {
     let c = stack.backend("c").unwrap();
     let killed_at = started.elapsed();
     c.stop();
-    let ejected = within(Duration::from_secs(2), || stack.host_status("c").unwrap()["state"] == "ejected");
-    assert!(ejected.is_some(), "c not ejected within 2 s: {}", stack.host_status("c").unwrap());
+    let ejected = within(Duration::from_secs(2), || {
+        stack.host_status("c").unwrap()["state"] == "ejected"
+    });
+    assert!(
+        ejected.is_some(),
+        "c not ejected within 2 s: {}",
+        stack.host_status("c").unwrap()
+    );
     thread::sleep(Duration::from_secs(3));
     c.restart().unwrap();
     let restarted_at = started.elapsed();
@@ -115,22 +195,37 @@ fn a_killed_backend_is_ejected_and_ramps_back_after_restart() {
     thread::sleep(Duration::from_secs(5));
     let late = stack.served();
     let records = load.join().unwrap().unwrap();
-    assert!(share(&late, "c") >= 0.25, "c did not regain its share within 20 s of its restart at {restarted_at:?}: {late:?}");
+    assert!(
+        share(&late, "c") >= 0.25,
+        "c did not regain its share within 20 s of its restart at {restarted_at:?}: {late:?}"
+    );
     // Only requests already on their way to c may fail: those in flight when it died, and those
     // Envoy wrote to a pooled connection in the instant before it saw the close (HTTP/1.1
     // keep-alive race; retrying them would need `retry_on: reset`, unsafe for non-idempotent
     // requests). Connect failures after that are retried on another host.
     let failed: Vec<_> = records.iter().filter(|r| r.is_error()).collect();
-    let late_failures: Vec<_> = failed.iter().filter(|r| r.sent_at > killed_at + Duration::from_millis(500)).collect();
-    assert!(late_failures.is_empty(), "requests sent 500 ms or more after the kill failed: {late_failures:?}");
-    assert!(failed.len() <= 8, "{} failures, more than were on their way to c: {failed:?}", failed.len());
+    let late_failures: Vec<_> = failed
+        .iter()
+        .filter(|r| r.sent_at > killed_at + Duration::from_millis(500))
+        .collect();
+    assert!(
+        late_failures.is_empty(),
+        "requests sent 500 ms or more after the kill failed: {late_failures:?}"
+    );
+    assert!(
+        failed.len() <= 8,
+        "{} failures, more than were on their way to c: {failed:?}",
+        failed.len()
+    );
     let ejections = stack.prometheus(r#"ewma_lb_ejections_total{cluster_name="backend"}"#);
     assert!(ejections >= Some(1.0), "{ejections:?}");
 }
 
 /// One raw HTTP/1.1 exchange; returns the status code (0 when the connection broke).
 fn raw_request(addr: &str, request: &[u8]) -> u16 {
-    let Ok(mut s) = TcpStream::connect(addr) else { return 0 };
+    let Ok(mut s) = TcpStream::connect(addr) else {
+        return 0;
+    };
     let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
     // Envoy may answer (431, 403) before it has read a long request; keep reading either way.
     let _ = s.write_all(request);
@@ -143,15 +238,41 @@ fn raw_request(addr: &str, request: &[u8]) -> u16 {
         }
     }
     let line = String::from_utf8_lossy(&head);
-    line.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0)
+    line.split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
 }
 
 fn hostile_request(rng: &mut fastrand::Rng) -> Vec<u8> {
     const FRAGMENTS: &[&str] = &[
-        "actuator", "health", "..", ".", "%2e%2e", "%2F", "%252e", "ewma-lb", "status", ";x=1", "//", "%00",
-        "%ff", "\\", "ACTUATOR", "prometheus", "a", "?q=/actuator", "#frag", "%", "%zz", "~", "ready",
+        "actuator",
+        "health",
+        "..",
+        ".",
+        "%2e%2e",
+        "%2F",
+        "%252e",
+        "ewma-lb",
+        "status",
+        ";x=1",
+        "//",
+        "%00",
+        "%ff",
+        "\\",
+        "ACTUATOR",
+        "prometheus",
+        "a",
+        "?q=/actuator",
+        "#frag",
+        "%",
+        "%zz",
+        "~",
+        "ready",
     ];
-    const METHODS: &[&str] = &["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD", "BREW"];
+    const METHODS: &[&str] = &[
+        "GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD", "BREW",
+    ];
     let mut path = String::new();
     for _ in 0..rng.usize(1..8) {
         path.push('/');
@@ -168,16 +289,31 @@ fn hostile_request(rng: &mut fastrand::Rng) -> Vec<u8> {
         4 => String::new(),
         _ => format!("127.0.0.1:{}", rng.u16(..)),
     };
-    let mut req = format!("{} {path} HTTP/1.1\r\nhost: fuzz\r\nconnection: close\r\n", METHODS[rng.usize(..METHODS.len())]);
+    let mut req = format!(
+        "{} {path} HTTP/1.1\r\nhost: fuzz\r\nconnection: close\r\n",
+        METHODS[rng.usize(..METHODS.len())]
+    );
     req.push_str(&format!("x-ewma-lb-host: {override_value}\r\n"));
     if rng.bool() {
-        req.push_str(&format!("x-forwarded-for: {}.{}.0.1, 10.0.0.{}\r\n", rng.u8(..), rng.u8(..), rng.u8(..)));
+        req.push_str(&format!(
+            "x-forwarded-for: {}.{}.0.1, 10.0.0.{}\r\n",
+            rng.u8(..),
+            rng.u8(..),
+            rng.u8(..)
+        ));
     }
     if rng.u8(..4) == 0 {
         let name: String = (0..rng.usize(1..20)).map(|_| rng.alphabetic()).collect();
-        req.push_str(&format!("x-{name}: {}\r\n", "v".repeat(rng.usize(0..5_000))));
+        req.push_str(&format!(
+            "x-{name}: {}\r\n",
+            "v".repeat(rng.usize(0..5_000))
+        ));
     }
-    let body = if rng.bool() { "z".repeat(rng.usize(0..3_000)) } else { String::new() };
+    let body = if rng.bool() {
+        "z".repeat(rng.usize(0..3_000))
+    } else {
+        String::new()
+    };
     req.push_str(&format!("content-length: {}\r\n\r\n{body}", body.len()));
     req.into_bytes()
 }
@@ -185,7 +321,11 @@ fn hostile_request(rng: &mut fastrand::Rng) -> Vec<u8> {
 #[test]
 fn ten_thousand_hostile_requests_never_break_the_filter() {
     // Loopback is not allowlisted here, so management paths take the local-reply path too.
-    let stack = Stack::with_plugin_config(three("fixed:1"), r#"{"management": {"allowed_cidrs": ["10.0.0.0/8"]}}"#).unwrap();
+    let stack = Stack::with_plugin_config(
+        three("fixed:1"),
+        r#"{"management": {"allowed_cidrs": ["10.0.0.0/8"]}}"#,
+    )
+    .unwrap();
     let addr = stack.url.trim_start_matches("http://").to_string();
     let workers: Vec<_> = (0..4u64)
         .map(|seed| {
@@ -194,7 +334,9 @@ fn ten_thousand_hostile_requests_never_break_the_filter() {
                 let mut rng = fastrand::Rng::with_seed(seed);
                 let mut codes = std::collections::BTreeMap::<u16, u32>::new();
                 for _ in 0..2_500 {
-                    *codes.entry(raw_request(&addr, &hostile_request(&mut rng))).or_default() += 1;
+                    *codes
+                        .entry(raw_request(&addr, &hostile_request(&mut rng)))
+                        .or_default() += 1;
                 }
                 codes
             })
@@ -208,17 +350,41 @@ fn ten_thousand_hostile_requests_never_break_the_filter() {
     }
     eprintln!("status codes of 10,000 hostile requests: {codes:?}");
     assert_eq!(codes.values().sum::<u32>(), 10_000);
-    let server_errors: u32 = codes.iter().filter(|(c, _)| **c >= 500 || **c == 0).map(|(_, n)| n).sum();
+    let server_errors: u32 = codes
+        .iter()
+        .filter(|(c, _)| **c >= 500 || **c == 0)
+        .map(|(_, n)| n)
+        .sum();
     assert_eq!(server_errors, 0, "5xx or broken connections: {codes:?}");
-    assert!(codes.get(&200).copied().unwrap_or(0) > 1_000, "most requests should pass: {codes:?}");
-    assert!(codes.get(&403).copied().unwrap_or(0) > 100, "management paths should be refused: {codes:?}");
+    assert!(
+        codes.get(&200).copied().unwrap_or(0) > 1_000,
+        "most requests should pass: {codes:?}"
+    );
+    assert!(
+        codes.get(&403).copied().unwrap_or(0) > 100,
+        "management paths should be refused: {codes:?}"
+    );
     let log = stack.envoy.log();
-    for needle in ["panicked", "Wasm VM failed", "wasm_fail_stream", "[critical]"] {
+    for needle in [
+        "panicked",
+        "Wasm VM failed",
+        "wasm_fail_stream",
+        "[critical]",
+    ] {
         assert!(!log.contains(needle), "Envoy log mentions {needle:?}");
     }
     let stats = stack.envoy.stats().unwrap_or_default();
-    let reloads: u64 = stats.iter().filter(|(k, _)| k.contains("vm_reload") && !k.contains("backoff")).map(|(_, v)| v).sum();
+    let reloads: u64 = stats
+        .iter()
+        .filter(|(k, _)| k.contains("vm_reload") && !k.contains("backoff"))
+        .map(|(_, v)| v)
+        .sum();
     assert_eq!(reloads, 0, "the VM was reloaded: {stats:?}");
     // The plugin still balances afterwards.
-    assert_eq!(http::get(&format!("{}/after", stack.url), &[]).unwrap().status, 200);
+    assert_eq!(
+        http::get(&format!("{}/after", stack.url), &[])
+            .unwrap()
+            .status,
+        200
+    );
 }

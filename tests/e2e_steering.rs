@@ -33,8 +33,14 @@ fn traffic_leaves_the_slow_backend_but_keeps_probing_it() {
     let records = stack.load(200.0, 15).unwrap();
     let counts = stack.served();
     let slow = share(&counts, "slow");
-    assert!(slow <= 0.05, "at least 95 % must reach the fast two, served: {counts:?}");
-    assert!(counts.iter().any(|(n, c)| n == "slow" && *c > 0), "the slow backend must still be probed: {counts:?}");
+    assert!(
+        slow <= 0.05,
+        "at least 95 % must reach the fast two, served: {counts:?}"
+    );
+    assert!(
+        counts.iter().any(|(n, c)| n == "slow" && *c > 0),
+        "the slow backend must still be probed: {counts:?}"
+    );
     let errors = records.iter().filter(|r| r.is_error()).count();
     assert_eq!(errors, 0, "no request may fail");
 }
@@ -50,19 +56,34 @@ fn a_recovered_backend_earns_its_share_back() {
     stack.reset_counts();
     let load = stack.load_in_background(100.0, BOUND.as_secs() + 5);
     std::thread::sleep(Duration::from_secs(2));
-    assert!(share(&stack.served(), "slow") < 0.05, "still avoided before it recovers: {:?}", stack.served());
+    assert!(
+        share(&stack.served(), "slow") < 0.05,
+        "still avoided before it recovers: {:?}",
+        stack.served()
+    );
     slow.set_latency("uniform:50-100".parse().unwrap());
     let mut last = stack.served();
     let took = within(BOUND, || {
         std::thread::sleep(Duration::from_millis(1750));
         let now = stack.served();
-        let window: Vec<(String, u64)> = now.iter().zip(&last).map(|((n, a), (_, b))| (n.clone(), a - b)).collect();
+        let window: Vec<(String, u64)> = now
+            .iter()
+            .zip(&last)
+            .map(|((n, a), (_, b))| (n.clone(), a - b))
+            .collect();
         last = now;
         share(&window, "slow") >= 0.20
     });
     load.join().unwrap().unwrap();
-    assert!(took.is_some(), "the recovered backend did not reach 20 % within {BOUND:?}: {:?}", stack.served());
-    eprintln!("recovered backend back to >= 20 % after {:?}", took.unwrap_or_default());
+    assert!(
+        took.is_some(),
+        "the recovered backend did not reach 20 % within {BOUND:?}: {:?}",
+        stack.served()
+    );
+    eprintln!(
+        "recovered backend back to >= 20 % after {:?}",
+        took.unwrap_or_default()
+    );
 }
 
 /// What it observes: for every request carrying a forged override header, the override header
@@ -78,22 +99,35 @@ fn a_recovered_backend_earns_its_share_back() {
 #[test]
 fn a_client_supplied_override_header_never_decides_the_host() {
     let stack = Stack::start(seed_backends()).unwrap();
-    let address_of: BTreeMap<String, String> =
-        stack.backends.iter().map(|b| (b.name().to_string(), b.addr().to_string())).collect();
+    let address_of: BTreeMap<String, String> = stack
+        .backends
+        .iter()
+        .map(|b| (b.name().to_string(), b.addr().to_string()))
+        .collect();
     let twice = |address: &str| format!("{address},{address}");
     let slow = twice(&address_of["slow"]);
     let admin = twice(&stack.envoy.admin_addr().to_string());
     let forged = |value: &str| {
-        let r = http::get(&format!("{}/work", stack.url), &[(OVERRIDE_HEADER, value)]).unwrap_or_else(|e| panic!("{e}"));
+        let r = http::get(&format!("{}/work", stack.url), &[(OVERRIDE_HEADER, value)])
+            .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(r.status, 200, "forged {value}: {r:?}");
-        (r.header("x-backend").unwrap_or_default().to_string(), r.header(SEEN_OVERRIDE_HEADER).map(str::to_string))
+        (
+            r.header("x-backend").unwrap_or_default().to_string(),
+            r.header(SEEN_OVERRIDE_HEADER).map(str::to_string),
+        )
     };
     let check = |value: &str| -> bool {
         let (backend, seen) = forged(value);
         let Some(seen) = seen else { return false }; // left to the fallback: no header at all
-        assert_ne!(seen, value, "the client's value reached {backend} unchanged");
+        assert_ne!(
+            seen, value,
+            "the client's value reached {backend} unchanged"
+        );
         let first = seen.split(',').next().unwrap_or_default();
-        assert_eq!(first, address_of[&backend], "{backend} served a request whose header named {seen}");
+        assert_eq!(
+            first, address_of[&backend],
+            "{backend} served a request whose header named {seen}"
+        );
         true
     };
     // From the very first request (no table yet) ...
@@ -102,8 +136,14 @@ fn a_client_supplied_override_header_never_decides_the_host() {
     }
     // ... and once the table has formed, when most requests are steered.
     stack.load(100.0, 6).unwrap();
-    let steered = std::iter::repeat_n(slow.as_str(), 100).chain([admin.as_str()]).filter(|v| check(v)).count();
-    assert!(steered >= 90, "the plugin steered only {steered} of 101 requests");
+    let steered = std::iter::repeat_n(slow.as_str(), 100)
+        .chain([admin.as_str()])
+        .filter(|v| check(v))
+        .count();
+    assert!(
+        steered >= 90,
+        "the plugin steered only {steered} of 101 requests"
+    );
 }
 
 #[test]
@@ -115,14 +155,33 @@ fn both_workers_steer_from_one_shared_table() {
     // "[time][thread][debug][wasm] ... adopted table v7 for cluster backend: a=0.49 b=0.49 c=0.005"
     let mut threads_by_table: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for line in log.lines().filter(|l| l.contains("adopted table v")) {
-        let thread = line.split('[').nth(2).and_then(|s| s.split(']').next()).unwrap_or_default().to_string();
-        let table = line.split("adopted table ").nth(1).unwrap_or_default().to_string();
+        let thread = line
+            .split('[')
+            .nth(2)
+            .and_then(|s| s.split(']').next())
+            .unwrap_or_default()
+            .to_string();
+        let table = line
+            .split("adopted table ")
+            .nth(1)
+            .unwrap_or_default()
+            .to_string();
         threads_by_table.entry(table).or_default().insert(thread);
     }
-    let shared = threads_by_table.values().filter(|threads| threads.len() >= 2).count();
-    assert!(shared >= 3, "no table (version and shares) was adopted by two workers: {threads_by_table:#?}");
+    let shared = threads_by_table
+        .values()
+        .filter(|threads| threads.len() >= 2)
+        .count();
+    assert!(
+        shared >= 3,
+        "no table (version and shares) was adopted by two workers: {threads_by_table:#?}"
+    );
     // And the load both workers steered avoided the slow backend alike.
     stack.reset_counts();
     stack.load(150.0, 5).unwrap();
-    assert!(share(&stack.served(), "slow") <= 0.05, "{:?}", stack.served());
+    assert!(
+        share(&stack.served(), "slow") <= 0.05,
+        "{:?}",
+        stack.served()
+    );
 }

@@ -46,13 +46,22 @@ fn route() -> (String, String) {
     let eep = policy("EnvoyExtensionPolicy");
     let target = &eep.spec()["targetRefs"][0];
     assert_eq!(target["kind"], "HTTPRoute");
-    (eep.doc["metadata"]["namespace"].as_str().unwrap().to_string(), target["name"].as_str().unwrap().to_string())
+    (
+        eep.doc["metadata"]["namespace"]
+            .as_str()
+            .unwrap()
+            .to_string(),
+        target["name"].as_str().unwrap().to_string(),
+    )
 }
 
 /// The plugin's configuration and the wasm filter EnvoyExtensionPolicy's first module becomes.
 fn wasm_filter() -> (String, Value) {
     let eep = policy("EnvoyExtensionPolicy");
-    let (ns, name) = (eep.doc["metadata"]["namespace"].as_str().unwrap(), eep.doc["metadata"]["name"].as_str().unwrap());
+    let (ns, name) = (
+        eep.doc["metadata"]["namespace"].as_str().unwrap(),
+        eep.doc["metadata"]["name"].as_str().unwrap(),
+    );
     let wasm = &eep.spec()["wasm"][0];
     let filter_name = format!("envoy.filters.http.wasm/envoyextensionpolicy/{ns}/{name}/wasm/0");
     let filter = json!({
@@ -79,7 +88,12 @@ fn wasm_filter() -> (String, Value) {
 /// What the ClientTrafficPolicy's `earlyRequestHeaders.remove` becomes.
 fn early_header_mutation() -> Value {
     let ctp = policy("ClientTrafficPolicy");
-    let removals: Vec<Value> = ctp.spec()["headers"]["earlyRequestHeaders"]["remove"].as_array().unwrap().iter().map(|h| json!({"remove": h})).collect();
+    let removals: Vec<Value> = ctp.spec()["headers"]["earlyRequestHeaders"]["remove"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|h| json!({"remove": h}))
+        .collect();
     json!([{
         "name": "envoy.http.early_header_mutation.header_mutation",
         "typed_config": {"@type": "type.googleapis.com/envoy.extensions.http.early_header_mutation.header_mutation.v3.HeaderMutation", "mutations": removals},
@@ -95,7 +109,12 @@ fn cluster(name: &str, backends: &[Backend]) -> Value {
         Some("Random") => ("envoy.load_balancing_policies.random", "type.googleapis.com/envoy.extensions.load_balancing_policies.random.v3.Random"),
         other => panic!("fallback {other:?} is not translated here"),
     };
-    let sources: Vec<Value> = lb["endpointOverride"]["extractFrom"].as_array().unwrap().iter().map(|s| json!({"header": s["header"]})).collect();
+    let sources: Vec<Value> = lb["endpointOverride"]["extractFrom"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| json!({"header": s["header"]}))
+        .collect();
     json!({
         "name": name,
         "type": "STATIC",
@@ -119,7 +138,12 @@ fn cluster(name: &str, backends: &[Backend]) -> Value {
 
 /// The Gateway's listener and the route's cluster, with or without the ClientTrafficPolicy and
 /// the plugin (without it: the route as Envoy Gateway leaves it when the module failed open).
-fn gateway(listen: u16, backends: &[Backend], with_client_policy: bool, with_plugin: bool) -> String {
+fn gateway(
+    listen: u16,
+    backends: &[Backend],
+    with_client_policy: bool,
+    with_plugin: bool,
+) -> String {
     let (ns, name) = route();
     let cluster_name = format!("httproute/{ns}/{name}/rule/0");
     let mut filters = Vec::new();
@@ -159,14 +183,25 @@ fn served(backends: &[Backend]) -> Vec<u64> {
 }
 
 /// `n` sequential requests, each naming `forged` in the header; what each backend served.
-fn forged_requests(listen: u16, backends: &[Backend], header: &str, forged: &str, n: u64) -> Vec<u64> {
+fn forged_requests(
+    listen: u16,
+    backends: &[Backend],
+    header: &str,
+    forged: &str,
+    n: u64,
+) -> Vec<u64> {
     let before = served(backends);
     let url = format!("http://127.0.0.1:{listen}/work");
     for _ in 0..n {
-        let r = harness::http::get(&url, &[(header, forged)]).unwrap_or_else(|e| panic!("{url}: {e}"));
+        let r =
+            harness::http::get(&url, &[(header, forged)]).unwrap_or_else(|e| panic!("{url}: {e}"));
         assert_eq!(r.status, 200, "{r:?}");
     }
-    served(backends).iter().zip(&before).map(|(a, b)| a - b).collect()
+    served(backends)
+        .iter()
+        .zip(&before)
+        .map(|(a, b)| a - b)
+        .collect()
 }
 
 #[test]
@@ -174,13 +209,26 @@ fn the_policies_agree_with_each_other() {
     let (ns, name) = route();
     let config = {
         let eep = policy("EnvoyExtensionPolicy");
-        Config::from_json(eep.spec()["wasm"][0]["config"].to_string().as_bytes()).unwrap_or_else(|e| panic!("{e}"))
+        Config::from_json(eep.spec()["wasm"][0]["config"].to_string().as_bytes())
+            .unwrap_or_else(|e| panic!("{e}"))
     };
     let btp = policy("BackendTrafficPolicy");
-    assert_eq!(btp.spec()["targetRefs"], policy("EnvoyExtensionPolicy").spec()["targetRefs"], "the plugin runs on the route whose clusters obey it");
-    assert_eq!(btp.spec()["loadBalancer"]["endpointOverride"]["extractFrom"], json!([{"header": config.override_header()}]));
-    let removed = policy("ClientTrafficPolicy").spec()["headers"]["earlyRequestHeaders"]["remove"].clone();
-    assert_eq!(removed, json!([config.override_header()]), "the client's copy of the plugin's header is removed");
+    assert_eq!(
+        btp.spec()["targetRefs"],
+        policy("EnvoyExtensionPolicy").spec()["targetRefs"],
+        "the plugin runs on the route whose clusters obey it"
+    );
+    assert_eq!(
+        btp.spec()["loadBalancer"]["endpointOverride"]["extractFrom"],
+        json!([{"header": config.override_header()}])
+    );
+    let removed =
+        policy("ClientTrafficPolicy").spec()["headers"]["earlyRequestHeaders"]["remove"].clone();
+    assert_eq!(
+        removed,
+        json!([config.override_header()]),
+        "the client's copy of the plugin's header is removed"
+    );
     // The plugin steers every rule of the route, and nothing else.
     for (cluster, want) in [
         (format!("httproute/{ns}/{name}/rule/0"), true),
@@ -189,9 +237,17 @@ fn the_policies_agree_with_each_other() {
         (format!("httproute/{ns}/other/rule/0"), false),
         (format!("grpcroute/{ns}/{name}/rule/0"), false),
     ] {
-        assert_eq!(config.steers(&cluster), want, "steered_clusters on {cluster}");
+        assert_eq!(
+            config.steers(&cluster),
+            want,
+            "steered_clusters on {cluster}"
+        );
     }
-    assert_eq!(policy("EnvoyExtensionPolicy").spec()["wasm"][0]["failOpen"], true, "a balancing hint must not take the route down");
+    assert_eq!(
+        policy("EnvoyExtensionPolicy").spec()["wasm"][0]["failOpen"],
+        true,
+        "a balancing hint must not take the route down"
+    );
 }
 
 /// The header the plugin sets is obeyed and a forged one is not. Backends `a` and `b` answer at
@@ -203,10 +259,14 @@ fn the_policies_agree_with_each_other() {
 fn through_envoy_gateways_translation_the_plugin_steers_and_a_forged_header_does_not() {
     let backends: Vec<Backend> = [("a", 0), ("b", 0), ("c", 100)]
         .iter()
-        .map(|(n, ms)| Backend::start_local(BackendSpec::new(*n, Latency::Fixed(*ms))).unwrap_or_else(|e| panic!("{e}")))
+        .map(|(n, ms)| {
+            Backend::start_local(BackendSpec::new(*n, Latency::Fixed(*ms)))
+                .unwrap_or_else(|e| panic!("{e}"))
+        })
         .collect();
     let listen = free_port().unwrap();
-    let envoy = Envoy::start(EnvoyOptions::new(gateway(listen, &backends, true, true))).unwrap_or_else(|e| panic!("envoy: {e:#}"));
+    let envoy = Envoy::start(EnvoyOptions::new(gateway(listen, &backends, true, true)))
+        .unwrap_or_else(|e| panic!("envoy: {e:#}"));
     let header = "x-ewma-lb-host";
     let slow = backends[2].addr().to_string();
     forged_requests(listen, &backends, header, &slow, 60);
@@ -215,11 +275,20 @@ fn through_envoy_gateways_translation_the_plugin_steers_and_a_forged_header_does
     eprintln!("served of 150 forged to name the slow host (a, b, c): {got:?}");
     let (ns, name) = route();
     let steered = envoy.admin_get("/stats/prometheus").unwrap();
-    assert!(got[2] <= 15, "the slow host served {got:?} of 150 requests forged to name it");
     assert!(
-        steered.lines().any(|l| l.starts_with(&format!("ewma_lb_steered_requests_total{{cluster_name=\"httproute/{ns}/{name}/rule/0\"}}"))),
+        got[2] <= 15,
+        "the slow host served {got:?} of 150 requests forged to name it"
+    );
+    assert!(
+        steered.lines().any(|l| l.starts_with(&format!(
+            "ewma_lb_steered_requests_total{{cluster_name=\"httproute/{ns}/{name}/rule/0\"}}"
+        ))),
         "the plugin steered nothing on the route's cluster:\n{}",
-        steered.lines().filter(|l| l.starts_with("ewma_lb")).collect::<Vec<_>>().join("\n")
+        steered
+            .lines()
+            .filter(|l| l.starts_with("ewma_lb"))
+            .collect::<Vec<_>>()
+            .join("\n")
     );
 }
 
@@ -230,18 +299,34 @@ fn through_envoy_gateways_translation_the_plugin_steers_and_a_forged_header_does
 /// control).
 #[test]
 fn without_the_plugin_the_early_removal_still_keeps_clients_from_choosing_the_host() {
-    let backends: Vec<Backend> = ["a", "b", "c"].iter().map(|n| Backend::start_local(BackendSpec::new(*n, Latency::Fixed(0))).unwrap()).collect();
+    let backends: Vec<Backend> = ["a", "b", "c"]
+        .iter()
+        .map(|n| Backend::start_local(BackendSpec::new(*n, Latency::Fixed(0))).unwrap())
+        .collect();
     let named = backends[1].addr().to_string();
     for with_client_policy in [true, false] {
         let listen = free_port().unwrap();
-        let envoy = Envoy::start(EnvoyOptions::new(gateway(listen, &backends, with_client_policy, false))).unwrap_or_else(|e| panic!("envoy: {e:#}"));
+        let envoy = Envoy::start(EnvoyOptions::new(gateway(
+            listen,
+            &backends,
+            with_client_policy,
+            false,
+        )))
+        .unwrap_or_else(|e| panic!("envoy: {e:#}"));
         let got = forged_requests(listen, &backends, "x-ewma-lb-host", &named, 300);
         eprintln!("early removal {with_client_policy}: served of 300 forged to name b: {got:?}");
         drop(envoy);
         if with_client_policy {
-            assert!(got[1] <= 150 && got.iter().all(|g| *g >= 50), "the forged header chose the host: {got:?}");
+            assert!(
+                got[1] <= 150 && got.iter().all(|g| *g >= 50),
+                "the forged header chose the host: {got:?}"
+            );
         } else {
-            assert_eq!(got, vec![0, 300, 0], "without the early removal the header is obeyed (the control)");
+            assert_eq!(
+                got,
+                vec![0, 300, 0],
+                "without the early removal the header is obeyed (the control)"
+            );
         }
     }
 }
@@ -249,8 +334,12 @@ fn without_the_plugin_the_early_removal_still_keeps_clients_from_choosing_the_ho
 /// The translated configuration is one Envoy accepts, with the plugin and without.
 #[test]
 fn the_translation_validates() {
-    let backends: Vec<Backend> = ["a"].iter().map(|n| Backend::start_local(BackendSpec::new(*n, Latency::Fixed(0))).unwrap()).collect();
+    let backends: Vec<Backend> = ["a"]
+        .iter()
+        .map(|n| Backend::start_local(BackendSpec::new(*n, Latency::Fixed(0))).unwrap())
+        .collect();
     for with_plugin in [true, false] {
-        Envoy::validate(&gateway(free_port().unwrap(), &backends, true, with_plugin)).unwrap_or_else(|e| panic!("{e:#}"));
+        Envoy::validate(&gateway(free_port().unwrap(), &backends, true, with_plugin))
+            .unwrap_or_else(|e| panic!("{e:#}"));
     }
 }

@@ -20,7 +20,12 @@
 //! What the Envoy runs observe is Envoy's own verdict (`--mode validate`, then a running Envoy
 //! that routes by the header or not), never the emulation's opinion of itself.
 
-#![allow(clippy::panic, clippy::indexing_slicing, clippy::unwrap_used, clippy::expect_used)] // tests fail by panicking
+#![allow(
+    clippy::panic,
+    clippy::indexing_slicing,
+    clippy::unwrap_used,
+    clippy::expect_used
+)] // tests fail by panicking
 #![cfg(not(target_arch = "wasm32"))] // real processes: native only
 
 mod shipped;
@@ -45,10 +50,17 @@ struct Variant {
 
 fn variants() -> Vec<Variant> {
     let all = manifests("envoy-config/istio");
-    [("envoy-config/istio", "SIDECAR_OUTBOUND"), ("envoy-config/istio/gateway", "GATEWAY")]
-        .into_iter()
-        .map(|(dir, context)| Variant { dir, context, manifests: all.iter().filter(|m| m.dir() == dir).cloned().collect() })
-        .collect()
+    [
+        ("envoy-config/istio", "SIDECAR_OUTBOUND"),
+        ("envoy-config/istio/gateway", "GATEWAY"),
+    ]
+    .into_iter()
+    .map(|(dir, context)| Variant {
+        dir,
+        context,
+        manifests: all.iter().filter(|m| m.dir() == dir).cloned().collect(),
+    })
+    .collect()
 }
 
 impl Variant {
@@ -63,7 +75,12 @@ impl Variant {
     }
 
     fn patches(&self, apply_to: &str) -> Vec<&Value> {
-        self.envoyfilter()["configPatches"].as_array().unwrap().iter().filter(|p| p["applyTo"] == apply_to).collect()
+        self.envoyfilter()["configPatches"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["applyTo"] == apply_to)
+            .collect()
     }
 
     /// The service, port and subset the cluster patch matches.
@@ -72,7 +89,11 @@ impl Variant {
         assert_eq!(patch.len(), 1, "{}: one CLUSTER patch", self.dir);
         let m = &patch[0]["match"]["cluster"];
         let port = u16::try_from(m["portNumber"].as_u64().unwrap()).unwrap();
-        (m["service"].as_str().unwrap().to_string(), port, m["subset"].as_str().unwrap_or_default().to_string())
+        (
+            m["service"].as_str().unwrap().to_string(),
+            port,
+            m["subset"].as_str().unwrap_or_default().to_string(),
+        )
     }
 
     /// Every WasmPlugin of the variant (the sidecar one ships an oci:// and a file:// one).
@@ -80,20 +101,35 @@ impl Variant {
         of_kind(&self.manifests, "WasmPlugin")
             .into_iter()
             .map(|m| {
-                let json = m.spec().get("pluginConfig").cloned().unwrap_or_else(|| json!({}));
-                (m.file.clone(), Config::from_json(json.to_string().as_bytes()).unwrap_or_else(|e| panic!("{}: {e}", m.file)))
+                let json = m
+                    .spec()
+                    .get("pluginConfig")
+                    .cloned()
+                    .unwrap_or_else(|| json!({}));
+                (
+                    m.file.clone(),
+                    Config::from_json(json.to_string().as_bytes())
+                        .unwrap_or_else(|e| panic!("{}: {e}", m.file)),
+                )
             })
             .collect()
     }
 }
 
 fn header_of_cluster_patch(patch: &Value) -> String {
-    let policy = &patch["patch"]["value"]["load_balancing_policy"]["policies"][0]["typed_extension_config"];
-    policy["typed_config"]["override_host_sources"][0]["header"].as_str().unwrap_or_else(|| panic!("no header in {policy}")).to_string()
+    let policy =
+        &patch["patch"]["value"]["load_balancing_policy"]["policies"][0]["typed_extension_config"];
+    policy["typed_config"]["override_host_sources"][0]["header"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no header in {policy}"))
+        .to_string()
 }
 
 fn header_removed_by(patch: &Value) -> String {
-    patch["patch"]["value"]["typed_config"]["mutations"]["request_mutations"][0]["remove"].as_str().unwrap_or_default().to_string()
+    patch["patch"]["value"]["typed_config"]["mutations"]["request_mutations"][0]["remove"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
 }
 
 // === proxyVersion ==============================================================================
@@ -130,21 +166,46 @@ fn the_proxy_version_guard_admits_istio_1_27_and_every_later_release() {
         ("", false),
     ];
     for variant in variants() {
-        let patches: Vec<&Value> = variant.envoyfilter()["configPatches"].as_array().unwrap().iter().collect();
-        assert_eq!(patches.len(), 2, "{}: the cluster patch and the header removal", variant.dir);
+        let patches: Vec<&Value> = variant.envoyfilter()["configPatches"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .collect();
+        assert_eq!(
+            patches.len(),
+            2,
+            "{}: the cluster patch and the header removal",
+            variant.dir
+        );
         for patch in patches {
-            let pattern = patch["match"]["proxy"]["proxyVersion"].as_str().unwrap_or_else(|| panic!("{}: a patch without proxyVersion", variant.dir));
+            let pattern = patch["match"]["proxy"]["proxyVersion"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{}: a patch without proxyVersion", variant.dir));
             // Go's regexp is RE2; the regex crate reads the same syntax. MatchString is unanchored.
             let re = regex::Regex::new(pattern).unwrap_or_else(|e| panic!("{pattern}: {e}"));
-            assert!(pattern.len() < 1024, "istiod fails a proxyVersion longer than 1024 characters closed");
+            assert!(
+                pattern.len() < 1024,
+                "istiod fails a proxyVersion longer than 1024 characters closed"
+            );
             for (version, want) in cases {
-                assert_eq!(re.is_match(version), *want, "{}: proxyVersion {pattern} on ISTIO_VERSION {version:?}", variant.dir);
+                assert_eq!(
+                    re.is_match(version),
+                    *want,
+                    "{}: proxyVersion {pattern} on ISTIO_VERSION {version:?}",
+                    variant.dir
+                );
             }
         }
     }
     // The table's boundary is the documented minimum.
     let docs = read("docs/istio.md");
-    assert!(docs.contains(&format!("Istio {}.{} or newer", MINIMUM_ISTIO.0, MINIMUM_ISTIO.1)), "docs/istio.md must state the minimum Istio");
+    assert!(
+        docs.contains(&format!(
+            "Istio {}.{} or newer",
+            MINIMUM_ISTIO.0, MINIMUM_ISTIO.1
+        )),
+        "docs/istio.md must state the minimum Istio"
+    );
 }
 
 // === Consistency of each variant ==============================================================
@@ -153,24 +214,53 @@ fn the_proxy_version_guard_admits_istio_1_27_and_every_later_release() {
 fn each_variant_steers_exactly_the_cluster_it_patches_with_the_header_it_strips() {
     for variant in variants() {
         let (service, port, subset) = variant.patched();
-        assert!(!subset.is_empty(), "{}: the cluster patch must be limited to the ewma-lb subset", variant.dir);
+        assert!(
+            !subset.is_empty(),
+            "{}: the cluster patch must be limited to the ewma-lb subset",
+            variant.dir
+        );
         let patched_cluster = format!("outbound|{port}|{subset}|{service}");
         let header = header_of_cluster_patch(variant.patches("CLUSTER")[0]);
         let strip = variant.patches("HTTP_FILTER");
         assert_eq!(strip.len(), 1, "{}: one HTTP_FILTER patch", variant.dir);
-        assert_eq!(strip[0]["patch"]["operation"], "INSERT_FIRST", "{}: the removal must come before every other filter", variant.dir);
-        assert_eq!(header_removed_by(strip[0]), header, "{}: the native filter must remove the header override_host reads", variant.dir);
+        assert_eq!(
+            strip[0]["patch"]["operation"], "INSERT_FIRST",
+            "{}: the removal must come before every other filter",
+            variant.dir
+        );
+        assert_eq!(
+            header_removed_by(strip[0]),
+            header,
+            "{}: the native filter must remove the header override_host reads",
+            variant.dir
+        );
         for patch in variant.envoyfilter()["configPatches"].as_array().unwrap() {
-            assert_eq!(patch["match"]["context"], variant.context, "{}", variant.dir);
+            assert_eq!(
+                patch["match"]["context"], variant.context,
+                "{}",
+                variant.dir
+            );
         }
 
         let plugins = variant.plugin_configs();
         assert!(!plugins.is_empty(), "{}: no WasmPlugin", variant.dir);
         for (file, config) in &plugins {
-            assert_eq!(config.override_header(), header, "{file}: the plugin writes the header the cluster reads");
-            assert!(config.steers(&patched_cluster), "{file}: steered_clusters must name {patched_cluster}");
+            assert_eq!(
+                config.override_header(),
+                header,
+                "{file}: the plugin writes the header the cluster reads"
+            );
+            assert!(
+                config.steers(&patched_cluster),
+                "{file}: steered_clusters must name {patched_cluster}"
+            );
             // ...and nothing else: not the service's default cluster, not another subset or port.
-            for other in [format!("outbound|{port}||{service}"), format!("outbound|{port}|v1|{service}"), format!("outbound|{}|{subset}|{service}", port + 1), "outbound|9080||details.default.svc.cluster.local".to_string()] {
+            for other in [
+                format!("outbound|{port}||{service}"),
+                format!("outbound|{port}|v1|{service}"),
+                format!("outbound|{}|{subset}|{service}", port + 1),
+                "outbound|9080||details.default.svc.cluster.local".to_string(),
+            ] {
                 assert!(!config.steers(&other), "{file}: steered_clusters must not name {other}, which the patch does not reach");
             }
         }
@@ -178,25 +268,88 @@ fn each_variant_steers_exactly_the_cluster_it_patches_with_the_header_it_strips(
         // called port is the listener's.
         let ef_selector = &variant.one("EnvoyFilter").spec()["workloadSelector"]["labels"];
         for plugin in of_kind(&variant.manifests, "WasmPlugin") {
-            assert_eq!(&plugin.spec()["selector"]["matchLabels"], ef_selector, "{}: the WasmPlugin and the EnvoyFilter select the same workloads", plugin.file);
-            assert_eq!(plugin.doc["metadata"]["namespace"], variant.one("EnvoyFilter").doc["metadata"]["namespace"], "{}", plugin.file);
-            let ports: Vec<u64> = plugin.spec()["match"].as_array().unwrap().iter().flat_map(|m| m["ports"].as_array().cloned().unwrap_or_default()).filter_map(|p| p["number"].as_u64()).collect();
-            assert_eq!(ports, vec![strip[0]["match"]["listener"]["portNumber"].as_u64().unwrap()], "{}: the plugin's port is the listener the header is removed on", plugin.file);
-            let modes: Vec<&str> = plugin.spec()["match"].as_array().unwrap().iter().filter_map(|m| m["mode"].as_str()).collect();
-            assert_eq!(modes, vec!["CLIENT"], "{}: outbound traffic (on a gateway, CLIENT is the only mode that matches)", plugin.file);
-            assert_eq!(plugin.spec()["failStrategy"], "FAIL_OPEN", "{}: Istio installs allow-all only for FAIL_OPEN when the module cannot be fetched", plugin.file);
+            assert_eq!(
+                &plugin.spec()["selector"]["matchLabels"],
+                ef_selector,
+                "{}: the WasmPlugin and the EnvoyFilter select the same workloads",
+                plugin.file
+            );
+            assert_eq!(
+                plugin.doc["metadata"]["namespace"],
+                variant.one("EnvoyFilter").doc["metadata"]["namespace"],
+                "{}",
+                plugin.file
+            );
+            let ports: Vec<u64> = plugin.spec()["match"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .flat_map(|m| m["ports"].as_array().cloned().unwrap_or_default())
+                .filter_map(|p| p["number"].as_u64())
+                .collect();
+            assert_eq!(
+                ports,
+                vec![strip[0]["match"]["listener"]["portNumber"]
+                    .as_u64()
+                    .unwrap()],
+                "{}: the plugin's port is the listener the header is removed on",
+                plugin.file
+            );
+            let modes: Vec<&str> = plugin.spec()["match"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter_map(|m| m["mode"].as_str())
+                .collect();
+            assert_eq!(
+                modes,
+                vec!["CLIENT"],
+                "{}: outbound traffic (on a gateway, CLIENT is the only mode that matches)",
+                plugin.file
+            );
+            assert_eq!(
+                plugin.spec()["failStrategy"],
+                "FAIL_OPEN",
+                "{}: Istio installs allow-all only for FAIL_OPEN when the module cannot be fetched",
+                plugin.file
+            );
         }
         // The subset exists, turns locality off, and the route goes to it.
         let dr = variant.one("DestinationRule").spec();
         assert_eq!(dr["host"], service.as_str(), "{}", variant.dir);
-        assert!(dr.get("trafficPolicy").is_none(), "{}: the shipped rule holds only the subset, so it merges into the user's rule", variant.dir);
-        let ours = dr["subsets"].as_array().unwrap().iter().find(|s| s["name"] == subset.as_str()).unwrap_or_else(|| panic!("{}: no subset {subset}", variant.dir));
-        assert_eq!(ours["trafficPolicy"]["loadBalancer"]["localityLbSetting"]["enabled"], false, "{}", variant.dir);
-        assert!(ours.get("labels").is_none(), "{}: the subset is every endpoint of the service", variant.dir);
-        let vs = variant.one("VirtualService").spec();
-        let destinations: Vec<&Value> = vs["http"].as_array().unwrap().iter().flat_map(|r| r["route"].as_array().unwrap()).map(|r| &r["destination"]).collect();
         assert!(
-            destinations.iter().any(|d| d["host"] == service.as_str() && d["subset"] == subset.as_str() && d["port"]["number"] == port),
+            dr.get("trafficPolicy").is_none(),
+            "{}: the shipped rule holds only the subset, so it merges into the user's rule",
+            variant.dir
+        );
+        let ours = dr["subsets"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == subset.as_str())
+            .unwrap_or_else(|| panic!("{}: no subset {subset}", variant.dir));
+        assert_eq!(
+            ours["trafficPolicy"]["loadBalancer"]["localityLbSetting"]["enabled"], false,
+            "{}",
+            variant.dir
+        );
+        assert!(
+            ours.get("labels").is_none(),
+            "{}: the subset is every endpoint of the service",
+            variant.dir
+        );
+        let vs = variant.one("VirtualService").spec();
+        let destinations: Vec<&Value> = vs["http"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|r| r["route"].as_array().unwrap())
+            .map(|r| &r["destination"])
+            .collect();
+        assert!(
+            destinations.iter().any(|d| d["host"] == service.as_str()
+                && d["subset"] == subset.as_str()
+                && d["port"]["number"] == port),
             "{}: the VirtualService must route to {service}:{port} subset {subset}",
             variant.dir
         );
@@ -233,25 +386,96 @@ fn outlier() -> Value {
 }
 
 fn cases() -> Vec<Case> {
-    let case = |name, mesh: Mesh, traffic_distribution, user_rule: Option<Value>| Case { name, mesh, traffic_distribution, user_rule, residual: false };
-    let default_mesh = Mesh { locality_lb_setting: Some(json!({"enabled": true})), ..Mesh::default() };
+    let case = |name, mesh: Mesh, traffic_distribution, user_rule: Option<Value>| Case {
+        name,
+        mesh,
+        traffic_distribution,
+        user_rule,
+        residual: false,
+    };
+    let default_mesh = Mesh {
+        locality_lb_setting: Some(json!({"enabled": true})),
+        ..Mesh::default()
+    };
     vec![
         case("mesh default, no rule", default_mesh.clone(), None, None),
-        case("outlier detection (default failover: EDS priorities only)", default_mesh.clone(), None, Some(json!({"trafficPolicy": {"outlierDetection": outlier()}}))),
-        case("locality distribute", default_mesh.clone(), None, Some(json!({"trafficPolicy": {"loadBalancer": {"localityLbSetting": {"distribute": [{"from": "r1/*", "to": {"r1/*": 80, "r2/*": 20}}]}}}}))),
-        case("locality failover with outlier detection", default_mesh.clone(), None, Some(json!({"trafficPolicy": {"outlierDetection": outlier(), "loadBalancer": {"localityLbSetting": {"failover": [{"from": "r1", "to": "r2"}]}}}}))),
-        case("failoverPriority with outlier detection", default_mesh.clone(), None, Some(json!({"trafficPolicy": {"outlierDetection": outlier(), "loadBalancer": {"localityLbSetting": {"failoverPriority": ["topology.kubernetes.io/region", "topology.kubernetes.io/zone"]}}}}))),
-        case("Service trafficDistribution PreferClose", default_mesh.clone(), Some("PreferClose"), None),
-        case("Service trafficDistribution PreferSameNode", default_mesh.clone(), Some("PreferSameNode"), None),
+        case(
+            "outlier detection (default failover: EDS priorities only)",
+            default_mesh.clone(),
+            None,
+            Some(json!({"trafficPolicy": {"outlierDetection": outlier()}})),
+        ),
+        case(
+            "locality distribute",
+            default_mesh.clone(),
+            None,
+            Some(
+                json!({"trafficPolicy": {"loadBalancer": {"localityLbSetting": {"distribute": [{"from": "r1/*", "to": {"r1/*": 80, "r2/*": 20}}]}}}}),
+            ),
+        ),
+        case(
+            "locality failover with outlier detection",
+            default_mesh.clone(),
+            None,
+            Some(
+                json!({"trafficPolicy": {"outlierDetection": outlier(), "loadBalancer": {"localityLbSetting": {"failover": [{"from": "r1", "to": "r2"}]}}}}),
+            ),
+        ),
+        case(
+            "failoverPriority with outlier detection",
+            default_mesh.clone(),
+            None,
+            Some(
+                json!({"trafficPolicy": {"outlierDetection": outlier(), "loadBalancer": {"localityLbSetting": {"failoverPriority": ["topology.kubernetes.io/region", "topology.kubernetes.io/zone"]}}}}),
+            ),
+        ),
+        case(
+            "Service trafficDistribution PreferClose",
+            default_mesh.clone(),
+            Some("PreferClose"),
+            None,
+        ),
+        case(
+            "Service trafficDistribution PreferSameNode",
+            default_mesh.clone(),
+            Some("PreferSameNode"),
+            None,
+        ),
         case(
             "mesh failover and mesh default outlier detection",
-            Mesh { locality_lb_setting: Some(json!({"failover": [{"from": "r1", "to": "r2"}]})), default_outlier_detection: Some(outlier()), ..Mesh::default() },
+            Mesh {
+                locality_lb_setting: Some(json!({"failover": [{"from": "r1", "to": "r2"}]})),
+                default_outlier_detection: Some(outlier()),
+                ..Mesh::default()
+            },
             None,
             None,
         ),
-        case("rule zoneAwareLbSetting (1.31)", default_mesh.clone(), None, Some(json!({"trafficPolicy": {"loadBalancer": {"zoneAwareLbSetting": {"minClusterSize": 3}}}}))),
-        case("rule zoneAwareLbSetting disabled (routing 0 %)", default_mesh.clone(), None, Some(json!({"trafficPolicy": {"loadBalancer": {"zoneAwareLbSetting": {"enabled": false}}}}))),
-        case("mesh zoneAwareLbSetting", Mesh { zone_aware_lb_setting: Some(json!({})), ..default_mesh.clone() }, None, None),
+        case(
+            "rule zoneAwareLbSetting (1.31)",
+            default_mesh.clone(),
+            None,
+            Some(
+                json!({"trafficPolicy": {"loadBalancer": {"zoneAwareLbSetting": {"minClusterSize": 3}}}}),
+            ),
+        ),
+        case(
+            "rule zoneAwareLbSetting disabled (routing 0 %)",
+            default_mesh.clone(),
+            None,
+            Some(
+                json!({"trafficPolicy": {"loadBalancer": {"zoneAwareLbSetting": {"enabled": false}}}}),
+            ),
+        ),
+        case(
+            "mesh zoneAwareLbSetting",
+            Mesh {
+                zone_aware_lb_setting: Some(json!({})),
+                ..default_mesh.clone()
+            },
+            None,
+            None,
+        ),
         case(
             "port-level failover, version subsets with their own distribute",
             default_mesh.clone(),
@@ -266,14 +490,26 @@ fn cases() -> Vec<Case> {
         ),
         Case {
             residual: true,
-            ..case("istiod ENABLE_LOCALITY_WEIGHTED_LB_CONFIG=true", Mesh { env_locality_weighted: true, ..default_mesh }, None, None)
+            ..case(
+                "istiod ENABLE_LOCALITY_WEIGHTED_LB_CONFIG=true",
+                Mesh {
+                    env_locality_weighted: true,
+                    ..default_mesh
+                },
+                None,
+                None,
+            )
         },
     ]
 }
 
 /// `util.GetPortLevelTrafficPolicy`: a port's own settings replace the whole policy.
 fn port_level(policy: &Value, port: u16) -> (Value, bool) {
-    let found = policy["portLevelSettings"].as_array().into_iter().flatten().find(|p| p["port"]["number"] == port);
+    let found = policy["portLevelSettings"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["port"]["number"] == port);
     match found {
         Some(p) => {
             let mut copy = Map::new();
@@ -300,7 +536,9 @@ fn effective_policy(rule: &Value, subset: Option<&Value>, port: u16, mesh: &Mesh
             policy["outlierDetection"] = outlier.clone();
         }
     }
-    let Some(subset_policy) = subset.and_then(|s| s.get("trafficPolicy")) else { return policy };
+    let Some(subset_policy) = subset.and_then(|s| s.get("trafficPolicy")) else {
+        return policy;
+    };
     let (subset_policy, has_port_level) = port_level(subset_policy, port);
     if policy.is_null() {
         return subset_policy;
@@ -325,7 +563,11 @@ enum LbSetting {
     ZoneAware(Value),
 }
 
-fn effective_lb_setting(mesh: &Mesh, lb: &Value, traffic_distribution: Option<&str>) -> Option<LbSetting> {
+fn effective_lb_setting(
+    mesh: &Mesh,
+    lb: &Value,
+    traffic_distribution: Option<&str>,
+) -> Option<LbSetting> {
     if let Some(za) = lb.get("zoneAwareLbSetting") {
         return Some(LbSetting::ZoneAware(za.clone()));
     }
@@ -333,21 +575,34 @@ fn effective_lb_setting(mesh: &Mesh, lb: &Value, traffic_distribution: Option<&s
         if l["enabled"] == false {
             return None;
         }
-        return Some(LbSetting::Locality { setting: l.clone(), force: false });
+        return Some(LbSetting::Locality {
+            setting: l.clone(),
+            force: false,
+        });
     }
     if let Some(td) = traffic_distribution {
-        let mut priority = vec!["topology.istio.io/network", "topology.kubernetes.io/region", "topology.kubernetes.io/zone"];
+        let mut priority = vec![
+            "topology.istio.io/network",
+            "topology.kubernetes.io/region",
+            "topology.kubernetes.io/zone",
+        ];
         if td == "PreferSameNode" {
             priority.extend(["topology.istio.io/subzone", "kubernetes.io/hostname"]);
         }
-        return Some(LbSetting::Locality { setting: json!({"enabled": true, "failoverPriority": priority}), force: true });
+        return Some(LbSetting::Locality {
+            setting: json!({"enabled": true, "failoverPriority": priority}),
+            force: true,
+        });
     }
     if let Some(za) = &mesh.zone_aware_lb_setting {
         return Some(LbSetting::ZoneAware(za.clone()));
     }
     match &mesh.locality_lb_setting {
         Some(l) if l["enabled"] == false => None,
-        Some(l) => Some(LbSetting::Locality { setting: l.clone(), force: false }),
+        Some(l) => Some(LbSetting::Locality {
+            setting: l.clone(),
+            force: false,
+        }),
         None => None,
     }
 }
@@ -358,7 +613,14 @@ const LOCALITIES: [(&str, &str); 3] = [("r1", "z1"), ("r1", "z2"), ("r2", "z3")]
 /// A cluster as pilot builds it for `subset` of the service, before any EnvoyFilter: the fields
 /// that decide whether Envoy accepts `load_balancing_policy`, with the EDS answer inlined (a
 /// STATIC cluster with the same localities, weights and priorities stands in for EDS).
-fn build_cluster(case: &Case, rule: &Value, subset: Option<&Value>, service: &str, port: u16, backends: &[Backend]) -> Value {
+fn build_cluster(
+    case: &Case,
+    rule: &Value,
+    subset: Option<&Value>,
+    service: &str,
+    port: u16,
+    backends: &[Backend],
+) -> Value {
     let subset_name = subset.map_or("", |s| s["name"].as_str().unwrap());
     let name = format!("outbound|{port}|{subset_name}|{service}");
     let policy = effective_policy(rule, subset, port, &case.mesh);
@@ -378,7 +640,11 @@ fn build_cluster(case: &Case, rule: &Value, subset: Option<&Value>, service: &st
     // ApplyToCluster (HEAD: a nil setting applies LocalityLBSettings{}).
     let failover = match effective_lb_setting(&case.mesh, &lb, case.traffic_distribution) {
         Some(LbSetting::ZoneAware(za)) => {
-            cluster["common_lb_config"]["zone_aware_lb_config"] = if za["enabled"] == false { json!({"routing_enabled": {"value": 0}}) } else { json!({}) };
+            cluster["common_lb_config"]["zone_aware_lb_config"] = if za["enabled"] == false {
+                json!({"routing_enabled": {"value": 0}})
+            } else {
+                json!({})
+            };
             za["enabled"] != false
         }
         setting => {
@@ -388,7 +654,10 @@ fn build_cluster(case: &Case, rule: &Value, subset: Option<&Value>, service: &st
             };
             let enable_failover = force || outlier;
             let has_failover = l.get("failover").is_some() || l.get("failoverPriority").is_some();
-            if case.mesh.env_locality_weighted || (enable_failover && has_failover) || l.get("distribute").is_some() {
+            if case.mesh.env_locality_weighted
+                || (enable_failover && has_failover)
+                || l.get("distribute").is_some()
+            {
                 cluster["common_lb_config"]["locality_weighted_lb_config"] = json!({});
             }
             enable_failover && l.get("distribute").is_none()
@@ -441,8 +710,20 @@ fn merged_rule(user: Option<&Value>, ours: &Value) -> Value {
 /// (protobuf-go's `Mutable` on one member clears the others; JSON cannot tell).
 const ONEOFS: &[(&str, &[&str])] = &[
     ("", &["type", "cluster_type"]),
-    ("", &["ring_hash_lb_config", "maglev_lb_config", "original_dst_lb_config", "least_request_lb_config", "round_robin_lb_config"]),
-    ("common_lb_config", &["zone_aware_lb_config", "locality_weighted_lb_config"]),
+    (
+        "",
+        &[
+            "ring_hash_lb_config",
+            "maglev_lb_config",
+            "original_dst_lb_config",
+            "least_request_lb_config",
+            "round_robin_lb_config",
+        ],
+    ),
+    (
+        "common_lb_config",
+        &["zone_aware_lb_config", "locality_weighted_lb_config"],
+    ),
 ];
 
 /// `merge.Merge` (pkg/proto/merge/merge.go) on the JSON form: fields set in `src` are visited;
@@ -451,7 +732,9 @@ const ONEOFS: &[(&str, &[&str])] = &[
 /// setting one member of a oneof drops the others. A `null` in the patch is an unset field and
 /// changes nothing: MERGE cannot clear.
 fn proto_merge(dst: &mut Value, src: &Value, path: &str) {
-    let Value::Object(src_fields) = src else { return };
+    let Value::Object(src_fields) = src else {
+        return;
+    };
     if !dst.is_object() {
         *dst = json!({});
     }
@@ -467,7 +750,11 @@ fn proto_merge(dst: &mut Value, src: &Value, path: &str) {
                 }
             }
         }
-        let child = if path.is_empty() { k.clone() } else { format!("{path}.{k}") };
+        let child = if path.is_empty() {
+            k.clone()
+        } else {
+            format!("{path}.{k}")
+        };
         match v {
             Value::Array(items) => match dst_fields.entry(k.clone()).or_insert_with(|| json!([])) {
                 Value::Array(have) => have.extend(items.iter().cloned()),
@@ -476,7 +763,11 @@ fn proto_merge(dst: &mut Value, src: &Value, path: &str) {
             Value::Object(o) if o.contains_key("@type") => {
                 dst_fields.insert(k.clone(), v.clone());
             }
-            Value::Object(_) => proto_merge(dst_fields.entry(k.clone()).or_insert_with(|| json!({})), v, &child),
+            Value::Object(_) => proto_merge(
+                dst_fields.entry(k.clone()).or_insert_with(|| json!({})),
+                v,
+                &child,
+            ),
             _ => {
                 dst_fields.insert(k.clone(), v.clone());
             }
@@ -488,29 +779,48 @@ fn proto_merge(dst: &mut Value, src: &Value, path: &str) {
 /// matches a pattern.
 fn proxy_matches(patch: &Value, version: &str) -> bool {
     match patch["match"]["proxy"]["proxyVersion"].as_str() {
-        Some(pattern) => !version.is_empty() && regex::Regex::new(pattern).unwrap().is_match(version),
+        Some(pattern) => {
+            !version.is_empty() && regex::Regex::new(pattern).unwrap().is_match(version)
+        }
         None => true,
     }
 }
 
 fn context_matches(patch: &Value, context: &str) -> bool {
-    matches!(patch["match"]["context"].as_str(), None | Some("ANY")) || patch["match"]["context"] == context
+    matches!(patch["match"]["context"].as_str(), None | Some("ANY"))
+        || patch["match"]["context"] == context
 }
 
 /// `ApplyClusterMerge` with `clusterMatch`: the cluster after every CLUSTER patch, `None` when
 /// one removed it.
-fn apply_cluster_patches(envoyfilter: &Value, context: &str, version: &str, mut cluster: Value) -> Option<Value> {
+fn apply_cluster_patches(
+    envoyfilter: &Value,
+    context: &str,
+    version: &str,
+    mut cluster: Value,
+) -> Option<Value> {
     let name = cluster["name"].as_str().unwrap().to_string();
     let parts: Vec<&str> = name.split('|').collect();
-    for patch in envoyfilter["configPatches"].as_array().unwrap().iter().filter(|p| p["applyTo"] == "CLUSTER") {
+    for patch in envoyfilter["configPatches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["applyTo"] == "CLUSTER")
+    {
         let m = &patch["match"]["cluster"];
         let cluster_matches = match m["name"].as_str() {
             Some(n) if !n.is_empty() => n == name,
             _ => {
                 parts.len() == 4
-                    && m["subset"].as_str().is_none_or(|s| s.is_empty() || s == parts[2])
-                    && m["service"].as_str().is_none_or(|s| s.is_empty() || s == parts[3])
-                    && m["portNumber"].as_u64().is_none_or(|p| p == 0 || Some(p) == parts[1].parse().ok())
+                    && m["subset"]
+                        .as_str()
+                        .is_none_or(|s| s.is_empty() || s == parts[2])
+                    && m["service"]
+                        .as_str()
+                        .is_none_or(|s| s.is_empty() || s == parts[3])
+                    && m["portNumber"]
+                        .as_u64()
+                        .is_none_or(|p| p == 0 || Some(p) == parts[1].parse().ok())
             }
         };
         if !(cluster_matches && context_matches(patch, context) && proxy_matches(patch, version)) {
@@ -519,18 +829,35 @@ fn apply_cluster_patches(envoyfilter: &Value, context: &str, version: &str, mut 
         match patch["patch"]["operation"].as_str() {
             Some("REMOVE") => return None,
             Some("MERGE") => proto_merge(&mut cluster, &patch["patch"]["value"], ""),
-            other => panic!("{other:?} on CLUSTER is not emulated (and REPLACE does nothing there)"),
+            other => {
+                panic!("{other:?} on CLUSTER is not emulated (and REPLACE does nothing there)")
+            }
         }
     }
     Some(cluster)
 }
 
 /// `INSERT_FIRST` of the HTTP_FILTER patches that match an HCM of a listener on `port`.
-fn apply_http_filter_patches(envoyfilter: &Value, context: &str, version: &str, port: u16, filters: &mut Vec<Value>) {
-    for patch in envoyfilter["configPatches"].as_array().unwrap().iter().filter(|p| p["applyTo"] == "HTTP_FILTER") {
+fn apply_http_filter_patches(
+    envoyfilter: &Value,
+    context: &str,
+    version: &str,
+    port: u16,
+    filters: &mut Vec<Value>,
+) {
+    for patch in envoyfilter["configPatches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["applyTo"] == "HTTP_FILTER")
+    {
         let l = &patch["match"]["listener"];
-        let listener_matches = l["portNumber"].as_u64().is_none_or(|p| p == u64::from(port))
-            && l["filterChain"]["filter"]["name"].as_str().is_none_or(|n| n == "envoy.filters.network.http_connection_manager");
+        let listener_matches = l["portNumber"]
+            .as_u64()
+            .is_none_or(|p| p == u64::from(port))
+            && l["filterChain"]["filter"]["name"]
+                .as_str()
+                .is_none_or(|n| n == "envoy.filters.network.http_connection_manager");
         if !(listener_matches && context_matches(patch, context) && proxy_matches(patch, version)) {
             continue;
         }
@@ -585,7 +912,12 @@ fn bootstrap(listen: u16, clusters: &[Value], http_filters: Vec<Value>) -> Value
 }
 
 fn backends(n: usize) -> Vec<Backend> {
-    (0..n).map(|i| Backend::start_local(BackendSpec::new(format!("b{i}"), Latency::Fixed(0))).unwrap_or_else(|e| panic!("backend: {e}"))).collect()
+    (0..n)
+        .map(|i| {
+            Backend::start_local(BackendSpec::new(format!("b{i}"), Latency::Fixed(0)))
+                .unwrap_or_else(|e| panic!("backend: {e}"))
+        })
+        .collect()
 }
 
 fn served(backends: &[Backend]) -> Vec<u64> {
@@ -594,12 +926,21 @@ fn served(backends: &[Backend]) -> Vec<u64> {
 
 /// Every cluster pilot would build for the service in `case`, patched by the variant's
 /// EnvoyFilter as a proxy of `version` receives it: `(cluster, patched)`.
-fn clusters_of(variant: &Variant, envoyfilter: &Value, case: &Case, version: &str, backends: &[Backend]) -> Vec<Value> {
+fn clusters_of(
+    variant: &Variant,
+    envoyfilter: &Value,
+    case: &Case,
+    version: &str,
+    backends: &[Backend],
+) -> Vec<Value> {
     let (service, port, _) = variant.patched();
     let ours = variant.one("DestinationRule").spec();
     let mut user = case.user_rule.clone();
     // The port-level case names the service's port.
-    if let Some(pls) = user.as_mut().and_then(|u| u.pointer_mut("/trafficPolicy/portLevelSettings")) {
+    if let Some(pls) = user
+        .as_mut()
+        .and_then(|u| u.pointer_mut("/trafficPolicy/portLevelSettings"))
+    {
         for p in pls.as_array_mut().unwrap() {
             p["port"]["number"] = json!(port);
         }
@@ -607,9 +948,19 @@ fn clusters_of(variant: &Variant, envoyfilter: &Value, case: &Case, version: &st
     let rule = merged_rule(user.as_ref(), ours);
     let mut built = vec![build_cluster(case, &rule, None, &service, port, backends)];
     for subset in rule["subsets"].as_array().into_iter().flatten() {
-        built.push(build_cluster(case, &rule, Some(subset), &service, port, backends));
+        built.push(build_cluster(
+            case,
+            &rule,
+            Some(subset),
+            &service,
+            port,
+            backends,
+        ));
     }
-    built.into_iter().filter_map(|c| apply_cluster_patches(envoyfilter, variant.context, version, c)).collect()
+    built
+        .into_iter()
+        .filter_map(|c| apply_cluster_patches(envoyfilter, variant.context, version, c))
+        .collect()
 }
 
 /// The same clusters under names unique across cases (a bootstrap holds each name once).
@@ -627,7 +978,9 @@ fn uniquely_named(case: usize, clusters: Vec<Value>) -> Vec<Value> {
 
 /// The verdict of `envoy --mode validate` on a listener in front of `clusters`.
 fn envoy_validates(clusters: &[Value]) -> Result<(), String> {
-    let config = serde_json::to_string_pretty(&bootstrap(free_port().unwrap(), clusters, vec![router()])).unwrap();
+    let config =
+        serde_json::to_string_pretty(&bootstrap(free_port().unwrap(), clusters, vec![router()]))
+            .unwrap();
     Envoy::validate(&config).map_err(|e| format!("{e:#}"))
 }
 
@@ -635,7 +988,8 @@ fn envoy_validates(clusters: &[Value]) -> Result<(), String> {
 fn send(listen: u16, route: usize, header: &str, target: &str, n: usize) {
     let url = format!("http://127.0.0.1:{listen}/c{route}/x");
     for _ in 0..n {
-        let r = harness::http::get(&url, &[(header, target)]).unwrap_or_else(|e| panic!("{url}: {e}"));
+        let r =
+            harness::http::get(&url, &[(header, target)]).unwrap_or_else(|e| panic!("{url}: {e}"));
         assert_eq!(r.status, 200, "{url}: {r:?}");
     }
 }
@@ -654,7 +1008,10 @@ fn the_cluster_patch_leaves_a_cluster_envoy_accepts_whatever_the_mesh_sets() {
     let header = "x-ewma-lb-host";
     for variant in variants() {
         let envoyfilter = variant.envoyfilter().clone();
-        assert_eq!(header_of_cluster_patch(variant.patches("CLUSTER")[0]), header);
+        assert_eq!(
+            header_of_cluster_patch(variant.patches("CLUSTER")[0]),
+            header
+        );
         let mut accepted = Vec::new();
         let mut patched_routes = Vec::new();
         let mut conflicts_without_subset = Vec::new();
@@ -662,17 +1019,42 @@ fn the_cluster_patch_leaves_a_cluster_envoy_accepts_whatever_the_mesh_sets() {
             for version in ["1.27.0", "1.31.0-alpha.0"] {
                 let clusters = clusters_of(&variant, &envoyfilter, case, version, &backends);
                 let patched: Vec<&Value> = clusters.iter().filter(|c| is_patched(c)).collect();
-                assert_eq!(patched.len(), 1, "{} / {}: exactly the subset's cluster is patched, got {:?}", variant.dir, case.name, patched.iter().map(|c| &c["name"]).collect::<Vec<_>>());
-                assert!(patched[0]["name"].as_str().unwrap().contains("|ewma-lb|"), "{}", patched[0]["name"]);
+                assert_eq!(
+                    patched.len(),
+                    1,
+                    "{} / {}: exactly the subset's cluster is patched, got {:?}",
+                    variant.dir,
+                    case.name,
+                    patched.iter().map(|c| &c["name"]).collect::<Vec<_>>()
+                );
+                assert!(
+                    patched[0]["name"].as_str().unwrap().contains("|ewma-lb|"),
+                    "{}",
+                    patched[0]["name"]
+                );
                 if case.residual {
-                    assert!(has_locality_fields(patched[0]), "{}: the emulation must show the residual", case.name);
+                    assert!(
+                        has_locality_fields(patched[0]),
+                        "{}: the emulation must show the residual",
+                        case.name
+                    );
                     if version == "1.27.0" {
-                        let refused = envoy_validates(&uniquely_named(i, clusters.clone())).expect_err("the residual case must be refused");
-                        assert!(refused.contains("cannot be combined with partial fields"), "{refused}");
+                        let refused = envoy_validates(&uniquely_named(i, clusters.clone()))
+                            .expect_err("the residual case must be refused");
+                        assert!(
+                            refused.contains("cannot be combined with partial fields"),
+                            "{refused}"
+                        );
                     }
                     continue;
                 }
-                assert!(!has_locality_fields(patched[0]), "{} / {}: {}", variant.dir, case.name, patched[0]);
+                assert!(
+                    !has_locality_fields(patched[0]),
+                    "{} / {}: {}",
+                    variant.dir,
+                    case.name,
+                    patched[0]
+                );
                 if version == "1.27.0" {
                     for c in uniquely_named(i, clusters) {
                         if is_patched(&c) {
@@ -684,7 +1066,11 @@ fn the_cluster_patch_leaves_a_cluster_envoy_accepts_whatever_the_mesh_sets() {
             }
             // A proxy older than the guard gets no patch at all.
             let old = clusters_of(&variant, &envoyfilter, case, "1.26.3", &backends);
-            assert!(old.iter().all(|c| !is_patched(c)), "{}: 1.26 must be left alone", case.name);
+            assert!(
+                old.iter().all(|c| !is_patched(c)),
+                "{}: 1.26 must be left alone",
+                case.name
+            );
             // The control: the patch as it shipped before, on every cluster of the service.
             let mut unguarded = envoyfilter.clone();
             for p in unguarded["configPatches"].as_array_mut().unwrap() {
@@ -697,28 +1083,47 @@ fn the_cluster_patch_leaves_a_cluster_envoy_accepts_whatever_the_mesh_sets() {
                 conflicts_without_subset.push((i, all));
             }
         }
-        let names: Vec<&str> = conflicts_without_subset.iter().map(|(i, _)| cases()[*i].name).collect();
+        let names: Vec<&str> = conflicts_without_subset
+            .iter()
+            .map(|(i, _)| cases()[*i].name)
+            .collect();
         assert!(names.len() >= 8, "{}: the matrix should reach the settings that break an unguarded patch, reached {names:?}", variant.dir);
         let (i, clusters) = &conflicts_without_subset[0];
-        let refused = envoy_validates(&uniquely_named(*i, clusters.clone())).expect_err("Envoy must refuse the unguarded patch");
-        assert!(refused.contains("cannot be combined with partial fields"), "{refused}");
+        let refused = envoy_validates(&uniquely_named(*i, clusters.clone()))
+            .expect_err("Envoy must refuse the unguarded patch");
+        assert!(
+            refused.contains("cannot be combined with partial fields"),
+            "{refused}"
+        );
 
         // Envoy's verdict on every cluster of every case, with the shipped patch.
-        envoy_validates(&accepted).unwrap_or_else(|e| panic!("{}: envoy refuses the patched clusters: {e}", variant.dir));
+        envoy_validates(&accepted)
+            .unwrap_or_else(|e| panic!("{}: envoy refuses the patched clusters: {e}", variant.dir));
 
         // And on a running Envoy, each patched cluster obeys the header: every request naming a
         // host (a different one per cluster, so no cluster's count hides another's) reaches it.
         let listen = free_port().unwrap();
-        let config = serde_json::to_string_pretty(&bootstrap(listen, &accepted, vec![router()])).unwrap();
-        let envoy = Envoy::start(EnvoyOptions::new(config)).unwrap_or_else(|e| panic!("envoy: {e:#}"));
+        let config =
+            serde_json::to_string_pretty(&bootstrap(listen, &accepted, vec![router()])).unwrap();
+        let envoy =
+            Envoy::start(EnvoyOptions::new(config)).unwrap_or_else(|e| panic!("envoy: {e:#}"));
         for (n, route) in patched_routes.iter().enumerate() {
             let target = &backends[n % backends.len()];
             let before = served(&backends);
             send(listen, *route, header, &target.addr().to_string(), 8);
             let after = served(&backends);
             let delta: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
-            let want: Vec<u64> = (0..backends.len()).map(|j| if j == n % backends.len() { 8 } else { 0 }).collect();
-            assert_eq!(delta, want, "{}: {} did not obey the header naming {}", variant.dir, accepted[*route]["name"], target.addr());
+            let want: Vec<u64> = (0..backends.len())
+                .map(|j| if j == n % backends.len() { 8 } else { 0 })
+                .collect();
+            assert_eq!(
+                delta,
+                want,
+                "{}: {} did not obey the header naming {}",
+                variant.dir,
+                accepted[*route]["name"],
+                target.addr()
+            );
         }
         drop(envoy);
     }
@@ -737,7 +1142,13 @@ fn failed_open_chain(variant: &Variant, port: u16) -> Vec<Value> {
         json!({"name": "envoy.filters.http.cors", "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.cors.v3.Cors"}}),
         router(),
     ];
-    apply_http_filter_patches(variant.envoyfilter(), variant.context, "1.27.0", port, &mut chain);
+    apply_http_filter_patches(
+        variant.envoyfilter(),
+        variant.context,
+        "1.27.0",
+        port,
+        &mut chain,
+    );
     chain
 }
 
@@ -751,28 +1162,72 @@ fn failed_open_chain(variant: &Variant, port: u16) -> Vec<Value> {
 fn a_forged_header_is_removed_before_the_plugin_even_when_it_failed_open() {
     let backends = backends(3);
     for variant in variants() {
-        let port = variant.patches("HTTP_FILTER")[0]["match"]["listener"]["portNumber"].as_u64().unwrap();
+        let port = variant.patches("HTTP_FILTER")[0]["match"]["listener"]["portNumber"]
+            .as_u64()
+            .unwrap();
         let chain = failed_open_chain(&variant, u16::try_from(port).unwrap());
-        assert_eq!(chain[0]["typed_config"]["@type"], "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation", "{}", variant.dir);
+        assert_eq!(
+            chain[0]["typed_config"]["@type"],
+            "type.googleapis.com/envoy.extensions.filters.http.header_mutation.v3.HeaderMutation",
+            "{}",
+            variant.dir
+        );
         let case = &cases()[0];
-        let clusters = clusters_of(&variant, &variant.envoyfilter().clone(), case, "1.27.0", &backends);
+        let clusters = clusters_of(
+            &variant,
+            &variant.envoyfilter().clone(),
+            case,
+            "1.27.0",
+            &backends,
+        );
         let steered: Vec<Value> = clusters.into_iter().filter(is_patched).collect();
         for (strip, n) in [(true, 300u64), (false, 300u64)] {
-            let chain = if strip { chain.clone() } else { chain[1..].to_vec() };
+            let chain = if strip {
+                chain.clone()
+            } else {
+                chain[1..].to_vec()
+            };
             let listen = free_port().unwrap();
             let config = serde_json::to_string_pretty(&bootstrap(listen, &steered, chain)).unwrap();
-            let envoy = Envoy::start(EnvoyOptions::new(config)).unwrap_or_else(|e| panic!("envoy: {e:#}"));
+            let envoy =
+                Envoy::start(EnvoyOptions::new(config)).unwrap_or_else(|e| panic!("envoy: {e:#}"));
             let named = &backends[1];
             let before = served(&backends);
-            send(listen, 0, "x-ewma-lb-host", &named.addr().to_string(), usize::try_from(n).unwrap());
-            let got: Vec<u64> = served(&backends).iter().zip(&before).map(|(a, b)| a - b).collect();
-            eprintln!("{}: removal {strip}: served of {n} forged to name b1: {got:?}", variant.dir);
+            send(
+                listen,
+                0,
+                "x-ewma-lb-host",
+                &named.addr().to_string(),
+                usize::try_from(n).unwrap(),
+            );
+            let got: Vec<u64> = served(&backends)
+                .iter()
+                .zip(&before)
+                .map(|(a, b)| a - b)
+                .collect();
+            eprintln!(
+                "{}: removal {strip}: served of {n} forged to name b1: {got:?}",
+                variant.dir
+            );
             drop(envoy);
             if strip {
-                assert!(got[1] <= n / 2, "{}: the forged header chose the host: {got:?}", variant.dir);
-                assert!(got.iter().all(|g| *g >= n / 6), "{}: the fallback should spread over every host: {got:?}", variant.dir);
+                assert!(
+                    got[1] <= n / 2,
+                    "{}: the forged header chose the host: {got:?}",
+                    variant.dir
+                );
+                assert!(
+                    got.iter().all(|g| *g >= n / 6),
+                    "{}: the fallback should spread over every host: {got:?}",
+                    variant.dir
+                );
             } else {
-                assert_eq!(got, vec![0, n, 0], "{}: without the removal the forged header is obeyed (the control)", variant.dir);
+                assert_eq!(
+                    got,
+                    vec![0, n, 0],
+                    "{}: without the removal the forged header is obeyed (the control)",
+                    variant.dir
+                );
             }
         }
     }
@@ -796,17 +1251,40 @@ fn the_plugin_steers_only_the_patched_cluster() {
     let backends: Vec<Backend> = [0, 100, 0]
         .iter()
         .enumerate()
-        .map(|(i, ms)| Backend::start_local(BackendSpec::new(format!("b{i}"), Latency::Fixed(*ms))).unwrap_or_else(|e| panic!("{e}")))
+        .map(|(i, ms)| {
+            Backend::start_local(BackendSpec::new(format!("b{i}"), Latency::Fixed(*ms)))
+                .unwrap_or_else(|e| panic!("{e}"))
+        })
         .collect();
     let details = self::backends(3);
-    let plugin = of_kind(&variant.manifests, "WasmPlugin").into_iter().find(|m| m.file.ends_with("istio/wasmplugin.yaml")).unwrap().clone();
+    let plugin = of_kind(&variant.manifests, "WasmPlugin")
+        .into_iter()
+        .find(|m| m.file.ends_with("istio/wasmplugin.yaml"))
+        .unwrap()
+        .clone();
     let mut plugin_config = plugin.spec()["pluginConfig"].clone();
     // The test client is on loopback, not in a pod network.
     plugin_config["management"]["allowed_cidrs"] = json!(["127.0.0.0/8"]);
     let case = &cases()[0];
-    let mut clusters: Vec<Value> = clusters_of(&variant, &variant.envoyfilter().clone(), case, "1.27.0", &backends).into_iter().filter(is_patched).collect();
+    let mut clusters: Vec<Value> = clusters_of(
+        &variant,
+        &variant.envoyfilter().clone(),
+        case,
+        "1.27.0",
+        &backends,
+    )
+    .into_iter()
+    .filter(is_patched)
+    .collect();
     let steered = clusters[0]["name"].as_str().unwrap().to_string();
-    let mut other = build_cluster(case, &json!({}), None, "details.default.svc.cluster.local", 9080, &details);
+    let mut other = build_cluster(
+        case,
+        &json!({}),
+        None,
+        "details.default.svc.cluster.local",
+        9080,
+        &details,
+    );
     other["name"] = json!("outbound|9080||details.default.svc.cluster.local");
     clusters.push(other);
     let wasm = json!({
@@ -823,11 +1301,21 @@ fn the_plugin_steers_only_the_patched_cluster() {
         }
     });
     let mut chain = vec![wasm, router()];
-    apply_http_filter_patches(variant.envoyfilter(), variant.context, "1.27.0", 9080, &mut chain);
+    apply_http_filter_patches(
+        variant.envoyfilter(),
+        variant.context,
+        "1.27.0",
+        9080,
+        &mut chain,
+    );
     let listen = free_port().unwrap();
     let mut config = bootstrap(listen, &clusters, chain);
-    config["stats_config"] = harness::EnvoyConfig::shipped().unwrap().value()["stats_config"].clone();
-    let envoy = Envoy::start(EnvoyOptions::new(serde_json::to_string_pretty(&config).unwrap())).unwrap_or_else(|e| panic!("envoy: {e:#}"));
+    config["stats_config"] =
+        harness::EnvoyConfig::shipped().unwrap().value()["stats_config"].clone();
+    let envoy = Envoy::start(EnvoyOptions::new(
+        serde_json::to_string_pretty(&config).unwrap(),
+    ))
+    .unwrap_or_else(|e| panic!("envoy: {e:#}"));
     let named = backends[1].addr().to_string();
     // Warm-up: the plugin learns the hosts and their latency.
     send(listen, 0, "x-ewma-lb-host", &named, 60);
@@ -838,19 +1326,42 @@ fn the_plugin_steers_only_the_patched_cluster() {
     send(listen, 1, "x-ewma-lb-host", &named, 150);
     let metric = |series: &str| -> f64 {
         let text = envoy.admin_get("/stats/prometheus").unwrap();
-        text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok()).unwrap_or(0.0)
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix(series)?
+                    .strip_prefix(' ')?
+                    .trim()
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or(0.0)
     };
     let seen = harness::within(Duration::from_secs(5), || {
         metric(&format!("ewma_lb_steered_requests_total{{cluster_name=\"{steered}\"}}")) > 0.0
             && metric("ewma_lb_fallback_requests_total{cluster_name=\"outbound|9080||details.default.svc.cluster.local\",reason=\"unlisted_cluster\"}") >= 200.0
     });
-    let steered_total = metric(&format!("ewma_lb_steered_requests_total{{cluster_name=\"{steered}\"}}"));
+    let steered_total = metric(&format!(
+        "ewma_lb_steered_requests_total{{cluster_name=\"{steered}\"}}"
+    ));
     let unlisted = metric("ewma_lb_fallback_requests_total{cluster_name=\"outbound|9080||details.default.svc.cluster.local\",reason=\"unlisted_cluster\"}");
     let other_steered = metric("ewma_lb_steered_requests_total{cluster_name=\"outbound|9080||details.default.svc.cluster.local\"}");
-    assert!(seen.is_some(), "steered {steered_total} on {steered}, unlisted {unlisted} on details");
-    assert_eq!(other_steered, 0.0, "the plugin must never steer a cluster outside steered_clusters");
-    assert_eq!(unlisted, 200.0, "every request to details is counted as unlisted_cluster");
-    let got: Vec<u64> = served(&backends).iter().zip(&before).map(|(a, b)| a - b).collect();
+    assert!(
+        seen.is_some(),
+        "steered {steered_total} on {steered}, unlisted {unlisted} on details"
+    );
+    assert_eq!(
+        other_steered, 0.0,
+        "the plugin must never steer a cluster outside steered_clusters"
+    );
+    assert_eq!(
+        unlisted, 200.0,
+        "every request to details is counted as unlisted_cluster"
+    );
+    let got: Vec<u64> = served(&backends)
+        .iter()
+        .zip(&before)
+        .map(|(a, b)| a - b)
+        .collect();
     eprintln!("subset served of 150 forged to name the slow b1: {got:?}; steered {steered_total}, unlisted {unlisted}");
     assert_eq!(got.iter().sum::<u64>(), 150, "{got:?}");
     assert!(got[1] <= 15, "150 requests to the subset named the slow {named} by a forged header: {got:?}; least_request alone would give it a third, obeying the header all");
@@ -862,12 +1373,32 @@ fn the_plugin_steers_only_the_patched_cluster() {
 #[test]
 fn docs_say_what_the_mesh_needs() {
     let docs = read("docs/istio.md");
-    for needed in ["ENABLE_LOCALITY_WEIGHTED_LB_CONFIG", "istioctl proxy-config cluster", "istioctl proxy-status", "extraStatTags", "unlisted_cluster", "## Roll back", "not run here"] {
-        assert!(docs.contains(needed), "docs/istio.md should mention {needed}");
+    for needed in [
+        "ENABLE_LOCALITY_WEIGHTED_LB_CONFIG",
+        "istioctl proxy-config cluster",
+        "istioctl proxy-status",
+        "extraStatTags",
+        "unlisted_cluster",
+        "## Roll back",
+        "not run here",
+    ] {
+        assert!(
+            docs.contains(needed),
+            "docs/istio.md should mention {needed}"
+        );
     }
-    assert!(!docs.contains("proxyStatsMatcher:\n        inclusionPrefixes:\n        - wasmcustom"), "Istio always includes wasm stats: no proxyStatsMatcher for them");
-    let tags: BTreeMap<&str, ()> = ewma_lb::telemetry::Metric::ALL.iter().flat_map(|m| m.labels().iter().map(|l| (*l, ()))).collect();
+    assert!(
+        !docs.contains("proxyStatsMatcher:\n        inclusionPrefixes:\n        - wasmcustom"),
+        "Istio always includes wasm stats: no proxyStatsMatcher for them"
+    );
+    let tags: BTreeMap<&str, ()> = ewma_lb::telemetry::Metric::ALL
+        .iter()
+        .flat_map(|m| m.labels().iter().map(|l| (*l, ())))
+        .collect();
     for tag in tags.keys() {
-        assert!(docs.contains(&format!("- {tag}\n")), "docs/istio.md's extraStatTags must list {tag}");
+        assert!(
+            docs.contains(&format!("- {tag}\n")),
+            "docs/istio.md's extraStatTags must list {tag}"
+        );
     }
 }

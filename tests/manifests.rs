@@ -48,7 +48,12 @@ fn crds_of(origin: &str, text: &str) -> Vec<Crd> {
                 .unwrap()
                 .iter()
                 .filter(|v| v["served"] != false)
-                .map(|v| (v["name"].as_str().unwrap().to_string(), v["schema"]["openAPIV3Schema"].clone()))
+                .map(|v| {
+                    (
+                        v["name"].as_str().unwrap().to_string(),
+                        v["schema"]["openAPIV3Schema"].clone(),
+                    )
+                })
                 .collect(),
         })
         .collect()
@@ -57,12 +62,21 @@ fn crds_of(origin: &str, text: &str) -> Vec<Crd> {
 /// ../shared/crds: the project's copies.
 fn shared_crds() -> Vec<Crd> {
     let dir = repo_root().join("../shared/crds");
-    let mut files: Vec<_> = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e} (the CRDs beside the repository)", dir.display())).flatten().map(|e| e.path()).collect();
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e} (the CRDs beside the repository)", dir.display()))
+        .flatten()
+        .map(|e| e.path())
+        .collect();
     files.sort();
     files
         .iter()
         .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
-        .flat_map(|p| crds_of(&p.display().to_string(), &std::fs::read_to_string(p).unwrap()))
+        .flat_map(|p| {
+            crds_of(
+                &p.display().to_string(),
+                &std::fs::read_to_string(p).unwrap(),
+            )
+        })
         .collect()
 }
 
@@ -80,7 +94,14 @@ const SNAPSHOT_CRDS: &[(&str, &str, &str)] = &[
 /// The group/version each of those kinds exists in (istio/istio crd-all.gen.yaml;
 /// envoyproxy/gateway's generated CRD), for the check that remains without a snapshot.
 const KNOWN_WITHOUT_SCHEMA: &[(&str, &[&str])] = &[
-    ("VirtualService", &["networking.istio.io/v1", "networking.istio.io/v1beta1", "networking.istio.io/v1alpha3"]),
+    (
+        "VirtualService",
+        &[
+            "networking.istio.io/v1",
+            "networking.istio.io/v1beta1",
+            "networking.istio.io/v1alpha3",
+        ],
+    ),
     ("ClientTrafficPolicy", &["gateway.envoyproxy.io/v1alpha1"]),
 ];
 
@@ -89,8 +110,16 @@ fn snapshot_crds(kind: &str) -> Option<Vec<Crd>> {
     if !Path::new(repo).exists() {
         return None;
     }
-    let out = Command::new("git").args(["--git-dir", repo, "show", &format!("HEAD:{path}")]).output().ok()?;
-    out.status.success().then(|| crds_of(&format!("{repo}:{path}"), &String::from_utf8_lossy(&out.stdout)))
+    let out = Command::new("git")
+        .args(["--git-dir", repo, "show", &format!("HEAD:{path}")])
+        .output()
+        .ok()?;
+    out.status.success().then(|| {
+        crds_of(
+            &format!("{repo}:{path}"),
+            &String::from_utf8_lossy(&out.stdout),
+        )
+    })
 }
 
 /// The schema as the API server applies it under strict field validation (kubectl's default
@@ -100,9 +129,11 @@ fn snapshot_crds(kind: &str) -> Option<Vec<Crd>> {
 fn strict(schema: &Value) -> Value {
     match schema {
         Value::Object(map) => {
-            let mut out: serde_json::Map<String, Value> = map.iter().map(|(k, v)| (k.clone(), strict(v))).collect();
+            let mut out: serde_json::Map<String, Value> =
+                map.iter().map(|(k, v)| (k.clone(), strict(v))).collect();
             let open = map.get("x-kubernetes-preserve-unknown-fields") == Some(&Value::Bool(true));
-            if map.contains_key("properties") && !map.contains_key("additionalProperties") && !open {
+            if map.contains_key("properties") && !map.contains_key("additionalProperties") && !open
+            {
                 out.insert("additionalProperties".into(), Value::Bool(false));
             }
             Value::Object(out)
@@ -115,29 +146,60 @@ fn strict(schema: &Value) -> Value {
 /// The schema's complaints about `m`, or why it could not be judged.
 fn check(m: &Manifest, crds: &[Crd]) -> Result<Vec<String>, String> {
     let api_version = m.doc["apiVersion"].as_str().unwrap_or_default();
-    let (group, version) = api_version.split_once('/').ok_or_else(|| format!("apiVersion {api_version:?} has no group"))?;
-    let crd = crds.iter().find(|c| c.kind == m.kind() && c.group == group).ok_or_else(|| format!("no CRD for kind {} in group {group}", m.kind()))?;
+    let (group, version) = api_version
+        .split_once('/')
+        .ok_or_else(|| format!("apiVersion {api_version:?} has no group"))?;
+    let crd = crds
+        .iter()
+        .find(|c| c.kind == m.kind() && c.group == group)
+        .ok_or_else(|| format!("no CRD for kind {} in group {group}", m.kind()))?;
     let (_, schema) = crd
         .versions
         .iter()
         .find(|(v, _)| v == version)
-        .ok_or_else(|| format!("{} {} has no served version {version} (have {:?})", crd.origin, crd.kind, crd.versions.iter().map(|(v, _)| v).collect::<Vec<_>>()))?;
+        .ok_or_else(|| {
+            format!(
+                "{} {} has no served version {version} (have {:?})",
+                crd.origin,
+                crd.kind,
+                crd.versions.iter().map(|(v, _)| v).collect::<Vec<_>>()
+            )
+        })?;
     // Every object has these, whether its CRD's schema lists them (Envoy Gateway's) or not (Istio's).
     let mut schema = schema.clone();
-    for (field, kind) in [("apiVersion", "string"), ("kind", "string"), ("metadata", "object")] {
+    for (field, kind) in [
+        ("apiVersion", "string"),
+        ("kind", "string"),
+        ("metadata", "object"),
+    ] {
         if schema["properties"].get(field).is_none() {
             schema["properties"][field] = serde_json::json!({"type": kind});
         }
     }
-    let validator = jsonschema::draft4::new(&strict(&schema)).map_err(|e| format!("{}: the schema of {} does not compile: {e}", crd.origin, crd.kind))?;
-    Ok(validator.iter_errors(&m.doc).map(|e| format!("{}: {e}", e.instance_path())).collect())
+    let validator = jsonschema::draft4::new(&strict(&schema)).map_err(|e| {
+        format!(
+            "{}: the schema of {} does not compile: {e}",
+            crd.origin, crd.kind
+        )
+    })?;
+    Ok(validator
+        .iter_errors(&m.doc)
+        .map(|e| format!("{}: {e}", e.instance_path()))
+        .collect())
 }
 
 #[test]
 fn every_shipped_manifest_is_valid_against_its_crd() {
     let shared = shared_crds();
-    assert!(shared.len() >= 5, "expected the five CRDs of ../shared/crds, found {}", shared.len());
-    let all: Vec<Manifest> = manifests("envoy-config/istio").into_iter().chain(manifests("envoy-config/envoy-gateway")).collect();
+    assert!(
+        shared.len() >= 5,
+        "expected the five CRDs of ../shared/crds, found {}",
+        shared.len()
+    );
+    let all: Vec<Manifest> = manifests("envoy-config/istio")
+        .into_iter()
+        .chain(manifests("envoy-config/envoy-gateway"))
+        .collect();
     assert!(all.len() >= 12, "found only {} manifests", all.len());
     let mut problems = Vec::new();
     let mut unchecked = Vec::new();
@@ -150,7 +212,9 @@ fn every_shipped_manifest_is_valid_against_its_crd() {
         } else {
             let known = KNOWN_WITHOUT_SCHEMA.iter().find(|(k, _)| *k == m.kind());
             match known {
-                Some((_, versions)) if versions.contains(&m.doc["apiVersion"].as_str().unwrap_or_default()) => {
+                Some((_, versions))
+                    if versions.contains(&m.doc["apiVersion"].as_str().unwrap_or_default()) =>
+                {
                     unchecked.push(format!("{} ({})", m.file, m.kind()));
                     Ok(Vec::new())
                 }
@@ -160,7 +224,12 @@ fn every_shipped_manifest_is_valid_against_its_crd() {
         };
         match result {
             Ok(errors) if errors.is_empty() => {}
-            Ok(errors) => problems.push(format!("{}: {}:\n  {}", m.file, m.kind(), errors.join("\n  "))),
+            Ok(errors) => problems.push(format!(
+                "{}: {}:\n  {}",
+                m.file,
+                m.kind(),
+                errors.join("\n  ")
+            )),
             Err(why) => problems.push(format!("{}: {why}", m.file)),
         }
     }
@@ -175,7 +244,10 @@ fn every_shipped_manifest_is_valid_against_its_crd() {
 #[test]
 fn the_check_rejects_what_the_crds_reject() {
     let shared = shared_crds();
-    let wasm = manifests("envoy-config/istio").into_iter().find(|m| m.kind() == "WasmPlugin").unwrap();
+    let wasm = manifests("envoy-config/istio")
+        .into_iter()
+        .find(|m| m.kind() == "WasmPlugin")
+        .unwrap();
     let with = |edit: &dyn Fn(&mut Value)| {
         let mut m = wasm.clone();
         edit(&mut m.doc);
@@ -183,9 +255,18 @@ fn the_check_rejects_what_the_crds_reject() {
     };
     let bad: Vec<(&str, Manifest)> = vec![
         ("unknown kind", with(&|d| d["kind"] = "WasmPlugins".into())),
-        ("unknown version", with(&|d| d["apiVersion"] = "extensions.istio.io/v1".into())),
-        ("unknown field", with(&|d| d["spec"]["failStrategyy"] = "FAIL_OPEN".into())),
-        ("bad enum", with(&|d| d["spec"]["failStrategy"] = "FAIL_SOMETIMES".into())),
+        (
+            "unknown version",
+            with(&|d| d["apiVersion"] = "extensions.istio.io/v1".into()),
+        ),
+        (
+            "unknown field",
+            with(&|d| d["spec"]["failStrategyy"] = "FAIL_OPEN".into()),
+        ),
+        (
+            "bad enum",
+            with(&|d| d["spec"]["failStrategy"] = "FAIL_SOMETIMES".into()),
+        ),
         ("bad sha256", with(&|d| d["spec"]["sha256"] = "abc".into())),
     ];
     for (what, m) in bad {

@@ -17,10 +17,26 @@ fn codes_and_flags_classify_the_host() {
         (Some(101), 0, Some(Outcome::Success)),
         (Some(503), 0, Some(Outcome::ServerError)),
         (Some(599), 0, Some(Outcome::ServerError)),
-        (Some(503), flags::UPSTREAM_CONNECTION_FAILURE, Some(Outcome::ConnectFailure)),
-        (Some(504), flags::UPSTREAM_REQUEST_TIMEOUT, Some(Outcome::Timeout)),
-        (Some(503), flags::UPSTREAM_REMOTE_RESET, Some(Outcome::Reset)),
-        (Some(503), flags::UPSTREAM_CONNECTION_TERMINATION, Some(Outcome::Reset)),
+        (
+            Some(503),
+            flags::UPSTREAM_CONNECTION_FAILURE,
+            Some(Outcome::ConnectFailure),
+        ),
+        (
+            Some(504),
+            flags::UPSTREAM_REQUEST_TIMEOUT,
+            Some(Outcome::Timeout),
+        ),
+        (
+            Some(503),
+            flags::UPSTREAM_REMOTE_RESET,
+            Some(Outcome::Reset),
+        ),
+        (
+            Some(503),
+            flags::UPSTREAM_CONNECTION_TERMINATION,
+            Some(Outcome::Reset),
+        ),
         (None, flags::UPSTREAM_REMOTE_RESET, Some(Outcome::Reset)),
         // No host was tried, or the client left: nothing to learn about a host.
         (Some(503), flags::NO_HEALTHY_UPSTREAM, None),
@@ -33,14 +49,25 @@ fn codes_and_flags_classify_the_host() {
         (Some(i64::MAX), 0, None),
     ];
     for (code, response_flags, want) in cases {
-        assert_eq!(Outcome::classify(code, response_flags), want, "code {code:?} flags {response_flags:#x}");
+        assert_eq!(
+            Outcome::classify(code, response_flags),
+            want,
+            "code {code:?} flags {response_flags:#x}"
+        );
     }
     assert!(Outcome::Timeout.is_failure() && !Outcome::Success.is_failure());
     assert!(Outcome::GrpcFailure(GrpcCode::Unavailable).is_failure());
 }
 
 /// content-type, the headers' grpc-status, the trailers' grpc-status, HTTP code, flags: outcome.
-type Case = (Option<&'static str>, Option<&'static str>, Option<&'static str>, i64, u64, Option<Outcome>);
+type Case = (
+    Option<&'static str>,
+    Option<&'static str>,
+    Option<&'static str>,
+    i64,
+    u64,
+    Option<Outcome>,
+);
 
 /// One response end to end through the pure functions the adapter calls: the response headers'
 /// content-type and grpc-status, the trailers' grpc-status (`None`: no trailers), Envoy's code
@@ -106,11 +133,17 @@ fn grpc_responses_are_classified_by_their_status_only_when_they_are_grpc() {
     ];
     let failures: GrpcCodes = GrpcCodes::DEFAULT_FAILURES.into_iter().collect();
     for &(content_type, in_headers, in_trailers, code, response_flags, want) in cases {
-        let mut grpc = GrpcResponse::from_headers(content_type.map(str::as_bytes), || in_headers.map(|v| v.as_bytes().to_vec()));
+        let mut grpc = GrpcResponse::from_headers(content_type.map(str::as_bytes), || {
+            in_headers.map(|v| v.as_bytes().to_vec())
+        });
         if in_trailers.is_some() {
             grpc.trailers(|| in_trailers.map(|v| v.as_bytes().to_vec()));
         }
-        let got = Outcome::with_grpc(Outcome::classify(Some(code), response_flags), grpc.code(), failures);
+        let got = Outcome::with_grpc(
+            Outcome::classify(Some(code), response_flags),
+            grpc.code(),
+            failures,
+        );
         assert_eq!(got, want, "{content_type:?} headers {in_headers:?} trailers {in_trailers:?} code {code} flags {response_flags:#x}");
     }
 }
@@ -119,10 +152,21 @@ fn grpc_responses_are_classified_by_their_status_only_when_they_are_grpc() {
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn the_failure_list_is_the_operators() {
     let only_unimplemented: GrpcCodes = [GrpcCode::Unimplemented].into_iter().collect();
-    let classify = |status: GrpcCode, failures| Outcome::with_grpc(Some(Outcome::Success), Some(status), failures);
-    assert_eq!(classify(GrpcCode::Unimplemented, only_unimplemented), Some(Outcome::GrpcFailure(GrpcCode::Unimplemented)));
-    assert_eq!(classify(GrpcCode::Unavailable, only_unimplemented), Some(Outcome::Success));
-    assert_eq!(classify(GrpcCode::Unavailable, GrpcCodes::default()), Some(Outcome::Success));
+    let classify = |status: GrpcCode, failures| {
+        Outcome::with_grpc(Some(Outcome::Success), Some(status), failures)
+    };
+    assert_eq!(
+        classify(GrpcCode::Unimplemented, only_unimplemented),
+        Some(Outcome::GrpcFailure(GrpcCode::Unimplemented))
+    );
+    assert_eq!(
+        classify(GrpcCode::Unavailable, only_unimplemented),
+        Some(Outcome::Success)
+    );
+    assert_eq!(
+        classify(GrpcCode::Unavailable, GrpcCodes::default()),
+        Some(Outcome::Success)
+    );
     assert_eq!(classify(GrpcCode::Cancelled, GrpcCodes::default()), None);
 }
 

@@ -10,11 +10,18 @@ use ewma_lb::pick::{PickAlgorithm, PickTable};
 #[cfg(not(target_arch = "wasm32"))]
 use proptest::prelude::*;
 
-fn counts(table: &PickTable, algorithm: PickAlgorithm, n: usize, in_flight: impl Fn(usize) -> u32 + Copy) -> Vec<usize> {
+fn counts(
+    table: &PickTable,
+    algorithm: PickAlgorithm,
+    n: usize,
+    in_flight: impl Fn(usize) -> u32 + Copy,
+) -> Vec<usize> {
     let mut rng = fastrand::Rng::with_seed(7);
     let mut counts = vec![0; table.len()];
     for _ in 0..n {
-        let i = table.pick(algorithm, &mut rng, in_flight).unwrap_or(usize::MAX);
+        let i = table
+            .pick(algorithm, &mut rng, in_flight)
+            .unwrap_or(usize::MAX);
         counts[i] += 1;
     }
     counts
@@ -29,7 +36,10 @@ fn weighted_random_follows_the_shares() {
     for (got, want) in c.iter().zip([0.7, 0.2, 0.1]) {
         let share = *got as f64 / n as f64;
         // 5 standard deviations of a binomial at n = 100k is under 0.0075.
-        assert!((share - want).abs() < 0.0075, "share {share}, want {want} ({c:?})");
+        assert!(
+            (share - want).abs() < 0.0075,
+            "share {share}, want {want} ({c:?})"
+        );
     }
 }
 
@@ -38,7 +48,9 @@ fn weighted_random_follows_the_shares() {
 fn zero_and_invalid_shares_are_never_picked() {
     let table = PickTable::new([("a:1", 0.0), ("b:1", 1.0), ("c:1", f64::NAN), ("d:1", -1.0)]);
     assert_eq!(table.hosts().collect::<Vec<_>>(), vec!["b:1"]);
-    assert!(PickTable::new([]).weighted(&mut fastrand::Rng::with_seed(1)).is_none());
+    assert!(PickTable::new([])
+        .weighted(&mut fastrand::Rng::with_seed(1))
+        .is_none());
 }
 
 #[test]
@@ -61,13 +73,22 @@ fn the_retry_alternative_is_another_host_by_weight() {
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn p2c_avoids_the_host_with_requests_piling_up() {
     let table = PickTable::new([("a:1", 0.5), ("b:1", 0.5)]);
-    let c = counts(&table, PickAlgorithm::WeightedP2c, 10_000, |i| if i == 0 { 20 } else { 0 });
+    let c = counts(&table, PickAlgorithm::WeightedP2c, 10_000, |i| {
+        if i == 0 {
+            20
+        } else {
+            0
+        }
+    });
     // a only wins when both draws are a: one time in four.
     assert!((c[0] as f64 / 10_000.0 - 0.25).abs() < 0.02, "{c:?}");
     // A fresh table: the tie-break counts what each host was served since the table was built.
     let table = PickTable::new([("a:1", 0.5), ("b:1", 0.5)]);
     let idle = counts(&table, PickAlgorithm::WeightedP2c, 10_000, |_| 0);
-    assert!((idle[0] as f64 / 10_000.0 - 0.5).abs() < 0.03, "equal load follows the weights: {idle:?}");
+    assert!(
+        (idle[0] as f64 / 10_000.0 - 0.5).abs() < 0.03,
+        "equal load follows the weights: {idle:?}"
+    );
 }
 
 #[test]
@@ -80,7 +101,10 @@ fn p2c_follows_unequal_shares_when_nothing_is_in_flight() {
     let c = counts(&table, PickAlgorithm::WeightedP2c, n, |_| 0);
     for (got, want) in c.iter().zip([0.5, 0.3, 0.2]) {
         let share = *got as f64 / n as f64;
-        assert!((share - want).abs() < 0.01, "share {share}, want {want} ({c:?})");
+        assert!(
+            (share - want).abs() < 0.01,
+            "share {share}, want {want} ({c:?})"
+        );
     }
 }
 
@@ -94,9 +118,19 @@ fn the_floor_is_probed_whatever_the_load() {
     let table = PickTable::with_floor([("busy:1", 0.998), ("slow:1", 0.002)], 0.002);
     let n = 500_000;
     // Worst case for the slow host: it always has a request in flight, the other host never.
-    let c = counts(&table, PickAlgorithm::WeightedP2c, n, |i| if i == 1 { 3 } else { 0 });
+    let c = counts(&table, PickAlgorithm::WeightedP2c, n, |i| {
+        if i == 1 {
+            3
+        } else {
+            0
+        }
+    });
     let expected = 0.002 * n as f64; // 1,000, one standard deviation about 32
-    assert!((c[1] as f64 - expected).abs() < 0.25 * expected, "floor host got {} of {n}, expected {expected}", c[1]);
+    assert!(
+        (c[1] as f64 - expected).abs() < 0.25 * expected,
+        "floor host got {} of {n}, expected {expected}",
+        c[1]
+    );
 }
 
 #[test]
@@ -105,14 +139,20 @@ fn ties_go_round_equal_hosts() {
     // Nothing in flight: each idle pair goes to the host served least so far, so in any 200
     // picks each of four equal hosts gets close to its 50. Independent draws would stray by
     // ±14 (two standard deviations) in about one window in twenty.
-    let table = PickTable::with_floor([("a:1", 0.25), ("b:1", 0.25), ("c:1", 0.25), ("d:1", 0.25)], 0.002);
+    let table = PickTable::with_floor(
+        [("a:1", 0.25), ("b:1", 0.25), ("c:1", 0.25), ("d:1", 0.25)],
+        0.002,
+    );
     let mut rng = fastrand::Rng::with_seed(5);
     for window in 0..200 {
         let mut c = [0u32; 4];
         for _ in 0..200 {
             c[table.weighted_p2c(&mut rng, |_| 0).unwrap()] += 1;
         }
-        assert!(c.iter().all(|n| (36..=64).contains(n)), "window {window}: {c:?}");
+        assert!(
+            c.iter().all(|n| (36..=64).contains(n)),
+            "window {window}: {c:?}"
+        );
     }
 }
 
@@ -120,7 +160,10 @@ fn ties_go_round_equal_hosts() {
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn lowest_latency_always_takes_the_heaviest() {
     let table = PickTable::new([("a:1", 0.3), ("b:1", 0.4), ("c:1", 0.3)]);
-    assert_eq!(counts(&table, PickAlgorithm::LowestLatency, 1000, |_| 0), vec![0, 1000, 0]);
+    assert_eq!(
+        counts(&table, PickAlgorithm::LowestLatency, 1000, |_| 0),
+        vec![0, 1000, 0]
+    );
 }
 
 #[cfg(not(target_arch = "wasm32"))]

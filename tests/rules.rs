@@ -11,7 +11,9 @@ use ewma_lb::config::Config;
 use ewma_lb::rules::{normalize, normalize_bytes, PathClass, Rules};
 
 fn rules(json: &str) -> Rules {
-    Config::from_json(json.as_bytes()).map(|c| c.rules().clone()).unwrap_or_else(|e| panic!("{e}"))
+    Config::from_json(json.as_bytes())
+        .map(|c| c.rules().clone())
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 #[test]
@@ -52,7 +54,11 @@ fn paths_are_compared_normalised() {
     for (raw, want) in cases {
         assert_eq!(normalize(raw), want, "{raw:?}");
         assert!(!normalize(raw).is_ambiguous(), "{raw:?}");
-        assert_eq!(normalize(want), want, "normalising twice changes nothing: {want:?}");
+        assert_eq!(
+            normalize(want),
+            want,
+            "normalising twice changes nothing: {want:?}"
+        );
     }
 }
 
@@ -78,7 +84,11 @@ fn paths_are_decoded_as_bytes_and_the_ambiguous_ones_flagged() {
         (b"/a\x00", b"/a\x00", true),
         (b"/a%2500", b"/a\x00", true),
         // Overlong UTF-8: `.`, `/` and `\` to lenient decoders.
-        (b"/actuator/health/%c0%ae%c0%ae/env", b"/actuator/health/\xc0\xae\xc0\xae/env", true),
+        (
+            b"/actuator/health/%c0%ae%c0%ae/env",
+            b"/actuator/health/\xc0\xae\xc0\xae/env",
+            true,
+        ),
         (b"/%e0%80%af", b"/\xe0\x80\xaf", true),
         (b"/%f0%80%80%ae", b"/\xf0\x80\x80\xae", true),
         (b"/%c1%9c", b"/\xc1\x9c", true),
@@ -87,18 +97,38 @@ fn paths_are_decoded_as_bytes_and_the_ambiguous_ones_flagged() {
     ];
     for (raw, want, ambiguous) in cases {
         let got = normalize_bytes(raw);
-        assert_eq!((got.as_bytes(), got.is_ambiguous()), (want, ambiguous), "{}", raw.escape_ascii());
+        assert_eq!(
+            (got.as_bytes(), got.is_ambiguous()),
+            (want, ambiguous),
+            "{}",
+            raw.escape_ascii()
+        );
     }
 }
 
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn a_normal_path_is_borrowed_not_copied() {
-    for raw in ["/", "/api/orders/42", "/api/orders/42?sort=Desc#Top", "/a/b.json", "/.well-known/x", "/a/"] {
-        assert!(matches!(normalize(raw).into_bytes(), Cow::Borrowed(_)), "{raw}");
+    for raw in [
+        "/",
+        "/api/orders/42",
+        "/api/orders/42?sort=Desc#Top",
+        "/a/b.json",
+        "/.well-known/x",
+        "/a/",
+    ] {
+        assert!(
+            matches!(normalize(raw).into_bytes(), Cow::Borrowed(_)),
+            "{raw}"
+        );
     }
-    for raw in ["", "/API", "/a//b", "/a/./b", "/a/../b", "/a%41", "/a;b", "/a\\b", "//"] {
-        assert!(matches!(normalize(raw).into_bytes(), Cow::Owned(_)), "{raw}");
+    for raw in [
+        "", "/API", "/a//b", "/a/./b", "/a/../b", "/a%41", "/a;b", "/a\\b", "//",
+    ] {
+        assert!(
+            matches!(normalize(raw).into_bytes(), Cow::Owned(_)),
+            "{raw}"
+        );
     }
 }
 
@@ -149,7 +179,9 @@ fn the_allowlist_checks_envoys_client_address() {
     // The default is loopback only: behind a load balancer or NAT with a private address every
     // client would look internal. Operators list their ranges, as in the README's example.
     let by_default = rules("{}");
-    let listed = rules(r#"{"management": {"allowed_cidrs": ["127.0.0.0/8", "::1/128", "10.20.0.0/16", "fd00:20::/48", "192.0.2.10"]}}"#);
+    let listed = rules(
+        r#"{"management": {"allowed_cidrs": ["127.0.0.0/8", "::1/128", "10.20.0.0/16", "fd00:20::/48", "192.0.2.10"]}}"#,
+    );
     // (client, allowed by default, allowed with the README's list)
     let cases = [
         (Some("127.0.0.1:50000"), true, true),
@@ -172,7 +204,10 @@ fn the_allowlist_checks_envoys_client_address() {
         (None, false, false),
     ];
     for (source, default_allows, list_allows) in cases {
-        let got = (by_default.management_allowed(source), listed.management_allowed(source));
+        let got = (
+            by_default.management_allowed(source),
+            listed.management_allowed(source),
+        );
         assert_eq!(got, (default_allows, list_allows), "{source:?}");
     }
 }
@@ -180,10 +215,16 @@ fn the_allowlist_checks_envoys_client_address() {
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn custom_rules_and_their_errors() {
-    let r = rules(r#"{"health_paths": {"exact": ["/ping"]}, "excluded_paths": {"prefix": ["/upload"]},
-                     "management": {"paths": {"prefix": ["/admin/"]}, "allowed_cidrs": ["192.0.2.10"]}}"#);
+    let r = rules(
+        r#"{"health_paths": {"exact": ["/ping"]}, "excluded_paths": {"prefix": ["/upload"]},
+                     "management": {"paths": {"prefix": ["/admin/"]}, "allowed_cidrs": ["192.0.2.10"]}}"#,
+    );
     assert_eq!(r.classify("/ping"), PathClass::Health);
-    assert_eq!(r.classify("/health"), PathClass::Business, "replacing the list drops the defaults");
+    assert_eq!(
+        r.classify("/health"),
+        PathClass::Business,
+        "replacing the list drops the defaults"
+    );
     assert_eq!(r.classify("/upload/big"), PathClass::Excluded);
     assert_eq!(r.classify("/admin/users"), PathClass::Management);
     assert!(r.management_allowed(Some("192.0.2.10:1")));
@@ -198,16 +239,23 @@ fn custom_rules_and_their_errors() {
         (r#"{"management": {"trusted_hops": 1}}"#, "management.trusted_hops: unknown field `trusted_hops`, expected `paths` or `allowed_cidrs`"),
     ];
     for (json, want) in cases {
-        assert_eq!(Config::from_json(json.as_bytes()).map(|_| ()).map_err(|e| e.to_string()), Err(want.to_string()), "{json}");
+        assert_eq!(
+            Config::from_json(json.as_bytes())
+                .map(|_| ())
+                .map_err(|e| e.to_string()),
+            Err(want.to_string()),
+            "{json}"
+        );
     }
 }
-
 
 // === Properties: bounded work, idempotence, deep nesting guarded ===
 
 #[cfg(not(target_arch = "wasm32"))]
 mod properties {
-    use ewma_lb::rules::{normalize_bytes, normalize_counting, PathClass, Rules, MAX_DECODINGS, MAX_SCANNED_PER_BYTE};
+    use ewma_lb::rules::{
+        normalize_bytes, normalize_counting, PathClass, Rules, MAX_DECODINGS, MAX_SCANNED_PER_BYTE,
+    };
     use proptest::prelude::*;
 
     /// The longest path the properties try: above Envoy's default header limit (60 KiB).
@@ -216,9 +264,33 @@ mod properties {
     /// Pieces an attacker repeats: nested `%25`, runs of `%`, dot segments plain and encoded,
     /// separators, parameters, control and overlong bytes.
     const PIECES: &[&[u8]] = &[
-        b"%25", b"%", b"%%", b"%2", b"25", b"61", b"/..", b"/.", b"/a/..", b"%2e%2e%2f", b"..%2f", b"..\\", b"//",
-        b";", b";x=/..", b"%252e%252e/", b"%2525", b"%00", b"%c0%ae", b"\xff", b"/actuator", b"/health", b"?", b"#",
-        b"%3f", b"a", b"A/",
+        b"%25",
+        b"%",
+        b"%%",
+        b"%2",
+        b"25",
+        b"61",
+        b"/..",
+        b"/.",
+        b"/a/..",
+        b"%2e%2e%2f",
+        b"..%2f",
+        b"..\\",
+        b"//",
+        b";",
+        b";x=/..",
+        b"%252e%252e/",
+        b"%2525",
+        b"%00",
+        b"%c0%ae",
+        b"\xff",
+        b"/actuator",
+        b"/health",
+        b"?",
+        b"#",
+        b"%3f",
+        b"a",
+        b"A/",
     ];
 
     /// Health everywhere: a path classified otherwise was guarded before any rule.
@@ -252,7 +324,8 @@ mod properties {
         for level in 0..levels {
             let mut next = Vec::with_capacity(current.len() * 3);
             for (i, &b) in current.iter().enumerate() {
-                let picked = level == 0 && (i == 0 || mask.get(i % mask.len().max(1)).copied().unwrap_or(false));
+                let picked = level == 0
+                    && (i == 0 || mask.get(i % mask.len().max(1)).copied().unwrap_or(false));
                 if b == b'%' || picked {
                     next.extend_from_slice(format!("%{b:02X}").as_bytes());
                 } else {
@@ -274,10 +347,17 @@ mod properties {
         );
         prop_assert!(normal.as_bytes().starts_with(b"/"));
         if normal.is_ambiguous() {
-            prop_assert_eq!(everything_is_health().classify_bytes(raw), PathClass::Management);
+            prop_assert_eq!(
+                everything_is_health().classify_bytes(raw),
+                PathClass::Management
+            );
         } else {
             let again = normalize_bytes(normal.as_bytes());
-            prop_assert_eq!(again.as_bytes(), normal.as_bytes(), "normalising twice changes nothing");
+            prop_assert_eq!(
+                again.as_bytes(),
+                normal.as_bytes(),
+                "normalising twice changes nothing"
+            );
             prop_assert!(!again.is_ambiguous());
         }
         Ok(())

@@ -31,14 +31,24 @@ fn samples(entries: &[(&str, &[f64], bool)]) -> ClusterBatch {
             (host.to_string(), acc)
         })
         .collect();
-    ClusterBatch { hosts, num_endpoints: None }
+    ClusterBatch {
+        hosts,
+        num_endpoints: None,
+    }
 }
 
 fn steady_state() -> ClusterState {
     let p = policy();
     let mut state = ClusterState::default();
     for t in 1..=20 {
-        state.merge(&samples(&[("10.0.0.1:80", &[50.0, 60.0], false), ("10.0.0.2:80", &[2000.0], false)]), t * SEC, &p);
+        state.merge(
+            &samples(&[
+                ("10.0.0.1:80", &[50.0, 60.0], false),
+                ("10.0.0.2:80", &[2000.0], false),
+            ]),
+            t * SEC,
+            &p,
+        );
         state.refresh(t * SEC, &p, &[], None);
     }
     state
@@ -62,9 +72,15 @@ fn foreign_bytes_are_rejected_with_a_reason() {
     type Case = (&'static str, Vec<u8>, fn(&DecodeError) -> bool);
     let cases: Vec<Case> = vec![
         ("empty", vec![], |e| *e == DecodeError::NotOurs),
-        ("other magic", b"JSON{}".to_vec(), |e| *e == DecodeError::NotOurs),
-        ("other version", other_version, |e| matches!(e, DecodeError::OtherVersion(_))),
-        ("truncated", good[..good.len() / 2].to_vec(), |e| matches!(e, DecodeError::Corrupt(_))),
+        ("other magic", b"JSON{}".to_vec(), |e| {
+            *e == DecodeError::NotOurs
+        }),
+        ("other version", other_version, |e| {
+            matches!(e, DecodeError::OtherVersion(_))
+        }),
+        ("truncated", good[..good.len() / 2].to_vec(), |e| {
+            matches!(e, DecodeError::Corrupt(_))
+        }),
     ];
     for (name, bytes, expected) in cases {
         match decode(&bytes, 256) {
@@ -72,7 +88,10 @@ fn foreign_bytes_are_rejected_with_a_reason() {
             Ok(s) => panic!("{name}: decoded {s:?}"),
         }
     }
-    assert!(matches!(decode(&good, 1), Err(DecodeError::Corrupt(_))), "host limit");
+    assert!(
+        matches!(decode(&good, 1), Err(DecodeError::Corrupt(_))),
+        "host limit"
+    );
 }
 
 #[cfg(not(target_arch = "wasm32"))]
@@ -101,9 +120,15 @@ fn the_slow_host_ends_with_the_floor() {
     let state = steady_state();
     let fast = state.host("10.0.0.1:80").map(|h| h.share).unwrap_or(0.0);
     let slow = state.host("10.0.0.2:80").map(|h| h.share).unwrap_or(1.0);
-    assert!((slow - policy().weights.min_share).abs() < 1e-9, "slow {slow}");
+    assert!(
+        (slow - policy().weights.min_share).abs() < 1e-9,
+        "slow {slow}"
+    );
     assert!((fast + slow - 1.0).abs() < 1e-9);
-    assert!((1..=20).contains(&state.table_version), "one version per refresh that changed the shares");
+    assert!(
+        (1..=20).contains(&state.table_version),
+        "one version per refresh that changed the shares"
+    );
 }
 
 #[test]
@@ -112,7 +137,11 @@ fn merges_count_every_sample() {
     let p = policy();
     let mut state = ClusterState::default();
     state.merge(&samples(&[("a:1", &[10.0; 7], false)]), SEC, &p);
-    state.merge(&samples(&[("a:1", &[10.0; 5], false), ("b:1", &[10.0; 2], false)]), SEC, &p);
+    state.merge(
+        &samples(&[("a:1", &[10.0; 5], false), ("b:1", &[10.0; 2], false)]),
+        SEC,
+        &p,
+    );
     assert_eq!(state.host("a:1").map(|h| h.latency.samples()), Some(12));
     assert_eq!(state.host("b:1").map(|h| h.latency.samples()), Some(2));
 }
@@ -122,9 +151,17 @@ fn merges_count_every_sample() {
 fn failures_count_as_the_penalty_latency() {
     let mut acc = Accumulator::default();
     acc.record(2.0, true, 1000.0);
-    assert_eq!(acc.latency.mean_ms(), Some(1000.0), "a fast failure is not fast");
+    assert_eq!(
+        acc.latency.mean_ms(),
+        Some(1000.0),
+        "a fast failure is not fast"
+    );
     acc.record(3000.0, true, 1000.0);
-    assert_eq!(acc.latency.mean_ms(), Some(2000.0), "a slow failure keeps its own latency");
+    assert_eq!(
+        acc.latency.mean_ms(),
+        Some(2000.0),
+        "a slow failure keeps its own latency"
+    );
 }
 
 #[test]
@@ -133,7 +170,11 @@ fn consecutive_failures_eject_and_the_host_returns_later() {
     let p = policy();
     let mut state = steady_state();
     let now = 21 * SEC;
-    let merged = state.merge(&samples(&[("10.0.0.1:80", &[5.0, 5.0, 5.0], true)]), now, &p);
+    let merged = state.merge(
+        &samples(&[("10.0.0.1:80", &[5.0, 5.0, 5.0], true)]),
+        now,
+        &p,
+    );
     assert_eq!(merged.ejected, 1);
     let host = state.host("10.0.0.1:80").cloned().unwrap_or_default();
     assert!(host.health.is_ejected(now) && host.share == 0.0);
@@ -145,7 +186,11 @@ fn consecutive_failures_eject_and_the_host_returns_later() {
     state.refresh(back, &p, &[], None);
     let host = state.host("10.0.0.1:80").cloned().unwrap_or_default();
     assert!(!host.health.is_ejected(back) && host.share > 0.0 && host.active_since_ns == back);
-    assert_eq!(host.latency.value_ms(), None, "scored at the median again, not at the penalty");
+    assert_eq!(
+        host.latency.value_ms(),
+        None,
+        "scored at the median again, not at the penalty"
+    );
 }
 
 #[test]
@@ -153,10 +198,18 @@ fn consecutive_failures_eject_and_the_host_returns_later() {
 fn the_ejection_budget_keeps_half_the_cluster() {
     let p = policy();
     let mut state = ClusterState::default();
-    let all_failing: Vec<(&str, &[f64], bool)> =
-        vec![("a:1", &[1.0; 3], true), ("b:1", &[1.0; 3], true), ("c:1", &[1.0; 3], true), ("d:1", &[1.0; 3], true)];
+    let all_failing: Vec<(&str, &[f64], bool)> = vec![
+        ("a:1", &[1.0; 3], true),
+        ("b:1", &[1.0; 3], true),
+        ("c:1", &[1.0; 3], true),
+        ("d:1", &[1.0; 3], true),
+    ];
     state.merge(&samples(&all_failing), SEC, &p);
-    let ejected = state.hosts.iter().filter(|h| h.health.is_ejected(SEC)).count();
+    let ejected = state
+        .hosts
+        .iter()
+        .filter(|h| h.health.is_ejected(SEC))
+        .count();
     assert_eq!(ejected, 2, "max_ejection_share 0.5 of 4 hosts");
 }
 
@@ -169,9 +222,19 @@ fn a_success_resets_the_failure_count() {
     for failed in [true, true, false, true, true] {
         acc.record(1.0, failed, 1000.0);
     }
-    state.merge(&ClusterBatch { hosts: Map::from_iter([("a:1".to_string(), acc)]), num_endpoints: None }, SEC, &p);
+    state.merge(
+        &ClusterBatch {
+            hosts: Map::from_iter([("a:1".to_string(), acc)]),
+            num_endpoints: None,
+        },
+        SEC,
+        &p,
+    );
     state.merge(&samples(&[("b:1", &[1.0], false)]), SEC, &p);
-    assert_eq!(state.host("a:1").map(|h| h.health.consecutive_failures), Some(2));
+    assert_eq!(
+        state.host("a:1").map(|h| h.health.consecutive_failures),
+        Some(2)
+    );
     assert!(!state.host("a:1").is_some_and(|h| h.health.is_ejected(SEC)));
 }
 

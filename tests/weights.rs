@@ -12,25 +12,48 @@ use proptest::prelude::*;
 const SEC: u64 = 1_000_000_000;
 
 fn host(score_ms: Option<f64>) -> HostInput {
-    HostInput { score_ms, active_for_ns: 3600 * SEC, ejected: false, previous_share: None }
+    HostInput {
+        score_ms,
+        active_for_ns: 3600 * SEC,
+        ejected: false,
+        previous_share: None,
+    }
 }
 
 /// Each rule alone: no slow start, no noise band.
 fn params() -> WeightParams {
-    WeightParams { slow_start_ns: 0, noise_gain: 1.0, ..WeightParams::default() }
+    WeightParams {
+        slow_start_ns: 0,
+        noise_gain: 1.0,
+        ..WeightParams::default()
+    }
 }
 
 fn previous(score_ms: f64, share: f64) -> HostInput {
-    HostInput { previous_share: Some(share), ..host(Some(score_ms)) }
+    HostInput {
+        previous_share: Some(share),
+        ..host(Some(score_ms))
+    }
 }
 
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn faster_hosts_get_more_by_the_exponent() {
-    let p = WeightParams { exponent: 1.0, min_share: 0.0, ..params() };
+    let p = WeightParams {
+        exponent: 1.0,
+        min_share: 0.0,
+        ..params()
+    };
     let s = shares(&[host(Some(50.0)), host(Some(100.0))], &p);
-    assert!((s[0] - 2.0 / 3.0).abs() < 1e-9 && (s[1] - 1.0 / 3.0).abs() < 1e-9, "{s:?}");
-    let p = WeightParams { exponent: 2.0, min_share: 0.0, ..params() };
+    assert!(
+        (s[0] - 2.0 / 3.0).abs() < 1e-9 && (s[1] - 1.0 / 3.0).abs() < 1e-9,
+        "{s:?}"
+    );
+    let p = WeightParams {
+        exponent: 2.0,
+        min_share: 0.0,
+        ..params()
+    };
     let s = shares(&[host(Some(50.0)), host(Some(100.0))], &p);
     assert!((s[0] - 0.8).abs() < 1e-9, "{s:?}");
 }
@@ -38,8 +61,14 @@ fn faster_hosts_get_more_by_the_exponent() {
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn a_slow_host_keeps_the_minimum_share() {
-    let p = WeightParams { min_share: 0.01, ..params() };
-    let s = shares(&[host(Some(75.0)), host(Some(75.0)), host(Some(1500.0))], &p);
+    let p = WeightParams {
+        min_share: 0.01,
+        ..params()
+    };
+    let s = shares(
+        &[host(Some(75.0)), host(Some(75.0)), host(Some(1500.0))],
+        &p,
+    );
     assert!((s[2] - 0.01).abs() < 1e-12, "{s:?}");
     assert!((s[0] - 0.495).abs() < 1e-9, "{s:?}");
 }
@@ -47,9 +76,24 @@ fn a_slow_host_keeps_the_minimum_share() {
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn a_host_without_samples_is_scored_at_the_median() {
-    let p = WeightParams { exponent: 1.0, min_share: 0.0, ..params() };
-    let s = shares(&[host(Some(50.0)), host(Some(100.0)), host(Some(200.0)), host(None)], &p);
-    assert!((s[3] - s[1]).abs() < 1e-12, "the newcomer is treated like the median host: {s:?}");
+    let p = WeightParams {
+        exponent: 1.0,
+        min_share: 0.0,
+        ..params()
+    };
+    let s = shares(
+        &[
+            host(Some(50.0)),
+            host(Some(100.0)),
+            host(Some(200.0)),
+            host(None),
+        ],
+        &p,
+    );
+    assert!(
+        (s[3] - s[1]).abs() < 1e-12,
+        "the newcomer is treated like the median host: {s:?}"
+    );
     let s = shares(&[host(None), host(None)], &p);
     assert_eq!(s, vec![0.5, 0.5], "no samples anywhere: equal shares");
 }
@@ -57,10 +101,21 @@ fn a_host_without_samples_is_scored_at_the_median() {
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn slow_start_ramps_a_new_host_in() {
-    let p = WeightParams { slow_start_ns: 10 * SEC, slow_start_min_factor: 0.1, min_share: 0.0, ..params() };
-    let new = |age_s: u64| HostInput { active_for_ns: age_s * SEC, ..host(Some(50.0)) };
+    let p = WeightParams {
+        slow_start_ns: 10 * SEC,
+        slow_start_min_factor: 0.1,
+        min_share: 0.0,
+        ..params()
+    };
+    let new = |age_s: u64| HostInput {
+        active_for_ns: age_s * SEC,
+        ..host(Some(50.0))
+    };
     let s = shares(&[host(Some(50.0)), new(0)], &p);
-    assert!((s[1] - 0.1 / 1.1).abs() < 1e-9, "starts at the minimum factor: {s:?}");
+    assert!(
+        (s[1] - 0.1 / 1.1).abs() < 1e-9,
+        "starts at the minimum factor: {s:?}"
+    );
     let s = shares(&[host(Some(50.0)), new(5)], &p);
     assert!((s[1] - 0.5 / 1.5).abs() < 1e-9, "halfway: {s:?}");
     let s = shares(&[host(Some(50.0)), new(10)], &p);
@@ -70,7 +125,11 @@ fn slow_start_ramps_a_new_host_in() {
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn damping_bounds_the_move_of_one_refresh() {
-    let p = WeightParams { max_step_ratio: 2.0, min_share: 0.0, ..params() };
+    let p = WeightParams {
+        max_step_ratio: 2.0,
+        min_share: 0.0,
+        ..params()
+    };
     // The slow host recovered at once; its share may only double per refresh.
     let mut hosts = [host(Some(50.0)), host(Some(50.0)), host(Some(50.0))];
     hosts[0].previous_share = Some(0.45);
@@ -100,12 +159,14 @@ fn arb_host() -> impl Strategy<Value = HostInput> {
         prop::bool::weighted(0.2),
         prop::option::of(0.0f64..1.0),
     )
-        .prop_map(|(score_ms, active_for_ns, ejected, previous_share)| HostInput {
-            score_ms,
-            active_for_ns,
-            ejected,
-            previous_share,
-        })
+        .prop_map(
+            |(score_ms, active_for_ns, ejected, previous_share)| HostInput {
+                score_ms,
+                active_for_ns,
+                ejected,
+                previous_share,
+            },
+        )
 }
 
 #[test]
@@ -115,11 +176,32 @@ fn the_floor_leaves_room_to_steer_in_a_large_cluster() {
     // host would be at the floor and all shares equal whatever their scores.
     let mut hosts: Vec<HostInput> = (0..600).map(|_| host(Some(20.0))).collect();
     hosts[0] = host(Some(400.0));
-    let s = shares(&hosts, &WeightParams { min_share: 0.002, min_fair_share: 0.1, ..params() });
-    assert!((s[0] - 0.1 / 600.0).abs() < 1e-12, "the slow host at a tenth of a fair share: {}", s[0]);
+    let s = shares(
+        &hosts,
+        &WeightParams {
+            min_share: 0.002,
+            min_fair_share: 0.1,
+            ..params()
+        },
+    );
+    assert!(
+        (s[0] - 0.1 / 600.0).abs() < 1e-12,
+        "the slow host at a tenth of a fair share: {}",
+        s[0]
+    );
     assert!(s[1] > 1.0 / 600.0, "{}", s[1]);
-    let pinned = shares(&hosts, &WeightParams { min_share: 0.002, min_fair_share: 1.0, ..params() });
-    assert!((pinned[0] - pinned[1]).abs() < 1e-12, "without it every host is at the floor: {pinned:?}");
+    let pinned = shares(
+        &hosts,
+        &WeightParams {
+            min_share: 0.002,
+            min_fair_share: 1.0,
+            ..params()
+        },
+    );
+    assert!(
+        (pinned[0] - pinned[1]).abs() < 1e-12,
+        "without it every host is at the floor: {pinned:?}"
+    );
 }
 
 #[test]
@@ -130,11 +212,21 @@ fn equal_hosts_do_not_follow_their_noise() {
     let scores = [20.0, 23.0, 17.5, 21.0];
     let hosts: Vec<HostInput> = scores.iter().map(|s| previous(*s, 0.25)).collect();
     let followed = shares(&hosts, &params());
-    let settled = shares(&hosts, &WeightParams { noise_gain: 0.1, noise_band: 2.0, ..params() });
+    let settled = shares(
+        &hosts,
+        &WeightParams {
+            noise_gain: 0.1,
+            noise_band: 2.0,
+            ..params()
+        },
+    );
     let spread = |s: &[f64]| s.iter().fold(0.0f64, |m, x| m.max((x / 0.25).ln().abs()));
     assert!(spread(&followed) > 0.25, "{followed:?}");
     assert!(spread(&settled) < 0.05, "a tenth of the way: {settled:?}");
-    assert!(settled[2] > settled[0] && settled[0] > settled[1], "still in the right direction: {settled:?}");
+    assert!(
+        settled[2] > settled[0] && settled[0] > settled[1],
+        "still in the right direction: {settled:?}"
+    );
 }
 
 #[test]
@@ -143,22 +235,59 @@ fn a_real_change_goes_beyond_the_band_at_once() {
     // One of four hosts turns 20 times slower: its target is 1/1,800 of the others'. Only the
     // band's width is lagged, so damping (halving per refresh) is what bounds it, as without
     // the band.
-    let hosts = [previous(20.0, 0.25), previous(20.0, 0.25), previous(20.0, 0.25), previous(400.0, 0.25)];
-    let settled = shares(&hosts, &WeightParams { noise_gain: 0.1, noise_band: 2.0, ..params() });
+    let hosts = [
+        previous(20.0, 0.25),
+        previous(20.0, 0.25),
+        previous(20.0, 0.25),
+        previous(400.0, 0.25),
+    ];
+    let settled = shares(
+        &hosts,
+        &WeightParams {
+            noise_gain: 0.1,
+            noise_band: 2.0,
+            ..params()
+        },
+    );
     let followed = shares(&hosts, &params());
-    assert!((settled[3] - 0.125).abs() < 1e-9 && (followed[3] - 0.125).abs() < 1e-9, "{settled:?} {followed:?}");
+    assert!(
+        (settled[3] - 0.125).abs() < 1e-9 && (followed[3] - 0.125).abs() < 1e-9,
+        "{settled:?} {followed:?}"
+    );
     // Recovering from the floor, a host climbs as fast as damping allows until its target is
     // within the band.
-    let hosts = [previous(20.0, 0.33), previous(20.0, 0.33), previous(20.0, 0.33), previous(20.0, 0.01)];
-    let settled = shares(&hosts, &WeightParams { noise_gain: 0.1, noise_band: 2.0, min_share: 0.0, ..params() });
+    let hosts = [
+        previous(20.0, 0.33),
+        previous(20.0, 0.33),
+        previous(20.0, 0.33),
+        previous(20.0, 0.01),
+    ];
+    let settled = shares(
+        &hosts,
+        &WeightParams {
+            noise_gain: 0.1,
+            noise_band: 2.0,
+            min_share: 0.0,
+            ..params()
+        },
+    );
     assert!((settled[3] - 0.02).abs() < 1e-9, "{settled:?}");
 }
 
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn a_host_ramping_in_follows_its_ramp_not_the_band() {
-    let p = WeightParams { slow_start_ns: 10 * SEC, slow_start_min_factor: 0.1, min_share: 0.0, noise_gain: 0.1, ..params() };
-    let ramping = HostInput { active_for_ns: 5 * SEC, ..previous(50.0, 0.2) };
+    let p = WeightParams {
+        slow_start_ns: 10 * SEC,
+        slow_start_min_factor: 0.1,
+        min_share: 0.0,
+        noise_gain: 0.1,
+        ..params()
+    };
+    let ramping = HostInput {
+        active_for_ns: 5 * SEC,
+        ..previous(50.0, 0.2)
+    };
     let s = shares(&[previous(50.0, 0.8), ramping], &p);
     // Its ramp says a third; settled like noise it would only go from 0.2 to 0.21. (The other
     // host's share is settled, so the third is not exact.)

@@ -22,7 +22,16 @@ fn header_value(pick: &Pick) -> String {
 }
 
 fn finish_ok(w: &mut Worker, host: &str, ms: f64) {
-    w.finish(CLUSTER, &Finished { served_by: Some(host), attempts: 1, latency_ms: ms, outcome: Some(Outcome::Success), ..Finished::default() });
+    w.finish(
+        CLUSTER,
+        &Finished {
+            served_by: Some(host),
+            attempts: 1,
+            latency_ms: ms,
+            outcome: Some(Outcome::Success),
+            ..Finished::default()
+        },
+    );
 }
 
 #[test]
@@ -47,7 +56,10 @@ fn no_sample_is_lost_under_contention() {
             w.tick(t * SEC / 5, &mut store.clone());
         }
     }
-    let merged = store.state().host("10.0.0.1:80").map_or(0, |h| h.latency.samples());
+    let merged = store
+        .state()
+        .host("10.0.0.1:80")
+        .map_or(0, |h| h.latency.samples());
     assert_eq!(merged, recorded);
 }
 
@@ -67,7 +79,11 @@ fn one_refresh_per_interval_whoever_ticks() {
     // 40 ticks of 200 ms are 8 s: the first tick builds the table, then one refresh a second.
     assert_eq!(refreshes, 8);
     // The version moves only when a refresh changed the shares.
-    assert!((1..=8).contains(&store.state().table_version), "{}", store.state().table_version);
+    assert!(
+        (1..=8).contains(&store.state().table_version),
+        "{}",
+        store.state().table_version
+    );
 }
 
 #[test]
@@ -77,7 +93,10 @@ fn every_worker_adopts_the_same_table() {
     let mut workers: Vec<Worker> = (0..2).map(|i| Worker::new(defaults(), i)).collect();
     // Both see a first request before any table exists.
     for w in &mut workers {
-        assert_eq!(w.pick(CLUSTER), Decision::Fallback(FallbackReason::TableNotReady));
+        assert_eq!(
+            w.pick(CLUSTER),
+            Decision::Fallback(FallbackReason::TableNotReady)
+        );
     }
     for t in 1..=30u64 {
         finish_ok(&mut workers[0], "10.0.0.1:80", 50.0);
@@ -95,7 +114,14 @@ fn every_worker_adopts_the_same_table() {
     }
     let fast = counts.get("10.0.0.1:80").copied().unwrap_or(0);
     assert!(fast > 1900, "{counts:?}");
-    let snapshot: Vec<_> = workers.iter().map(|w| w.snapshots().map(|(_, s)| s.table_version).collect::<Vec<_>>()).collect();
+    let snapshot: Vec<_> = workers
+        .iter()
+        .map(|w| {
+            w.snapshots()
+                .map(|(_, s)| s.table_version)
+                .collect::<Vec<_>>()
+        })
+        .collect();
     assert_eq!(snapshot[0], snapshot[1]);
 }
 
@@ -103,19 +129,48 @@ fn every_worker_adopts_the_same_table() {
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn in_flight_counts_go_up_on_pick_and_down_once_on_finish() {
     let store = Shared::default();
-    let mut w = Worker::new(config(r#"{"exploration_share": 0, "clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}}"#), 1);
+    let mut w = Worker::new(
+        config(
+            r#"{"exploration_share": 0, "clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}}"#,
+        ),
+        1,
+    );
     w.tick(SEC, &mut store.clone());
-    let Decision::Override(pick) = w.pick(CLUSTER) else { panic!("no table") };
-    assert_eq!((&*pick.host, header_value(&pick).as_str()), ("10.0.0.1:80", "10.0.0.1:80"));
+    let Decision::Override(pick) = w.pick(CLUSTER) else {
+        panic!("no table")
+    };
+    assert_eq!(
+        (&*pick.host, header_value(&pick).as_str()),
+        ("10.0.0.1:80", "10.0.0.1:80")
+    );
     let host = pick.host.to_string();
     w.pick(CLUSTER);
     assert_eq!(w.in_flight(CLUSTER, &host), 2);
-    let reset = Finished { picked: Some(&host), served_by: Some(&host), attempts: 1, latency_ms: 10.0, outcome: Some(Outcome::Reset), ..Finished::default() };
+    let reset = Finished {
+        picked: Some(&host),
+        served_by: Some(&host),
+        attempts: 1,
+        latency_ms: 10.0,
+        outcome: Some(Outcome::Reset),
+        ..Finished::default()
+    };
     w.finish(CLUSTER, &reset);
     // A request that never reached a host (no upstream address, no outcome).
-    w.finish(CLUSTER, &Finished { picked: Some(&host), ..Finished::default() });
+    w.finish(
+        CLUSTER,
+        &Finished {
+            picked: Some(&host),
+            ..Finished::default()
+        },
+    );
     assert_eq!(w.in_flight(CLUSTER, &host), 0);
-    w.finish(CLUSTER, &Finished { picked: Some(&host), ..Finished::default() });
+    w.finish(
+        CLUSTER,
+        &Finished {
+            picked: Some(&host),
+            ..Finished::default()
+        },
+    );
     assert_eq!(w.in_flight(CLUSTER, &host), 0, "never below zero");
 }
 
@@ -125,7 +180,9 @@ fn the_header_names_a_different_host_for_the_retry() {
     let cfg = r#"{"exploration_share": 0, "clusters": {"backend": {"endpoints": ["10.0.0.1:80", "10.0.0.2:80"]}}}"#;
     let (_, mut w) = ticked(cfg, 1);
     for _ in 0..100 {
-        let Decision::Override(pick) = w.pick(CLUSTER) else { panic!("no table") };
+        let Decision::Override(pick) = w.pick(CLUSTER) else {
+            panic!("no table")
+        };
         let value = header_value(&pick);
         let parts: Vec<&str> = value.split(',').collect();
         assert_eq!(parts.len(), 2, "{value}");
@@ -137,9 +194,12 @@ fn the_header_names_a_different_host_for_the_retry() {
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn the_exploration_share_is_left_to_the_fallback() {
-    let cfg = r#"{"exploration_share": 0.2, "clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}}"#;
+    let cfg =
+        r#"{"exploration_share": 0.2, "clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}}"#;
     let (_, mut w) = ticked(cfg, 9);
-    let explored = (0..10_000).filter(|_| w.pick(CLUSTER) == Decision::Fallback(FallbackReason::Exploring)).count();
+    let explored = (0..10_000)
+        .filter(|_| w.pick(CLUSTER) == Decision::Fallback(FallbackReason::Exploring))
+        .count();
     assert!((1800..2200).contains(&explored), "{explored}");
 }
 
@@ -148,19 +208,51 @@ fn the_exploration_share_is_left_to_the_fallback() {
 fn an_unreadable_record_is_rebuilt_reported_once_and_counted() {
     let store = Shared::default();
     let mut w = Worker::new(defaults(), 1);
-    let garbage = || store.0.borrow_mut().data.insert(w.record_key(CLUSTER), (b"garbage".to_vec(), 7));
+    let garbage = || {
+        store
+            .0
+            .borrow_mut()
+            .data
+            .insert(w.record_key(CLUSTER), (b"garbage".to_vec(), 7))
+    };
     garbage();
     finish_ok(&mut w, "10.0.0.1:80", 5.0);
     let report = w.tick(SEC, &mut store.clone());
     assert!(report.errors.is_empty());
-    assert_eq!(report.bad_records.len(), 1, "reported: {:?}", report.bad_records);
-    assert!(report.metrics.contains(&Update { metric: Metric::SharedRecordErrors, cluster: CLUSTER.into(), label: None, change: Change::Add(1) }));
-    assert_eq!(store.state().hosts.len(), 1, "rebuilt with this tick's samples");
-    let garbage = || store.0.borrow_mut().data.insert(w.record_key(CLUSTER), (b"garbage".to_vec(), 7));
+    assert_eq!(
+        report.bad_records.len(),
+        1,
+        "reported: {:?}",
+        report.bad_records
+    );
+    assert!(report.metrics.contains(&Update {
+        metric: Metric::SharedRecordErrors,
+        cluster: CLUSTER.into(),
+        label: None,
+        change: Change::Add(1)
+    }));
+    assert_eq!(
+        store.state().hosts.len(),
+        1,
+        "rebuilt with this tick's samples"
+    );
+    let garbage = || {
+        store
+            .0
+            .borrow_mut()
+            .data
+            .insert(w.record_key(CLUSTER), (b"garbage".to_vec(), 7))
+    };
     garbage();
     let again = w.tick(SEC + SEC / 10, &mut store.clone());
     assert!(again.bad_records.is_empty(), "logged once");
-    assert!(again.metrics.iter().any(|u| u.metric == Metric::SharedRecordErrors), "counted every time");
+    assert!(
+        again
+            .metrics
+            .iter()
+            .any(|u| u.metric == Metric::SharedRecordErrors),
+        "counted every time"
+    );
 }
 
 #[test]
@@ -182,11 +274,25 @@ fn a_pick_that_needed_a_retry_counts_as_its_failure() {
     w.tick(SEC + SEC / 5, &mut store.clone());
     let state = store.state();
     let dead = state.host("10.0.0.1:80").cloned().unwrap_or_default();
-    assert!(dead.health.is_ejected(SEC + SEC / 5), "three failed connections eject: {dead:?}");
-    assert_eq!(state.host("10.0.0.2:80").map(|h| h.health.consecutive_failures), Some(0));
+    assert!(
+        dead.health.is_ejected(SEC + SEC / 5),
+        "three failed connections eject: {dead:?}"
+    );
+    assert_eq!(
+        state
+            .host("10.0.0.2:80")
+            .map(|h| h.health.consecutive_failures),
+        Some(0)
+    );
     // A pick the override could not honour (the host left the cluster) is not a failure.
     let mut w = Worker::new(config(cfg), 2);
-    w.finish(CLUSTER, &Finished { attempts: 1, ..retried });
+    w.finish(
+        CLUSTER,
+        &Finished {
+            attempts: 1,
+            ..retried
+        },
+    );
     assert_eq!(w.in_flight(CLUSTER, "10.0.0.1:80"), 0);
 }
 
@@ -199,27 +305,72 @@ fn routes_follow_the_path_rules() {
                  "clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}}"#;
     let mut w = Worker::new(config(cfg), 1);
     w.tick(SEC, &mut store.clone());
-    let request = |path: &'static str| Request { path: path.as_bytes(), cluster: Some(CLUSTER) };
+    let request = |path: &'static str| Request {
+        path: path.as_bytes(),
+        cluster: Some(CLUSTER),
+    };
     let cases: &[(&str, &str, Decision)] = &[
-        ("/health", "192.0.2.1:5000", Decision::Fallback(FallbackReason::HealthPath)),
-        ("/actuator/health/liveness", "192.0.2.1:5000", Decision::Fallback(FallbackReason::HealthPath)),
+        (
+            "/health",
+            "192.0.2.1:5000",
+            Decision::Fallback(FallbackReason::HealthPath),
+        ),
+        (
+            "/actuator/health/liveness",
+            "192.0.2.1:5000",
+            Decision::Fallback(FallbackReason::HealthPath),
+        ),
         ("/actuator/prometheus", "192.0.2.1:5000", Decision::Deny),
         ("/actuator/health/../env", "192.0.2.1:5000", Decision::Deny),
-        ("/actuator/prometheus", "10.1.2.3:5000", Decision::Fallback(FallbackReason::Management)),
-        ("/stream/events?x=1", "192.0.2.1:5000", Decision::Fallback(FallbackReason::Excluded)),
+        (
+            "/actuator/prometheus",
+            "10.1.2.3:5000",
+            Decision::Fallback(FallbackReason::Management),
+        ),
+        (
+            "/stream/events?x=1",
+            "192.0.2.1:5000",
+            Decision::Fallback(FallbackReason::Excluded),
+        ),
     ];
     for (path, source, want) in cases {
-        assert_eq!(&w.route(&request(path), || Some(source.to_string())), want, "{path} from {source}");
+        assert_eq!(
+            &w.route(&request(path), || Some(source.to_string())),
+            want,
+            "{path} from {source}"
+        );
     }
-    let business = w.route(&request("/orders/1"), || panic!("the client address is read for guarded paths only"));
+    let business = w.route(&request("/orders/1"), || {
+        panic!("the client address is read for guarded paths only")
+    });
     assert!(matches!(business, Decision::Override(_)));
     // Bytes that are not UTF-8 (an HTTP/2 client can send them): routed like any other path.
-    let raw = |path: &'static [u8]| Request { path, cluster: Some(CLUSTER) };
-    assert!(matches!(w.route(&raw(b"/x?\xff"), || None), Decision::Override(_)));
-    assert_eq!(w.route(&raw(b"/%2561ctuator/env%FF"), || Some("192.0.2.1:1".into())), Decision::Deny);
-    assert_eq!(w.route(&raw(b"/actuator/health%FF/..%2Fenv"), || Some("192.0.2.1:1".into())), Decision::Deny);
-    let no_cluster = Request { path: b"/orders/1", ..Request::default() };
-    assert_eq!(w.route(&no_cluster, || None), Decision::Fallback(FallbackReason::NoCluster));
+    let raw = |path: &'static [u8]| Request {
+        path,
+        cluster: Some(CLUSTER),
+    };
+    assert!(matches!(
+        w.route(&raw(b"/x?\xff"), || None),
+        Decision::Override(_)
+    ));
+    assert_eq!(
+        w.route(&raw(b"/%2561ctuator/env%FF"), || Some("192.0.2.1:1".into())),
+        Decision::Deny
+    );
+    assert_eq!(
+        w.route(&raw(b"/actuator/health%FF/..%2Fenv"), || Some(
+            "192.0.2.1:1".into()
+        )),
+        Decision::Deny
+    );
+    let no_cluster = Request {
+        path: b"/orders/1",
+        ..Request::default()
+    };
+    assert_eq!(
+        w.route(&no_cluster, || None),
+        Decision::Fallback(FallbackReason::NoCluster)
+    );
 }
 
 #[test]
@@ -227,13 +378,22 @@ fn routes_follow_the_path_rules() {
 fn shadow_mode_samples_but_never_overrides() {
     let cfg = r#"{"shadow": true, "exploration_share": 0, "clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}}"#;
     let (store, mut w) = ticked(cfg, 1);
-    let request = Request { path: b"/orders", cluster: Some(CLUSTER) };
+    let request = Request {
+        path: b"/orders",
+        cluster: Some(CLUSTER),
+    };
     let decision = w.route(&request, || None);
     assert_eq!(decision, Decision::Fallback(FallbackReason::Shadow));
     assert!(decision.is_sampled());
     finish_ok(&mut w, "10.0.0.1:80", 40.0);
     w.tick(2 * SEC, &mut store.clone());
-    assert_eq!(store.state().host("10.0.0.1:80").map(|h| h.latency.samples()), Some(1));
+    assert_eq!(
+        store
+            .state()
+            .host("10.0.0.1:80")
+            .map(|h| h.latency.samples()),
+        Some(1)
+    );
 }
 
 #[test]
@@ -244,9 +404,18 @@ fn the_status_document_is_guarded_and_describes_the_table() {
     let mut w = Worker::new(config(cfg), 1);
     finish_ok(&mut w, "10.0.0.1:80", 40.0);
     w.tick(SEC, &mut store.clone());
-    let status = Request { path: b"/ewma-lb/status?x=1", cluster: Some(CLUSTER) };
-    assert_eq!(w.route(&status, || Some("203.0.113.9:1".into())), Decision::Deny);
-    assert_eq!(w.route(&status, || Some("127.0.0.1:1".into())), Decision::Status);
+    let status = Request {
+        path: b"/ewma-lb/status?x=1",
+        cluster: Some(CLUSTER),
+    };
+    assert_eq!(
+        w.route(&status, || Some("203.0.113.9:1".into())),
+        Decision::Deny
+    );
+    assert_eq!(
+        w.route(&status, || Some("127.0.0.1:1".into())),
+        Decision::Status
+    );
     w.clock(SEC + 500_000_000);
     let status: serde_json::Value = serde_json::from_str(&w.status_json()).unwrap();
     let cluster = &status["clusters"][0];
@@ -265,7 +434,18 @@ fn the_status_document_is_guarded_and_describes_the_table() {
 
 /// The counter and gauge changes of a tick, as `(metric, label, change)`.
 fn changes(report: &ewma_lb::worker::TickReport) -> Vec<(Metric, Option<String>, Change)> {
-    report.metrics.iter().map(|Update { metric, label, change, .. }| (*metric, label.clone(), *change)).collect()
+    report
+        .metrics
+        .iter()
+        .map(
+            |Update {
+                 metric,
+                 label,
+                 change,
+                 ..
+             }| (*metric, label.clone(), *change),
+        )
+        .collect()
 }
 
 #[test]
@@ -274,15 +454,38 @@ fn decisions_are_counted_and_handed_over_once() {
     let cfg = r#"{"exploration_share": 0, "management": {"allowed_cidrs": ["10.1.0.0/16"]},
                  "clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}}"#;
     let (store, mut w) = ticked(cfg, 1);
-    let business = Request { path: b"/orders", cluster: Some(CLUSTER) };
+    let business = Request {
+        path: b"/orders",
+        cluster: Some(CLUSTER),
+    };
     for _ in 0..3 {
         w.route(&business, || None);
     }
-    w.route(&Request { path: b"/health", cluster: Some(CLUSTER) }, || None);
-    w.route(&Request { path: b"/actuator/env", cluster: Some(CLUSTER) }, || Some("192.0.2.1:1".into()));
-    w.route(&Request { path: b"/orders", cluster: None }, || None);
+    w.route(
+        &Request {
+            path: b"/health",
+            cluster: Some(CLUSTER),
+        },
+        || None,
+    );
+    w.route(
+        &Request {
+            path: b"/actuator/env",
+            cluster: Some(CLUSTER),
+        },
+        || Some("192.0.2.1:1".into()),
+    );
+    w.route(
+        &Request {
+            path: b"/orders",
+            cluster: None,
+        },
+        || None,
+    );
     // A pick the host refused to apply is neither steered nor in flight.
-    let Decision::Override(refused) = w.route(&business, || None) else { panic!("no table") };
+    let Decision::Override(refused) = w.route(&business, || None) else {
+        panic!("no table")
+    };
     w.cancel(CLUSTER, &refused);
     let report = w.tick(2 * SEC, &mut store.clone());
     let counters: Vec<(Metric, String, Option<String>, Change)> = report
@@ -292,30 +495,78 @@ fn decisions_are_counted_and_handed_over_once() {
         .map(|u| (u.metric, u.cluster.clone(), u.label.clone(), u.change))
         .collect();
     let want = vec![
-        (Metric::SteeredRequests, CLUSTER.to_string(), None, Change::Add(3)),
-        (Metric::ManagementDeniedRequests, CLUSTER.to_string(), None, Change::Add(1)),
-        (Metric::FallbackRequests, CLUSTER.to_string(), Some("health_path".to_string()), Change::Add(1)),
-        (Metric::FallbackRequests, "none".to_string(), Some("no_cluster".to_string()), Change::Add(1)),
+        (
+            Metric::SteeredRequests,
+            CLUSTER.to_string(),
+            None,
+            Change::Add(3),
+        ),
+        (
+            Metric::ManagementDeniedRequests,
+            CLUSTER.to_string(),
+            None,
+            Change::Add(1),
+        ),
+        (
+            Metric::FallbackRequests,
+            CLUSTER.to_string(),
+            Some("health_path".to_string()),
+            Change::Add(1),
+        ),
+        (
+            Metric::FallbackRequests,
+            "none".to_string(),
+            Some("no_cluster".to_string()),
+            Change::Add(1),
+        ),
     ];
     assert_eq!(counters, want);
     let again = w.tick(3 * SEC, &mut store.clone());
-    assert!(again.metrics.iter().all(|u| u.metric.kind() != ewma_lb::telemetry::MetricKind::Counter), "{:?}", again.metrics);
+    assert!(
+        again
+            .metrics
+            .iter()
+            .all(|u| u.metric.kind() != ewma_lb::telemetry::MetricKind::Counter),
+        "{:?}",
+        again.metrics
+    );
 }
 
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn the_in_flight_gauge_moves_by_this_workers_change_since_the_last_tick() {
-    let cfg = r#"{"exploration_share": 0, "clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}}"#;
+    let cfg =
+        r#"{"exploration_share": 0, "clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}}"#;
     let (store, mut w) = ticked(cfg, 1);
     let in_flight = |report: &ewma_lb::worker::TickReport| -> Vec<Change> {
-        changes(report).into_iter().filter(|(m, _, _)| *m == Metric::HostInFlight).map(|(_, _, c)| c).collect()
+        changes(report)
+            .into_iter()
+            .filter(|(m, _, _)| *m == Metric::HostInFlight)
+            .map(|(_, _, c)| c)
+            .collect()
     };
     w.pick(CLUSTER);
     w.pick(CLUSTER);
-    assert_eq!(in_flight(&w.tick(2 * SEC, &mut store.clone())), vec![Change::Add(2)]);
-    w.finish(CLUSTER, &Finished { picked: Some("10.0.0.1:80"), ..Finished::default() });
-    assert_eq!(in_flight(&w.tick(3 * SEC, &mut store.clone())), vec![Change::Add(-1)]);
-    assert_eq!(in_flight(&w.tick(4 * SEC, &mut store.clone())), vec![], "nothing changed");
+    assert_eq!(
+        in_flight(&w.tick(2 * SEC, &mut store.clone())),
+        vec![Change::Add(2)]
+    );
+    w.finish(
+        CLUSTER,
+        &Finished {
+            picked: Some("10.0.0.1:80"),
+            ..Finished::default()
+        },
+    );
+    assert_eq!(
+        in_flight(&w.tick(3 * SEC, &mut store.clone())),
+        vec![Change::Add(-1)]
+    );
+    assert_eq!(
+        in_flight(&w.tick(4 * SEC, &mut store.clone())),
+        vec![],
+        "nothing changed"
+    );
 }
 
 #[test]
@@ -334,7 +585,10 @@ fn adopting_a_table_sets_every_hosts_gauges() {
         })
         .collect();
     assert_eq!(weights, vec![500_000, 500_000]);
-    let ejected = changes(&report).into_iter().filter(|(m, _, _)| *m == Metric::HostEjected).count();
+    let ejected = changes(&report)
+        .into_iter()
+        .filter(|(m, _, _)| *m == Metric::HostEjected)
+        .count();
     assert_eq!(ejected, 2);
 }
 
@@ -344,15 +598,42 @@ fn clusters_outside_steered_clusters_are_left_to_envoy_and_counted() {
     let cfg = r#"{"exploration_share": 0, "steered_clusters": ["back*"],
                  "clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}}"#;
     let (store, mut w) = ticked(cfg, 1);
-    let other = Request { path: b"/orders", cluster: Some("details") };
+    let other = Request {
+        path: b"/orders",
+        cluster: Some("details"),
+    };
     for _ in 0..4 {
         let decision = w.route(&other, || None);
-        assert_eq!(decision, Decision::Fallback(FallbackReason::UnlistedCluster));
-        assert!(!decision.is_sampled(), "a cluster the plugin does not steer is not sampled either");
+        assert_eq!(
+            decision,
+            Decision::Fallback(FallbackReason::UnlistedCluster)
+        );
+        assert!(
+            !decision.is_sampled(),
+            "a cluster the plugin does not steer is not sampled either"
+        );
     }
-    assert!(matches!(w.route(&Request { path: b"/orders", cluster: Some(CLUSTER) }, || None), Decision::Override(_)));
+    assert!(matches!(
+        w.route(
+            &Request {
+                path: b"/orders",
+                cluster: Some(CLUSTER)
+            },
+            || None
+        ),
+        Decision::Override(_)
+    ));
     // The path rules still hold on any cluster: a management path is guarded there too.
-    assert_eq!(w.route(&Request { path: b"/actuator/env", cluster: Some("details") }, || Some("192.0.2.1:1".into())), Decision::Deny);
+    assert_eq!(
+        w.route(
+            &Request {
+                path: b"/actuator/env",
+                cluster: Some("details")
+            },
+            || Some("192.0.2.1:1".into())
+        ),
+        Decision::Deny
+    );
     let report = w.tick(2 * SEC, &mut store.clone());
     let fallback: Vec<(String, Option<String>, Change)> = report
         .metrics
@@ -360,7 +641,14 @@ fn clusters_outside_steered_clusters_are_left_to_envoy_and_counted() {
         .filter(|u| u.metric == Metric::FallbackRequests)
         .map(|u| (u.cluster.clone(), u.label.clone(), u.change))
         .collect();
-    assert_eq!(fallback, vec![("details".to_string(), Some("unlisted_cluster".to_string()), Change::Add(4))]);
+    assert_eq!(
+        fallback,
+        vec![(
+            "details".to_string(),
+            Some("unlisted_cluster".to_string()),
+            Change::Add(4)
+        )]
+    );
     // No state for it: only the steered cluster has a record.
     let clusters: Vec<&str> = w.snapshots().map(|(name, _)| name).collect();
     assert_eq!(clusters, vec![CLUSTER]);
@@ -371,7 +659,14 @@ fn clusters_outside_steered_clusters_are_left_to_envoy_and_counted() {
 fn a_grpc_status_decides_what_a_200_was() {
     use ewma_lb::outcome::GrpcCode;
     let grpc = |w: &mut Worker, status: GrpcCode| {
-        let done = Finished { served_by: Some("10.0.0.1:80"), attempts: 1, latency_ms: 1.0, outcome: Some(Outcome::Success), grpc_status: Some(status), ..Finished::default() };
+        let done = Finished {
+            served_by: Some("10.0.0.1:80"),
+            attempts: 1,
+            latency_ms: 1.0,
+            outcome: Some(Outcome::Success),
+            grpc_status: Some(status),
+            ..Finished::default()
+        };
         w.finish(CLUSTER, &done);
     };
     // What the shared record says of the host after `calls` calls answered `status` in 1 ms.
@@ -383,18 +678,36 @@ fn a_grpc_status_decides_what_a_200_was() {
         }
         w.tick(SEC, &mut store.clone());
         let h = store.state().host("10.0.0.1:80").cloned().unwrap();
-        (h.latency.samples(), h.latency.value_ms().unwrap_or(0.0), h.health.consecutive_failures)
+        (
+            h.latency.samples(),
+            h.latency.value_ms().unwrap_or(0.0),
+            h.health.consecutive_failures,
+        )
     };
     // UNAVAILABLE in 1 ms is a failure at the penalty latency, not the fastest host.
     assert_eq!(after("{}", GrpcCode::Unavailable, 3), (3, 1000.0, 3));
     assert_eq!(after("{}", GrpcCode::NotFound, 3), (3, 1.0, 0));
     // Unless the operator says it is not a failure.
-    assert_eq!(after(r#"{"grpc_failure_status_codes": ["INTERNAL"]}"#, GrpcCode::Unavailable, 3), (3, 1.0, 0));
+    assert_eq!(
+        after(
+            r#"{"grpc_failure_status_codes": ["INTERNAL"]}"#,
+            GrpcCode::Unavailable,
+            3
+        ),
+        (3, 1.0, 0)
+    );
     // CANCELLED is no sample at all.
     let store = Shared::default();
     let mut w = Worker::new(defaults(), 1);
     grpc(&mut w, GrpcCode::Cancelled);
     finish_ok(&mut w, "10.0.0.2:80", 5.0);
     w.tick(SEC, &mut store.clone());
-    assert!(store.state().host("10.0.0.1:80").is_none_or(|h| h.latency.samples() == 0), "{:?}", store.state());
+    assert!(
+        store
+            .state()
+            .host("10.0.0.1:80")
+            .is_none_or(|h| h.latency.samples() == 0),
+        "{:?}",
+        store.state()
+    );
 }

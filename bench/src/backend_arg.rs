@@ -26,7 +26,9 @@ pub fn parse_backend_arg(s: &str) -> Result<(BackendSpec, String)> {
             "name" => spec.name = v,
             "addr" => addr = v,
             "latency" => spec.latency = v.parse()?,
-            "capacity" => spec.capacity = Some(v.parse().with_context(|| format!("capacity {v:?}"))?),
+            "capacity" => {
+                spec.capacity = Some(v.parse().with_context(|| format!("capacity {v:?}"))?)
+            }
             "fail" => spec.fail_rate = v.parse().with_context(|| format!("fail {v:?}"))?,
             "health" | "health_latency" => spec.health_latency = v.parse()?,
             "phase" => spec.schedule.push(v.parse()?),
@@ -50,16 +52,38 @@ mod tests {
                 .unwrap();
         assert_eq!(spec.name, "slow");
         assert_eq!(addr, "127.0.0.1:8083");
-        assert_eq!(spec.latency, Latency::LogNormal { median_ms: 80.0, sigma: 0.5 });
+        assert_eq!(
+            spec.latency,
+            Latency::LogNormal {
+                median_ms: 80.0,
+                sigma: 0.5
+            }
+        );
         assert_eq!(spec.capacity, Some(8));
         assert_eq!(spec.fail_rate, 0.01);
-        assert_eq!(spec.schedule, vec![Phase { from_s: 10.0, to_s: 20.0, latency: Latency::Fixed(500) }]);
+        assert_eq!(
+            spec.schedule,
+            vec![Phase {
+                from_s: 10.0,
+                to_s: 20.0,
+                latency: Latency::Fixed(500)
+            }]
+        );
     }
 
     #[test]
     fn rejects_bad_cli_backends() {
-        for bad in ["latency=fixed:1", "name=a,fail=2", "name=a,capacity=0", "name=a,color=red", "name=a,phase=5-1@fixed:1"] {
-            assert!(parse_backend_arg(bad).is_err(), "{bad:?} should be rejected");
+        for bad in [
+            "latency=fixed:1",
+            "name=a,fail=2",
+            "name=a,capacity=0",
+            "name=a,color=red",
+            "name=a,phase=5-1@fixed:1",
+        ] {
+            assert!(
+                parse_backend_arg(bad).is_err(),
+                "{bad:?} should be rejected"
+            );
         }
     }
 }

@@ -86,12 +86,16 @@ pub fn compare(s: &Scenario, opts: &CompareOptions) -> Result<Report> {
             }
         }
     }
-    std::fs::create_dir_all(&opts.out_dir).with_context(|| format!("creating {}", opts.out_dir.display()))?;
+    std::fs::create_dir_all(&opts.out_dir)
+        .with_context(|| format!("creating {}", opts.out_dir.display()))?;
 
     // One runtime for all of them: a scenario may have dozens.
     let backends: Vec<Backend> = BackendPool::new()?.start_all(s.backends.iter().cloned())?;
     let names: Vec<String> = backends.iter().map(|b| b.name().to_string()).collect();
-    let by_addr: HashMap<String, String> = backends.iter().map(|b| (b.addr().to_string(), b.name().to_string())).collect();
+    let by_addr: HashMap<String, String> = backends
+        .iter()
+        .map(|b| (b.addr().to_string(), b.name().to_string()))
+        .collect();
     let endpoints: Vec<_> = backends.iter().map(|b| b.addr()).collect();
 
     let rounds = opts.rounds.unwrap_or(s.rounds);
@@ -109,8 +113,13 @@ pub fn compare(s: &Scenario, opts: &CompareOptions) -> Result<Report> {
     for round in 0..rounds {
         for policy in s.order(round) {
             let position = runs.len();
-            eprint!("[{:>3}/{total_runs}] {policy:<18} round {round} ... ", position + 1);
-            let run = run_policy(s, &policy, round, position, &wasm, &endpoints, &backends, &by_addr, &names)?;
+            eprint!(
+                "[{:>3}/{total_runs}] {policy:<18} round {round} ... ",
+                position + 1
+            );
+            let run = run_policy(
+                s, &policy, round, position, &wasm, &endpoints, &backends, &by_addr, &names,
+            )?;
             eprintln!(
                 "n={} avg={:.1}ms p99={:.1}ms err={:.2}% dropped={} flap={:.1}pp  ({:.0}s elapsed)",
                 run.figures.count,
@@ -132,7 +141,11 @@ pub fn compare(s: &Scenario, opts: &CompareOptions) -> Result<Report> {
         .iter()
         .map(|p| PolicyFigures {
             policy: p.name().to_owned(),
-            rounds: runs.iter().filter(|r| r.policy == p.name()).map(|r| r.figures.clone()).collect(),
+            rounds: runs
+                .iter()
+                .filter(|r| r.policy == p.name())
+                .map(|r| r.figures.clone())
+                .collect(),
         })
         .collect();
     let mut report = Report {
@@ -196,7 +209,12 @@ fn run_policy(
     }
     let churn = churn.map(|c| c.start(s.duration));
     let mut records = s.transport.run_load(&spec)?;
-    let _eds = churn.map(|c| c.join().map_err(|_| anyhow::anyhow!("the endpoint changes panicked"))?).transpose()?;
+    let _eds = churn
+        .map(|c| {
+            c.join()
+                .map_err(|_| anyhow::anyhow!("the endpoint changes panicked"))?
+        })
+        .transpose()?;
     for r in &mut records {
         if let Some(name) = r.backend.as_ref().and_then(|b| by_addr.get(b)) {
             r.backend = Some(name.clone());
@@ -220,17 +238,36 @@ fn run_policy(
         }
     }
     drop(envoy);
-    let measured: Vec<Record> = records.iter().filter(|r| r.sent_at >= s.warmup).cloned().collect();
+    let measured: Vec<Record> = records
+        .iter()
+        .filter(|r| r.sent_at >= s.warmup)
+        .cloned()
+        .collect();
     let summary = Summary::of(&measured);
     let seconds = shares_per_second(&records);
     let figures = round_figures(s, &summary, &seconds, names);
     let windows = windows::figures(&s.windows, &s.membership, names, &records);
-    Ok(PolicyRun { policy: policy.name().to_owned(), round, position, figures, summary, seconds, records, envoy_counters, windows })
+    Ok(PolicyRun {
+        policy: policy.name().to_owned(),
+        round,
+        position,
+        figures,
+        summary,
+        seconds,
+        records,
+        envoy_counters,
+        windows,
+    })
 }
 
 /// What the tables show of one run: its measured window's summary, and the per-second shares
 /// (flapping, slow-phase share and recovery).
-pub fn round_figures(s: &Scenario, summary: &Summary, seconds: &[SecondShares], names: &[String]) -> RoundFigures {
+pub fn round_figures(
+    s: &Scenario,
+    summary: &Summary,
+    seconds: &[SecondShares],
+    names: &[String],
+) -> RoundFigures {
     let mut f = RoundFigures {
         count: summary.count,
         avg_ms: summary.avg_ms,
@@ -240,11 +277,26 @@ pub fn round_figures(s: &Scenario, summary: &Summary, seconds: &[SecondShares], 
         p999_ms: summary.p999_ms,
         errors_pct: 100.0 * summary.error_rate(),
         dropped: summary.dropped,
-        shares_pct: names.iter().map(|b| (b.clone(), 100.0 * summary.share(b))).collect(),
+        shares_pct: names
+            .iter()
+            .map(|b| (b.clone(), 100.0 * summary.share(b)))
+            .collect(),
         ..RoundFigures::default()
     };
-    let steady: Vec<String> = s.backends.iter().filter(|b| b.schedule.is_empty()).map(|b| b.name.clone()).collect();
-    share_figures(&mut f, seconds, s.warmup.as_secs() as usize, names, &steady, s.slowdown().as_ref());
+    let steady: Vec<String> = s
+        .backends
+        .iter()
+        .filter(|b| b.schedule.is_empty())
+        .map(|b| b.name.clone())
+        .collect();
+    share_figures(
+        &mut f,
+        seconds,
+        s.warmup.as_secs() as usize,
+        names,
+        &steady,
+        s.slowdown().as_ref(),
+    );
     f
 }
 
@@ -278,7 +330,16 @@ pub fn markdown_table(report: &Report) -> String {
 }
 
 fn ratio_lines(report: &Report) -> String {
-    figures::ratio_lines(&report.results, "ewma_lb", &["ewma_lb_previous", "least_request", "round_robin", "ewma_lowest"])
+    figures::ratio_lines(
+        &report.results,
+        "ewma_lb",
+        &[
+            "ewma_lb_previous",
+            "least_request",
+            "round_robin",
+            "ewma_lowest",
+        ],
+    )
 }
 
 fn write_outputs(s: &Scenario, opts: &CompareOptions, report: &mut Report) -> Result<()> {
@@ -292,11 +353,18 @@ fn write_outputs(s: &Scenario, opts: &CompareOptions, report: &mut Report) -> Re
                     .runs
                     .iter()
                     .filter(|x| x.policy == r.policy)
-                    .flat_map(|x| x.records.iter().filter(|rec| !rec.dropped && rec.sent_at >= s.warmup))
+                    .flat_map(|x| {
+                        x.records
+                            .iter()
+                            .filter(|rec| !rec.dropped && rec.sent_at >= s.warmup)
+                    })
                     .map(|rec| rec.latency.as_secs_f64() * 1000.0)
                     .collect();
                 v.sort_by(f64::total_cmp);
-                plot::CdfLine { label: r.policy.to_string(), sorted_ms: v }
+                plot::CdfLine {
+                    label: r.policy.to_string(),
+                    sorted_ms: v,
+                }
             })
             .collect();
         let title = format!("{}: latency CDF per policy", s.name);
@@ -307,7 +375,10 @@ fn write_outputs(s: &Scenario, opts: &CompareOptions, report: &mut Report) -> Re
             .policies
             .iter()
             .filter_map(|p| representative_run(&report.runs, p.name()))
-            .map(|r| plot::SharePanel { label: format!("{} (round {})", r.policy, r.round), seconds: r.seconds.clone() })
+            .map(|r| plot::SharePanel {
+                label: format!("{} (round {})", r.policy, r.round),
+                seconds: r.seconds.clone(),
+            })
             .collect();
         let title = format!("{}: traffic share per backend per second", s.name);
         for p in plot::share_over_time(dir, &title, &panels, &report.backends)? {
@@ -316,8 +387,13 @@ fn write_outputs(s: &Scenario, opts: &CompareOptions, report: &mut Report) -> Re
     }
     report.files.push("results.md".into());
     report.files.push("results.json".into());
-    std::fs::write(dir.join("results.md"), results_markdown(report)).context("writing results.md")?;
-    std::fs::write(dir.join("results.json"), serde_json::to_string_pretty(report)?).context("writing results.json")?;
+    std::fs::write(dir.join("results.md"), results_markdown(report))
+        .context("writing results.md")?;
+    std::fs::write(
+        dir.join("results.json"),
+        serde_json::to_string_pretty(report)?,
+    )
+    .context("writing results.json")?;
     Ok(())
 }
 
@@ -335,7 +411,12 @@ pub fn windows_section(report: &Report) -> String {
         .results
         .iter()
         .map(|r| {
-            let rounds: Vec<&[WindowFigures]> = report.runs.iter().filter(|x| x.policy == r.policy).map(|x| x.windows.as_slice()).collect();
+            let rounds: Vec<&[WindowFigures]> = report
+                .runs
+                .iter()
+                .filter(|x| x.policy == r.policy)
+                .map(|x| x.windows.as_slice())
+                .collect();
             (r.policy.to_string(), windows::median_over_rounds(&rounds))
         })
         .filter(|(_, w)| !w.is_empty())
@@ -343,7 +424,10 @@ pub fn windows_section(report: &Report) -> String {
     if per_policy.is_empty() {
         return String::new();
     }
-    format!("Windows (bench/README.md, \"Windows\"; medians over the rounds):\n\n{}\n", windows::markdown(&per_policy))
+    format!(
+        "Windows (bench/README.md, \"Windows\"; medians over the rounds):\n\n{}\n",
+        windows::markdown(&per_policy)
+    )
 }
 
 /// A JSON number with at most 3 decimals, trailing zeros dropped.
@@ -354,13 +438,24 @@ fn num(v: &serde_json::Value) -> String {
 }
 
 fn file_name(p: &Path) -> String {
-    p.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default()
+    p.file_name()
+        .map(|f| f.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 /// `; variants: NAME = {...}` for the plugin variants a comparison ran, from its settings.
 fn variants_note(settings: &serde_json::Value) -> String {
-    let Some(v) = settings.get("variants").and_then(|v| v.as_object()).filter(|v| !v.is_empty()) else { return String::new() };
-    let each: Vec<String> = v.iter().map(|(name, c)| format!("`{name}` = `{c}`")).collect();
+    let Some(v) = settings
+        .get("variants")
+        .and_then(|v| v.as_object())
+        .filter(|v| !v.is_empty())
+    else {
+        return String::new();
+    };
+    let each: Vec<String> = v
+        .iter()
+        .map(|(name, c)| format!("`{name}` = `{c}`"))
+        .collect();
     format!("; plugin variants (merged over it): {}", each.join(", "))
 }
 
@@ -369,7 +464,10 @@ pub fn load_line(report: &Report) -> String {
     let st = &report.settings;
     let load = match st.get("closed_loop_workers").and_then(|w| w.as_u64()) {
         Some(w) => format!("closed loop, {w} workers"),
-        None => format!("open loop, {} req/s", st.get("rate_per_s").and_then(|r| r.as_f64()).unwrap_or(0.0)),
+        None => format!(
+            "open loop, {} req/s",
+            st.get("rate_per_s").and_then(|r| r.as_f64()).unwrap_or(0.0)
+        ),
     };
     format!(
         "Load: {load}; {} s per policy and round, the first {} s left out of the latency figures; \
@@ -402,12 +500,28 @@ pub fn results_markdown(report: &Report) -> String {
     }
     md.push_str(&windows_section(report));
     md.push_str("Run order: ");
-    let order: Vec<String> = report.runs.iter().map(|r| format!("{} (round {})", r.policy, r.round)).collect();
+    let order: Vec<String> = report
+        .runs
+        .iter()
+        .map(|r| format!("{} (round {})", r.policy, r.round))
+        .collect();
     md.push_str(&order.join(", "));
     md.push_str(".\n\nFlapping index: mean over consecutive seconds and backends of |share(t) − share(t−1)|, in percentage points; \"flap noise\" is what a static random split with the same mean shares and per-second request counts would score (bench/README.md).\n");
-    let files: Vec<&String> = report.files.iter().filter(|f| !f.starts_with("results")).collect();
+    let files: Vec<&String> = report
+        .files
+        .iter()
+        .filter(|f| !f.starts_with("results"))
+        .collect();
     if !files.is_empty() {
-        let _ = writeln!(md, "\nPlots: {}.", files.iter().map(|f| format!("`{f}`")).collect::<Vec<_>>().join(", "));
+        let _ = writeln!(
+            md,
+            "\nPlots: {}.",
+            files
+                .iter()
+                .map(|f| format!("`{f}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
     }
     md
 }

@@ -83,13 +83,28 @@ impl Spread {
         }
         v.sort_by(f64::total_cmp);
         let n = v.len();
-        let median = if n % 2 == 1 { v[n / 2] } else { 0.5 * (v[n / 2 - 1] + v[n / 2]) };
-        Some(Spread { median, min: v[0], max: v[n - 1], n })
+        let median = if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            0.5 * (v[n / 2 - 1] + v[n / 2])
+        };
+        Some(Spread {
+            median,
+            min: v[0],
+            max: v[n - 1],
+            n,
+        })
     }
 
     /// `median (min-max)` with `decimals`, or just the value for a single one.
     pub fn show(&self, decimals: usize) -> String {
-        let f = |x: f64| if x.is_infinite() { "never".to_string() } else { format!("{x:.decimals$}") };
+        let f = |x: f64| {
+            if x.is_infinite() {
+                "never".to_string()
+            } else {
+                format!("{x:.decimals$}")
+            }
+        };
         if self.n <= 1 || f(self.min) == f(self.max) {
             f(self.median)
         } else {
@@ -117,14 +132,22 @@ impl PolicyFigures {
 
     /// Recovery of every round, in order, e.g. `4, 5, never`.
     pub fn recoveries(&self) -> Option<String> {
-        let all: Vec<String> = self.rounds.iter().filter_map(|r| r.recovery.map(Recovery::label)).collect();
+        let all: Vec<String> = self
+            .rounds
+            .iter()
+            .filter_map(|r| r.recovery.map(Recovery::label))
+            .collect();
         (!all.is_empty()).then(|| all.join(", "))
     }
 
     /// The median recovery (never counts as longer than any time).
     pub fn recovery_median(&self) -> Option<String> {
         let s = self.spread(|r| r.recovery.map(Recovery::seconds))?;
-        Some(if s.median.is_infinite() { "never".into() } else { format!("{:.0}", s.median) })
+        Some(if s.median.is_infinite() {
+            "never".into()
+        } else {
+            format!("{:.0}", s.median)
+        })
     }
 }
 
@@ -133,17 +156,25 @@ pub fn table(results: &[PolicyFigures], backends: &[String]) -> String {
     let first = results.first().and_then(|r| r.rounds.first());
     let has_steady = first.is_some_and(|r| r.steady_flap_pp.is_some());
     let has_recovery = first.is_some_and(|r| r.recovery.is_some());
-    let mut head = vec!["policy", "avg ms", "p50 ms", "p95 ms", "p99 ms", "p99.9 ms", "errors %", "dropped"]
-        .into_iter()
-        .map(String::from)
-        .collect::<Vec<_>>();
+    let mut head = vec![
+        "policy", "avg ms", "p50 ms", "p95 ms", "p99 ms", "p99.9 ms", "errors %", "dropped",
+    ]
+    .into_iter()
+    .map(String::from)
+    .collect::<Vec<_>>();
     head.extend(backends.iter().map(|b| format!("{b} %")));
     head.extend(["flap pp".to_string(), "flap noise pp".to_string()]);
     if has_steady {
-        head.extend(["steady hosts' flap pp".to_string(), "their noise pp".to_string()]);
+        head.extend([
+            "steady hosts' flap pp".to_string(),
+            "their noise pp".to_string(),
+        ]);
     }
     if has_recovery {
-        head.extend(["slow-phase share %".to_string(), "back to fair s (each round)".to_string()]);
+        head.extend([
+            "slow-phase share %".to_string(),
+            "back to fair s (each round)".to_string(),
+        ]);
     }
     let mut t = format!("| {} |\n|{}\n", head.join(" | "), "---|".repeat(head.len()));
     let cell = |p: &PolicyFigures, f: &dyn Fn(&RoundFigures) -> Option<f64>, d: usize| {
@@ -159,7 +190,11 @@ pub fn table(results: &[PolicyFigures], backends: &[String]) -> String {
         row.push(cell(p, &|r| Some(r.errors_pct), 2));
         row.push(cell(p, &|r| Some(r.dropped as f64), 0));
         for b in backends {
-            row.push(cell(p, &|r| Some(r.shares_pct.get(b).copied().unwrap_or(0.0)), 1));
+            row.push(cell(
+                p,
+                &|r| Some(r.shares_pct.get(b).copied().unwrap_or(0.0)),
+                1,
+            ));
         }
         row.push(cell(p, &|r| Some(r.flap_pp), 1));
         row.push(cell(p, &|r| Some(r.flap_noise_pp), 1));
@@ -171,7 +206,11 @@ pub fn table(results: &[PolicyFigures], backends: &[String]) -> String {
             row.push(cell(p, &|r| r.slow_phase_share_pct, 1));
             let each = p.recoveries().unwrap_or_else(|| "-".into());
             let median = p.recovery_median().unwrap_or_else(|| "-".into());
-            row.push(if p.rounds.len() > 1 { format!("{median} ({each})") } else { median });
+            row.push(if p.rounds.len() > 1 {
+                format!("{median} ({each})")
+            } else {
+                median
+            });
         }
         let _ = writeln!(t, "| {} |", row.join(" | "));
     }
@@ -223,10 +262,17 @@ mod tests {
 
     #[test]
     fn never_recovering_counts_as_longest() {
-        let round = |r| RoundFigures { recovery: Some(r), ..RoundFigures::default() };
+        let round = |r| RoundFigures {
+            recovery: Some(r),
+            ..RoundFigures::default()
+        };
         let p = PolicyFigures {
             policy: "x".into(),
-            rounds: vec![round(Recovery::After(4.0)), round(Recovery::Never), round(Recovery::Never)],
+            rounds: vec![
+                round(Recovery::After(4.0)),
+                round(Recovery::Never),
+                round(Recovery::Never),
+            ],
         };
         assert_eq!(p.recovery_median().as_deref(), Some("never"));
         assert_eq!(p.recoveries().as_deref(), Some("4, never, never"));
@@ -234,14 +280,33 @@ mod tests {
 
     #[test]
     fn table_has_a_row_per_policy_and_a_column_per_backend() {
-        let round = RoundFigures { p99_ms: 10.0, shares_pct: [("a".to_string(), 60.0)].into(), ..RoundFigures::default() };
+        let round = RoundFigures {
+            p99_ms: 10.0,
+            shares_pct: [("a".to_string(), 60.0)].into(),
+            ..RoundFigures::default()
+        };
         let results = vec![
-            PolicyFigures { policy: "p".into(), rounds: vec![round.clone(), RoundFigures { p99_ms: 14.0, ..round.clone() }] },
-            PolicyFigures { policy: "q".into(), rounds: vec![round] },
+            PolicyFigures {
+                policy: "p".into(),
+                rounds: vec![
+                    round.clone(),
+                    RoundFigures {
+                        p99_ms: 14.0,
+                        ..round.clone()
+                    },
+                ],
+            },
+            PolicyFigures {
+                policy: "q".into(),
+                rounds: vec![round],
+            },
         ];
         let t = table(&results, &["a".to_string(), "b".to_string()]);
         assert_eq!(t.lines().count(), 4, "{t}");
-        assert!(t.contains("| p | 0.0 | 0.0 | 0.0 | 12.0 (10.0-14.0) |"), "{t}");
+        assert!(
+            t.contains("| p | 0.0 | 0.0 | 0.0 | 12.0 (10.0-14.0) |"),
+            "{t}"
+        );
         assert!(t.contains("| a % | b % |"), "{t}");
         assert!(ratio_lines(&results, "p", &["q"]).contains("p99 1.20"));
     }

@@ -15,7 +15,10 @@ use harness::summary::{format_shares, Summary};
 use harness::Backend;
 
 #[derive(Parser)]
-#[command(name = "ewma-bench", about = "Backends and load for ewma-lb tests and benchmarks (127.0.0.1 only)")]
+#[command(
+    name = "ewma-bench",
+    about = "Backends and load for ewma-lb tests and benchmarks (127.0.0.1 only)"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -201,10 +204,17 @@ fn backends(args: BackendsArgs) -> Result<()> {
         let (spec, addr) = parse_backend_arg(arg)?;
         let latency = spec.latency.clone();
         let b = Backend::start(spec, &addr)?;
-        println!("backend {} listening on {} latency {}", b.name(), b.addr(), latency);
+        println!(
+            "backend {} listening on {} latency {}",
+            b.name(),
+            b.addr(),
+            latency
+        );
         running.push(b);
     }
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     rt.block_on(async {
         let limit = args.run_for.unwrap_or(Duration::from_secs(365 * 24 * 3600));
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -216,7 +226,13 @@ fn backends(args: BackendsArgs) -> Result<()> {
         anyhow::Ok(())
     })?;
     for b in &running {
-        println!("backend {} served {} (503: {}, health: {})", b.name(), b.served(), b.failed(), b.health_served());
+        println!(
+            "backend {} served {} (503: {}, health: {})",
+            b.name(),
+            b.served(),
+            b.failed(),
+            b.health_served()
+        );
     }
     Ok(())
 }
@@ -239,16 +255,29 @@ fn load(args: LoadArgs) -> Result<()> {
         duration: args.duration,
         max_in_flight: args.max_in_flight,
         closed_loop_workers: args.workers,
-        headers: args.headers.iter().map(|h| parse_header(h)).collect::<Result<_>>()?,
+        headers: args
+            .headers
+            .iter()
+            .map(|h| parse_header(h))
+            .collect::<Result<_>>()?,
         timeout: args.timeout,
     };
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
     let records = rt.block_on(async {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let reporter = args.report_every.map(|every| tokio::spawn(report(rx, every)));
+        let reporter = args
+            .report_every
+            .map(|every| tokio::spawn(report(rx, every)));
         // Without a reporter the channel is simply not created, so nothing piles up unread.
         let observer = reporter.as_ref().map(|_| tx);
-        let records = if args.grpc { harness::grpc::run_observed(&spec, observer).await } else { run_observed(&spec, observer).await };
+        let records = if args.grpc {
+            harness::grpc::run_observed(&spec, observer).await
+        } else {
+            run_observed(&spec, observer).await
+        };
         if let Some(r) = reporter {
             let _ = r.await;
         }
@@ -305,9 +334,18 @@ fn bench_out(name: &str) -> PathBuf {
 }
 
 fn compare(args: CompareArgs) -> Result<()> {
-    let scenario = if args.smoke { Scenario::load_smoke(&args.scenario)? } else { Scenario::load(&args.scenario)? };
+    let scenario = if args.smoke {
+        Scenario::load_smoke(&args.scenario)?
+    } else {
+        Scenario::load(&args.scenario)?
+    };
     let out = args.out.unwrap_or_else(|| bench_out(&scenario.name));
-    let opts = CompareOptions { out_dir: out.clone(), wasm: args.wasm, plots: !args.no_plots, rounds: args.rounds };
+    let opts = CompareOptions {
+        out_dir: out.clone(),
+        wasm: args.wasm,
+        plots: !args.no_plots,
+        rounds: args.rounds,
+    };
     let report = ewma_bench::compare::compare(&scenario, &opts)?;
     println!("\n{}", markdown_table(&report));
     print!("{}", windows_section(&report));
@@ -366,14 +404,31 @@ fn simulate(args: SimulateArgs) -> Result<()> {
         spec.policies = args
             .policies
             .iter()
-            .map(|n| known.iter().find(|p| p.name() == n).cloned().map_or_else(|| Policy::get(n), Ok))
+            .map(|n| {
+                known
+                    .iter()
+                    .find(|p| p.name() == n)
+                    .cloned()
+                    .map_or_else(|| Policy::get(n), Ok)
+            })
             .collect::<Result<_>>()?;
     }
     sim::file::validate(&spec)?;
-    let seeds = if args.seeds.is_empty() { vec![spec.seed] } else { args.seeds.clone() };
+    let seeds = if args.seeds.is_empty() {
+        vec![spec.seed]
+    } else {
+        args.seeds.clone()
+    };
     let suffix = if args.scale.is_empty() { "" } else { "-scale" };
-    let out = args.out.unwrap_or_else(|| bench_out(&format!("sim-{}{suffix}", spec.name)));
-    let opts = SimOptions { seeds, threads: args.threads.max(1), out_dir: out.clone(), plots: !args.no_plots };
+    let out = args
+        .out
+        .unwrap_or_else(|| bench_out(&format!("sim-{}{suffix}", spec.name)));
+    let opts = SimOptions {
+        seeds,
+        threads: args.threads.max(1),
+        out_dir: out.clone(),
+        plots: !args.no_plots,
+    };
     let started = std::time::Instant::now();
     if args.scale.is_empty() {
         let report = sim::simulate(&spec, &opts)?;
@@ -382,15 +437,30 @@ fn simulate(args: SimulateArgs) -> Result<()> {
         let points = sim::scale(&spec, &args.scale, &opts)?;
         println!("\n{}", sim::scale_table(&points));
     }
-    println!("written to {} ({:.1} s)", out.display(), started.elapsed().as_secs_f64());
+    println!(
+        "written to {} ({:.1} s)",
+        out.display(),
+        started.elapsed().as_secs_f64()
+    );
     Ok(())
 }
 
 fn tables(args: TablesArgs) -> Result<()> {
     let root = harness::repo_root();
-    let files = if args.files.is_empty() { vec![root.join("README.md"), root.join("bench/README.md")] } else { args.files };
+    let files = if args.files.is_empty() {
+        vec![root.join("README.md"), root.join("bench/README.md")]
+    } else {
+        args.files
+    };
     let from = args.from.unwrap_or_else(|| bench_out(""));
     let n = ewma_bench::tables::rewrite(&files, &from)?;
-    println!("rewrote {n} section(s) of {}", files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(", "));
+    println!(
+        "rewrote {n} section(s) of {}",
+        files
+            .iter()
+            .map(|f| f.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     Ok(())
 }

@@ -43,15 +43,27 @@ impl EndpointPlan {
     /// The plan of copy `index` of a backend entry.
     pub fn parse(file: &FileMembership, index: usize) -> Result<EndpointPlan> {
         let secs = |s: &Option<String>, what: &str| -> Result<Option<f64>> {
-            s.as_deref().map(|v| parse_duration(v).map(|d| d.as_secs_f64()).map_err(|e| anyhow!("{what}: {e:#}"))).transpose()
+            s.as_deref()
+                .map(|v| {
+                    parse_duration(v)
+                        .map(|d| d.as_secs_f64())
+                        .map_err(|e| anyhow!("{what}: {e:#}"))
+                })
+                .transpose()
         };
         let offset = secs(&file.stagger, "stagger")?.unwrap_or(0.0) * index as f64;
         let join_s = secs(&file.join, "join")?.map_or(0.0, |j| j + offset);
         let leave_s = secs(&file.leave, "leave")?.map(|l| l + offset);
         if leave_s.is_some_and(|l| l <= join_s) {
-            return Err(anyhow!("leave ({leave_s:?} s) must come after join ({join_s} s)"));
+            return Err(anyhow!(
+                "leave ({leave_s:?} s) must come after join ({join_s} s)"
+            ));
         }
-        Ok(EndpointPlan { zone: file.zone.clone(), join_s, leave_s })
+        Ok(EndpointPlan {
+            zone: file.zone.clone(),
+            join_s,
+            leave_s,
+        })
     }
 
     /// Whether the endpoint is in the cluster at second `t` of a run.
@@ -76,17 +88,29 @@ pub struct Membership {
 impl Membership {
     /// Endpoints fixed for the whole run and no zones: the config can list them, as before.
     pub fn is_static(&self) -> bool {
-        self.local_zone.is_none() && self.endpoints.iter().all(|e| e.zone.is_none() && e.join_s == 0.0 && e.leave_s.is_none())
+        self.local_zone.is_none()
+            && self
+                .endpoints
+                .iter()
+                .all(|e| e.zone.is_none() && e.join_s == 0.0 && e.leave_s.is_none())
     }
 
     /// The backends (by index) in the cluster at second `t`.
     pub fn members_at(&self, t: f64) -> Vec<usize> {
-        (0..self.endpoints.len()).filter(|i| self.endpoints[*i].member_at(t)).collect()
+        (0..self.endpoints.len())
+            .filter(|i| self.endpoints[*i].member_at(t))
+            .collect()
     }
 
     /// The seconds after 0 at which the membership changes, in order.
     pub fn change_times(&self) -> Vec<f64> {
-        let mut times: Vec<f64> = self.endpoints.iter().flat_map(|e| [Some(e.join_s), e.leave_s]).flatten().filter(|t| *t > 0.0).collect();
+        let mut times: Vec<f64> = self
+            .endpoints
+            .iter()
+            .flat_map(|e| [Some(e.join_s), e.leave_s])
+            .flatten()
+            .filter(|t| *t > 0.0)
+            .collect();
         times.sort_by(f64::total_cmp);
         times.dedup();
         times
@@ -94,13 +118,25 @@ impl Membership {
 
     pub fn validate(&self, duration: Duration) -> Result<()> {
         if self.members_at(0.0).is_empty() {
-            return Err(anyhow!("no backend is in the cluster at the start (every one has a later `join`)"));
+            return Err(anyhow!(
+                "no backend is in the cluster at the start (every one has a later `join`)"
+            ));
         }
-        if let Some(t) = self.change_times().into_iter().find(|t| self.members_at(*t).is_empty()) {
+        if let Some(t) = self
+            .change_times()
+            .into_iter()
+            .find(|t| self.members_at(*t).is_empty())
+        {
             return Err(anyhow!("at {t} s every backend has left the cluster"));
         }
-        if let Some(t) = self.change_times().into_iter().find(|t| *t >= duration.as_secs_f64()) {
-            return Err(anyhow!("a backend joins or leaves at {t} s, after the run ({duration:?})"));
+        if let Some(t) = self
+            .change_times()
+            .into_iter()
+            .find(|t| *t >= duration.as_secs_f64())
+        {
+            return Err(anyhow!(
+                "a backend joins or leaves at {t} s, after the run ({duration:?})"
+            ));
         }
         Ok(())
     }
@@ -117,7 +153,11 @@ impl Churn {
     /// For a scenario whose membership is not static: points `config`'s cluster at a fresh EDS
     /// file with the endpoints of second 0, and the node at the local zone. `None` (and the
     /// config untouched) for a static one.
-    pub fn prepare(membership: &Membership, config: &mut EnvoyConfig, backends: &[Backend]) -> Result<Option<Churn>> {
+    pub fn prepare(
+        membership: &Membership,
+        config: &mut EnvoyConfig,
+        backends: &[Backend],
+    ) -> Result<Option<Churn>> {
         if membership.is_static() {
             return Ok(None);
         }
@@ -127,7 +167,11 @@ impl Churn {
         if let Some(zone) = &membership.local_zone {
             config.set_node_zone(zone)?;
         }
-        Ok(Some(Churn { membership: membership.clone(), addrs, eds }))
+        Ok(Some(Churn {
+            membership: membership.clone(),
+            addrs,
+            eds,
+        }))
     }
 
     /// Applies each change before `until` at its second, counted from now (call it as the load
@@ -136,8 +180,15 @@ impl Churn {
         let start = Instant::now();
         std::thread::spawn(move || {
             let mut churn = self;
-            for t in churn.membership.change_times().into_iter().filter(|t| *t < until.as_secs_f64()) {
-                std::thread::sleep((start + Duration::from_secs_f64(t)).saturating_duration_since(Instant::now()));
+            for t in churn
+                .membership
+                .change_times()
+                .into_iter()
+                .filter(|t| *t < until.as_secs_f64())
+            {
+                std::thread::sleep(
+                    (start + Duration::from_secs_f64(t)).saturating_duration_since(Instant::now()),
+                );
                 let endpoints = endpoints_at(&churn.membership, &churn.addrs, t);
                 churn.eds.set(endpoints)?;
             }
@@ -147,21 +198,47 @@ impl Churn {
 }
 
 fn endpoints_at(membership: &Membership, addrs: &[std::net::SocketAddr], t: f64) -> Vec<Endpoint> {
-    membership.members_at(t).into_iter().filter_map(|i| Some(Endpoint::new(*addrs.get(i)?, membership.endpoints.get(i)?.zone.as_deref()))).collect()
+    membership
+        .members_at(t)
+        .into_iter()
+        .filter_map(|i| {
+            Some(Endpoint::new(
+                *addrs.get(i)?,
+                membership.endpoints.get(i)?.zone.as_deref(),
+            ))
+        })
+        .collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn plan(join: Option<&str>, leave: Option<&str>, stagger: Option<&str>, i: usize) -> Result<EndpointPlan> {
-        let f = FileMembership { zone: None, join: join.map(Into::into), leave: leave.map(Into::into), stagger: stagger.map(Into::into) };
+    fn plan(
+        join: Option<&str>,
+        leave: Option<&str>,
+        stagger: Option<&str>,
+        i: usize,
+    ) -> Result<EndpointPlan> {
+        let f = FileMembership {
+            zone: None,
+            join: join.map(Into::into),
+            leave: leave.map(Into::into),
+            stagger: stagger.map(Into::into),
+        };
         EndpointPlan::parse(&f, i)
     }
 
     #[test]
     fn plans_stagger_copies_and_refuse_a_leave_before_the_join() {
-        assert_eq!(plan(Some("10s"), Some("20s"), Some("1.5s"), 2).unwrap(), EndpointPlan { zone: None, join_s: 13.0, leave_s: Some(23.0) });
+        assert_eq!(
+            plan(Some("10s"), Some("20s"), Some("1.5s"), 2).unwrap(),
+            EndpointPlan {
+                zone: None,
+                join_s: 13.0,
+                leave_s: Some(23.0)
+            }
+        );
         assert_eq!(plan(None, None, None, 7).unwrap(), EndpointPlan::default());
         assert!(plan(Some("10s"), Some("5s"), None, 0).is_err());
         assert!(plan(Some("soon"), None, None, 0).is_err());
@@ -173,8 +250,16 @@ mod tests {
             local_zone: None,
             endpoints: vec![
                 EndpointPlan::default(),
-                EndpointPlan { join_s: 0.0, leave_s: Some(10.0), zone: None },
-                EndpointPlan { join_s: 10.0, leave_s: None, zone: None },
+                EndpointPlan {
+                    join_s: 0.0,
+                    leave_s: Some(10.0),
+                    zone: None,
+                },
+                EndpointPlan {
+                    join_s: 10.0,
+                    leave_s: None,
+                    zone: None,
+                },
             ],
         };
         assert!(!m.is_static());
@@ -182,10 +267,26 @@ mod tests {
         assert_eq!(m.members_at(10.0), vec![0, 2]);
         assert_eq!(m.change_times(), vec![10.0]);
         assert!(m.validate(Duration::from_secs(20)).is_ok());
-        assert!(m.validate(Duration::from_secs(10)).is_err(), "a change at the end of the run");
-        assert!(m.endpoints[0].member_throughout(0.0, 20.0) && !m.endpoints[1].member_throughout(0.0, 20.0));
-        let all_late = Membership { local_zone: None, endpoints: vec![EndpointPlan { join_s: 1.0, ..EndpointPlan::default() }] };
+        assert!(
+            m.validate(Duration::from_secs(10)).is_err(),
+            "a change at the end of the run"
+        );
+        assert!(
+            m.endpoints[0].member_throughout(0.0, 20.0)
+                && !m.endpoints[1].member_throughout(0.0, 20.0)
+        );
+        let all_late = Membership {
+            local_zone: None,
+            endpoints: vec![EndpointPlan {
+                join_s: 1.0,
+                ..EndpointPlan::default()
+            }],
+        };
         assert!(all_late.validate(Duration::from_secs(5)).is_err());
-        assert!(Membership { local_zone: None, endpoints: vec![EndpointPlan::default()] }.is_static());
+        assert!(Membership {
+            local_zone: None,
+            endpoints: vec![EndpointPlan::default()]
+        }
+        .is_static());
     }
 }

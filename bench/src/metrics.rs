@@ -36,7 +36,11 @@ pub fn flapping(seconds: &[SecondShares], from: usize, backends: &[String]) -> F
         .iter()
         .map(|b| {
             let n: f64 = window.iter().map(|s| share(s, b) * s.count as f64).sum();
-            if total > 0 { n / total as f64 } else { 0.0 }
+            if total > 0 {
+                n / total as f64
+            } else {
+                0.0
+            }
         })
         .collect();
     let (mut sum, mut noise, mut pairs) = (0.0, 0.0, 0usize);
@@ -57,12 +61,21 @@ pub fn flapping(seconds: &[SecondShares], from: usize, backends: &[String]) -> F
         return Flapping::default();
     }
     let n = (pairs * backends.len()) as f64;
-    Flapping { index_pp: 100.0 * sum / n, noise_pp: 100.0 * noise / n, pairs }
+    Flapping {
+        index_pp: 100.0 * sum / n,
+        noise_pp: 100.0 * noise / n,
+        pairs,
+    }
 }
 
 /// Seconds from `recovered_at_s` until `backend`'s share, averaged over a 3-second window
 /// starting there, first reaches `0.8 × fair`. `None` if it never does within the run.
-pub fn recovery_seconds(seconds: &[SecondShares], backend: &str, recovered_at_s: f64, fair: f64) -> Option<f64> {
+pub fn recovery_seconds(
+    seconds: &[SecondShares],
+    backend: &str,
+    recovered_at_s: f64,
+    fair: f64,
+) -> Option<f64> {
     const WINDOW: usize = 3;
     let start = recovered_at_s.ceil().max(0.0) as usize;
     for t in start..seconds.len().saturating_sub(WINDOW - 1) {
@@ -78,11 +91,18 @@ pub fn recovery_seconds(seconds: &[SecondShares], backend: &str, recovered_at_s:
 /// `backend`'s share of the requests sent in whole seconds `[from_s, to_s)`.
 pub fn window_share(seconds: &[SecondShares], backend: &str, from_s: f64, to_s: f64) -> f64 {
     let (mut n, mut total) = (0.0, 0u64);
-    for s in seconds.iter().filter(|s| (s.second as f64) >= from_s && (s.second as f64) < to_s) {
+    for s in seconds
+        .iter()
+        .filter(|s| (s.second as f64) >= from_s && (s.second as f64) < to_s)
+    {
         n += share(s, backend) * s.count as f64;
         total += s.count;
     }
-    if total == 0 { 0.0 } else { n / total as f64 }
+    if total == 0 {
+        0.0
+    } else {
+        n / total as f64
+    }
 }
 
 /// A slowed host: its name and the seconds its slow phases start and end.
@@ -96,7 +116,14 @@ pub struct Slowdown {
 /// Fills the figures that come from per-second shares: flapping over every backend and over the
 /// steady ones (when some are not), and for a slowdown the slowed host's share while slow and its
 /// recovery. `from` is the first measured second.
-pub fn share_figures(f: &mut RoundFigures, seconds: &[SecondShares], from: usize, names: &[String], steady: &[String], slowdown: Option<&Slowdown>) {
+pub fn share_figures(
+    f: &mut RoundFigures,
+    seconds: &[SecondShares],
+    from: usize,
+    names: &[String],
+    steady: &[String],
+    slowdown: Option<&Slowdown>,
+) {
     let flap = flapping(seconds, from, names);
     f.flap_pp = flap.index_pp;
     f.flap_noise_pp = flap.noise_pp;
@@ -107,7 +134,9 @@ pub fn share_figures(f: &mut RoundFigures, seconds: &[SecondShares], from: usize
     }
     if let Some(sd) = slowdown {
         let fair = 1.0 / names.len().max(1) as f64;
-        f.recovery = Some(Recovery::of(recovery_seconds(seconds, &sd.host, sd.to_s, fair)));
+        f.recovery = Some(Recovery::of(recovery_seconds(
+            seconds, &sd.host, sd.to_s, fair,
+        )));
         f.slow_phase_share_pct = Some(100.0 * window_share(seconds, &sd.host, sd.from_s, sd.to_s));
     }
 }
@@ -122,17 +151,28 @@ mod tests {
         SecondShares {
             second: t,
             count,
-            shares: shares.iter().map(|(k, v)| (k.to_string(), *v)).collect::<BTreeMap<_, _>>(),
+            shares: shares
+                .iter()
+                .map(|(k, v)| (k.to_string(), *v))
+                .collect::<BTreeMap<_, _>>(),
         }
     }
 
     #[test]
     fn steady_split_does_not_flap_and_a_flip_flop_does() {
         let names = vec!["a".to_string(), "b".to_string()];
-        let steady: Vec<_> = (0..10).map(|t| sec(t, 100, &[("a", 0.5), ("b", 0.5)])).collect();
+        let steady: Vec<_> = (0..10)
+            .map(|t| sec(t, 100, &[("a", 0.5), ("b", 0.5)]))
+            .collect();
         assert_eq!(flapping(&steady, 0, &names).index_pp, 0.0);
         let flip: Vec<_> = (0..10)
-            .map(|t| if t % 2 == 0 { sec(t, 100, &[("a", 1.0)]) } else { sec(t, 100, &[("b", 1.0)]) })
+            .map(|t| {
+                if t % 2 == 0 {
+                    sec(t, 100, &[("a", 1.0)])
+                } else {
+                    sec(t, 100, &[("b", 1.0)])
+                }
+            })
             .collect();
         let f = flapping(&flip, 0, &names);
         assert_eq!(f.pairs, 9);
@@ -144,7 +184,12 @@ mod tests {
     #[test]
     fn flapping_skips_the_warmup_and_empty_seconds() {
         let names = vec!["a".to_string()];
-        let v = vec![sec(0, 10, &[("a", 0.0)]), sec(1, 10, &[("a", 1.0)]), sec(2, 0, &[]), sec(3, 10, &[("a", 1.0)])];
+        let v = vec![
+            sec(0, 10, &[("a", 0.0)]),
+            sec(1, 10, &[("a", 1.0)]),
+            sec(2, 0, &[]),
+            sec(3, 10, &[("a", 1.0)]),
+        ];
         assert_eq!(flapping(&v, 1, &names).pairs, 0);
         assert_eq!(flapping(&v, 0, &names).pairs, 1);
     }

@@ -7,13 +7,13 @@ use std::fmt::Write as _;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use ewma_lb::config::Config;
-use ewma_lb::pick::PickTable;
 use ewma_lb::clock::RecordClock;
+use ewma_lb::config::Config;
+use ewma_lb::outcome::Outcome;
+use ewma_lb::pick::PickTable;
 use ewma_lb::rules::normalize_bytes;
 use ewma_lb::state::{Accumulator, ClusterBatch, ClusterState};
 use ewma_lb::sync::{self, SharedStore, StoreError, SyncContext};
-use ewma_lb::outcome::Outcome;
 use ewma_lb::weights::{shares, HostInput, WeightParams};
 use ewma_lb::worker::{Decision, Finished, Request, Worker};
 use serde::{Deserialize, Serialize};
@@ -56,7 +56,10 @@ fn time_it(budget: Duration, max_iters: u64, mut f: impl FnMut()) -> (f64, u64) 
             batch = (batch * 2).min(max_iters.saturating_sub(iters).max(1));
         }
     }
-    (start.elapsed().as_nanos() as f64 / iters.max(1) as f64, iters)
+    (
+        start.elapsed().as_nanos() as f64 / iters.max(1) as f64,
+        iters,
+    )
 }
 
 fn address(i: usize) -> String {
@@ -70,7 +73,9 @@ fn latency_ms(i: usize) -> f64 {
 
 /// A cluster state with `n` hosts that each have a few samples.
 fn state_with(n: usize) -> (ClusterState, ewma_lb::state::Policy) {
-    let mut policy = Config::from_json(b"{}").map(|c| c.policy().clone()).unwrap_or_else(|e| panic!("defaults: {e}"));
+    let mut policy = Config::from_json(b"{}")
+        .map(|c| c.policy().clone())
+        .unwrap_or_else(|e| panic!("defaults: {e}"));
     policy.max_hosts = n;
     policy.host_ttl_ns = u64::MAX;
     let batch = batch_of(n);
@@ -100,7 +105,10 @@ struct Memory(std::collections::HashMap<String, (Vec<u8>, u32)>);
 
 impl SharedStore for Memory {
     fn get(&self, key: &str) -> Result<(Option<Vec<u8>>, Option<u32>), StoreError> {
-        Ok(self.0.get(key).map_or((None, None), |(b, v)| (Some(b.clone()), Some(*v))))
+        Ok(self
+            .0
+            .get(key)
+            .map_or((None, None), |(b, v)| (Some(b.clone()), Some(*v))))
     }
 
     fn set(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError> {
@@ -108,7 +116,8 @@ impl SharedStore for Memory {
         if current.is_some() && cas.is_some() && cas != current {
             return Err(StoreError::CasMismatch);
         }
-        self.0.insert(key.to_owned(), (value.to_vec(), current.unwrap_or(0) + 1));
+        self.0
+            .insert(key.to_owned(), (value.to_vec(), current.unwrap_or(0) + 1));
         Ok(())
     }
 }
@@ -126,11 +135,26 @@ fn paths() -> Vec<(&'static str, Vec<u8>)> {
         p
     };
     vec![
-        ("rules::normalize, typical path", b"/api/v1/orders/12345/items?expand=price".to_vec()),
-        ("rules::normalize, 64 KB of nested %25", fill(b"/%", b"25", b"61")),
-        ("rules::normalize, 64 KB, escape at the end", fill(b"/", b"a/", b"%2525252561")),
-        ("rules::normalize, 64 KB of %2525252561", fill(b"/", b"%2525252561", b"")),
-        ("rules::normalize, 64 KB of %2541", fill(b"/", b"%2541", b"")),
+        (
+            "rules::normalize, typical path",
+            b"/api/v1/orders/12345/items?expand=price".to_vec(),
+        ),
+        (
+            "rules::normalize, 64 KB of nested %25",
+            fill(b"/%", b"25", b"61"),
+        ),
+        (
+            "rules::normalize, 64 KB, escape at the end",
+            fill(b"/", b"a/", b"%2525252561"),
+        ),
+        (
+            "rules::normalize, 64 KB of %2525252561",
+            fill(b"/", b"%2525252561", b""),
+        ),
+        (
+            "rules::normalize, 64 KB of %2541",
+            fill(b"/", b"%2541", b""),
+        ),
         ("rules::normalize, 64 KB of /a/..", fill(b"", b"/a/..", b"")),
         ("rules::normalize, 64 KB of %", fill(b"/", b"%", b"")),
     ]
@@ -138,21 +162,39 @@ fn paths() -> Vec<(&'static str, Vec<u8>)> {
 
 /// Runs every micro-benchmark; `quick` shortens each to a few milliseconds (smoke).
 pub fn run(quick: bool) -> Vec<MicroResult> {
-    let budget = if quick { Duration::from_millis(5) } else { Duration::from_millis(400) };
-    let counts: &[usize] = if quick { &HOST_COUNTS[..2] } else { &HOST_COUNTS };
+    let budget = if quick {
+        Duration::from_millis(5)
+    } else {
+        Duration::from_millis(400)
+    };
+    let counts: &[usize] = if quick {
+        &HOST_COUNTS[..2]
+    } else {
+        &HOST_COUNTS
+    };
     let mut out = Vec::new();
     let mut sizes = Vec::new();
     let mut push = |op: &str, hosts: usize, (ns, iters): (f64, u64)| {
-        out.push(MicroResult { op: op.to_string(), hosts, ns_per_op: ns, iterations: iters, bytes: None });
+        out.push(MicroResult {
+            op: op.to_string(),
+            hosts,
+            ns_per_op: ns,
+            iterations: iters,
+            bytes: None,
+        });
     };
     for &n in counts {
         let (mut state, policy) = state_with(n);
         let mut now = 3_000_000_000u64;
-        push("ClusterState::refresh", n, time_it(budget, 1_000_000, || {
-            state.refresh(now, &policy, &[], None);
-            now += policy.refresh_interval_ns;
-            black_box(state.table_version);
-        }));
+        push(
+            "ClusterState::refresh",
+            n,
+            time_it(budget, 1_000_000, || {
+                state.refresh(now, &policy, &[], None);
+                now += policy.refresh_interval_ns;
+                black_box(state.table_version);
+            }),
+        );
 
         let params = WeightParams::default();
         let inputs: Vec<HostInput> = (0..n)
@@ -163,15 +205,29 @@ pub fn run(quick: bool) -> Vec<MicroResult> {
                 previous_share: Some(1.0 / n as f64),
             })
             .collect();
-        push("weights::shares", n, time_it(budget, 1_000_000, || {
-            black_box(shares(black_box(&inputs), &params));
-        }));
+        push(
+            "weights::shares",
+            n,
+            time_it(budget, 1_000_000, || {
+                black_box(shares(black_box(&inputs), &params));
+            }),
+        );
 
-        push("sync::encode+decode", n, time_it(budget, 1_000_000, || {
-            let bytes = black_box(sync::encode(&state));
-            black_box(sync::decode(&bytes, n).ok());
-        }));
-        sizes.push(MicroResult { op: "record size (bytes)".into(), hosts: n, ns_per_op: 0.0, iterations: 0, bytes: Some(sync::encode(&state).len() as u64) });
+        push(
+            "sync::encode+decode",
+            n,
+            time_it(budget, 1_000_000, || {
+                let bytes = black_box(sync::encode(&state));
+                black_box(sync::decode(&bytes, n).ok());
+            }),
+        );
+        sizes.push(MicroResult {
+            op: "record size (bytes)".into(),
+            hosts: n,
+            ns_per_op: 0.0,
+            iterations: 0,
+            bytes: Some(sync::encode(&state).len() as u64),
+        });
 
         // What one VM's tick costs for this cluster when every host had samples: read, decode,
         // merge, refresh (one tick in four at the defaults), encode, write.
@@ -180,45 +236,74 @@ pub fn run(quick: bool) -> Vec<MicroResult> {
         let mut clock = RecordClock::default();
         let mut steady = 0u64;
         let key = sync::key("micro", "backend");
-        push("sync::sync_cluster (one tick, all hosts sampled)", n, time_it(budget, 100_000, || {
-            steady += 100_000_000;
-            let ctx = SyncContext { key: &key, static_hosts: &[], policy: &policy, local_zone: None, steady_ns: steady };
-            black_box(sync::sync_cluster(&mut store, &ctx, &batch, &mut clock).ok());
-        }));
+        push(
+            "sync::sync_cluster (one tick, all hosts sampled)",
+            n,
+            time_it(budget, 100_000, || {
+                steady += 100_000_000;
+                let ctx = SyncContext {
+                    key: &key,
+                    static_hosts: &[],
+                    policy: &policy,
+                    local_zone: None,
+                    steady_ns: steady,
+                };
+                black_box(sync::sync_cluster(&mut store, &ctx, &batch, &mut clock).ok());
+            }),
+        );
 
         // The core's whole per-request work for a steered request (what the adapter adds is host
         // calls): route (path rules, pick, in-flight +1) and finish (in-flight -1, the sample).
         if let Some(mut worker) = hot_worker(n) {
-            push("Worker::route+finish (steered, hot table)", n, time_it(budget, 10_000_000, || {
-            let request = Request { path: b"/api/v1/items/42?sort=asc", cluster: Some("backend") };
-            if let Decision::Override(pick) = worker.route(&request, || None) {
-                let done = Finished {
-                    picked: Some(&pick.host),
-                    served_by: Some(&pick.host),
-                    attempts: 1,
-                    latency_ms: 20.0,
-                    outcome: Some(Outcome::Success),
-                    ..Finished::default()
-                };
-                worker.finish("backend", &done);
-            }
-            }));
+            push(
+                "Worker::route+finish (steered, hot table)",
+                n,
+                time_it(budget, 10_000_000, || {
+                    let request = Request {
+                        path: b"/api/v1/items/42?sort=asc",
+                        cluster: Some("backend"),
+                    };
+                    if let Decision::Override(pick) = worker.route(&request, || None) {
+                        let done = Finished {
+                            picked: Some(&pick.host),
+                            served_by: Some(&pick.host),
+                            attempts: 1,
+                            latency_ms: 20.0,
+                            outcome: Some(Outcome::Success),
+                            ..Finished::default()
+                        };
+                        worker.finish("backend", &done);
+                    }
+                }),
+            );
         }
 
         let table = PickTable::new(state.hosts.iter().map(|h| (h.address.as_str(), h.share)));
         let mut rng = fastrand::Rng::with_seed(7);
-        push("PickTable::weighted", n, time_it(budget, 50_000_000, || {
-            black_box(table.weighted(&mut rng));
-        }));
+        push(
+            "PickTable::weighted",
+            n,
+            time_it(budget, 50_000_000, || {
+                black_box(table.weighted(&mut rng));
+            }),
+        );
         let in_flight: Vec<u32> = (0..n).map(|i| (i % 5) as u32).collect();
-        push("PickTable::weighted_p2c", n, time_it(budget, 50_000_000, || {
-            black_box(table.weighted_p2c(&mut rng, |i| in_flight.get(i).copied().unwrap_or(0)));
-        }));
+        push(
+            "PickTable::weighted_p2c",
+            n,
+            time_it(budget, 50_000_000, || {
+                black_box(table.weighted_p2c(&mut rng, |i| in_flight.get(i).copied().unwrap_or(0)));
+            }),
+        );
     }
     for (op, path) in paths() {
-        push(op, 0, time_it(budget, 10_000_000, || {
-            black_box(normalize_bytes(black_box(&path)).is_ambiguous());
-        }));
+        push(
+            op,
+            0,
+            time_it(budget, 10_000_000, || {
+                black_box(normalize_bytes(black_box(&path)).is_ambiguous());
+            }),
+        );
     }
     out.extend(sizes);
     out
@@ -234,9 +319,19 @@ fn hot_worker(n: usize) -> Option<Worker> {
     let mut store = Memory::default();
     for t in 1..=5u64 {
         for _ in 0..(4 * n) {
-            let request = Request { path: b"/", cluster: Some("backend") };
+            let request = Request {
+                path: b"/",
+                cluster: Some("backend"),
+            };
             if let Decision::Override(pick) = worker.route(&request, || None) {
-                let done = Finished { picked: Some(&pick.host), served_by: Some(&pick.host), attempts: 1, latency_ms: 20.0, outcome: Some(Outcome::Success), ..Finished::default() };
+                let done = Finished {
+                    picked: Some(&pick.host),
+                    served_by: Some(&pick.host),
+                    attempts: 1,
+                    latency_ms: 20.0,
+                    outcome: Some(Outcome::Success),
+                    ..Finished::default()
+                };
                 worker.finish("backend", &done);
             }
         }

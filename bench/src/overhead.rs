@@ -149,7 +149,12 @@ pub fn build_noop() -> Result<PathBuf> {
 /// The shipped config as `compare` runs the plugin ([`Policy::envoy_config`]), with what sits in
 /// front of the router swapped and the cluster left as it ships (`override_host`, fallback least
 /// request): the plugin removed, the no-op module in the plugin's place, or ewma-lb.
-fn config_for(variant: Variant, wasm: &Path, noop: &Path, endpoints: &[SocketAddr]) -> Result<EnvoyConfig> {
+fn config_for(
+    variant: Variant,
+    wasm: &Path,
+    noop: &Path,
+    endpoints: &[SocketAddr],
+) -> Result<EnvoyConfig> {
     let timeout = Duration::from_secs(5);
     let ewma_lb = Policy::get("ewma_lb")?;
     let no_plugin_config = serde_json::json!({});
@@ -163,7 +168,11 @@ fn config_for(variant: Variant, wasm: &Path, noop: &Path, endpoints: &[SocketAdd
             let mut config = ewma_lb.envoy_config(&no_plugin_config, noop, endpoints, timeout)?;
             let mut filter = config.plugin()?;
             filter.set_plugin_config("")?;
-            for id in ["typed_config.config.name", "typed_config.config.root_id", "typed_config.config.vm_config.vm_id"] {
+            for id in [
+                "typed_config.config.name",
+                "typed_config.config.root_id",
+                "typed_config.config.vm_config.vm_id",
+            ] {
                 filter.set(id, "noop")?;
             }
             Ok(config)
@@ -172,7 +181,13 @@ fn config_for(variant: Variant, wasm: &Path, noop: &Path, endpoints: &[SocketAdd
     }
 }
 
-fn measure(variant: Variant, round: u32, o: &OverheadOptions, modules: (&Path, &Path), backends: &[Backend]) -> Result<OverheadRun> {
+fn measure(
+    variant: Variant,
+    round: u32,
+    o: &OverheadOptions,
+    modules: (&Path, &Path),
+    backends: &[Backend],
+) -> Result<OverheadRun> {
     let (wasm, noop) = modules;
     let endpoints: Vec<SocketAddr> = backends.iter().map(Backend::addr).collect();
     let mut config = config_for(variant, wasm, noop, &endpoints)?;
@@ -183,7 +198,8 @@ fn measure(variant: Variant, round: u32, o: &OverheadOptions, modules: (&Path, &
         component_log_level: "wasm:info".into(),
         ..EnvoyOptions::new(config.to_yaml()?)
     };
-    let _envoy = Envoy::start(options).with_context(|| format!("starting Envoy ({})", variant.name()))?;
+    let _envoy =
+        Envoy::start(options).with_context(|| format!("starting Envoy ({})", variant.name()))?;
     let url = format!("http://127.0.0.1:{port}/");
     let closed = |d: Duration| LoadSpec {
         closed_loop_workers: Some(o.workers),
@@ -191,13 +207,27 @@ fn measure(variant: Variant, round: u32, o: &OverheadOptions, modules: (&Path, &
         ..LoadSpec::new(url.clone(), 1.0, d)
     };
     // Warm-up: connections, the plugin's first tables, V8's JIT.
-    load::run(&closed(Duration::from_secs(if o.smoke { 0 } else { 2 }).max(Duration::from_millis(300))))?;
+    load::run(&closed(
+        Duration::from_secs(if o.smoke { 0 } else { 2 }).max(Duration::from_millis(300)),
+    ))?;
     let sat = load::run(&closed(o.saturation_time))?;
     let elapsed = o.saturation_time.as_secs_f64().max(1e-3);
-    let ok = sat.iter().filter(|r| !r.is_error() && !r.dropped && r.sent_at < o.saturation_time).count();
+    let ok = sat
+        .iter()
+        .filter(|r| !r.is_error() && !r.dropped && r.sent_at < o.saturation_time)
+        .count();
     let saturation_errors = sat.iter().filter(|r| r.is_error()).count() as u64;
-    let fixed = load::run(&LoadSpec { timeout: Duration::from_secs(5), ..LoadSpec::new(url, o.rate, o.rate_time) })?;
-    Ok(OverheadRun { variant, round, saturation_rps: ok as f64 / elapsed, saturation_errors, fixed_rate: Summary::of(&fixed) })
+    let fixed = load::run(&LoadSpec {
+        timeout: Duration::from_secs(5),
+        ..LoadSpec::new(url, o.rate, o.rate_time)
+    })?;
+    Ok(OverheadRun {
+        variant,
+        round,
+        saturation_rps: ok as f64 / elapsed,
+        saturation_errors,
+        fixed_rate: Summary::of(&fixed),
+    })
 }
 
 /// Runs the overhead measurement and writes results.md / results.json into `o.out_dir`.
@@ -207,7 +237,8 @@ pub fn run(o: &OverheadOptions) -> Result<OverheadReport> {
         Some(p) => p.clone(),
         None => build_noop()?,
     };
-    std::fs::create_dir_all(&o.out_dir).with_context(|| format!("creating {}", o.out_dir.display()))?;
+    std::fs::create_dir_all(&o.out_dir)
+        .with_context(|| format!("creating {}", o.out_dir.display()))?;
     let backends: Vec<Backend> = (0..o.endpoints.max(1))
         .map(|i| Backend::start_local(BackendSpec::new(format!("instant{i}"), Latency::Fixed(0))))
         .collect::<Result<_>>()?;
@@ -233,13 +264,18 @@ pub fn run(o: &OverheadOptions) -> Result<OverheadReport> {
         .iter()
         .map(|&v| {
             let mine: Vec<&OverheadRun> = runs.iter().filter(|r| r.variant == v).collect();
-            let spread = |f: &dyn Fn(&OverheadRun) -> f64| Spread::of(mine.iter().map(|r| f(r))).unwrap_or_default();
+            let spread = |f: &dyn Fn(&OverheadRun) -> f64| {
+                Spread::of(mine.iter().map(|r| f(r))).unwrap_or_default()
+            };
             OverheadResult {
                 variant: v,
                 saturation_rps: spread(&|r| r.saturation_rps),
                 p50_ms: spread(&|r| r.fixed_rate.p50_ms),
                 p99_ms: spread(&|r| r.fixed_rate.p99_ms),
-                errors: mine.iter().map(|r| r.saturation_errors + r.fixed_rate.errors).sum(),
+                errors: mine
+                    .iter()
+                    .map(|r| r.saturation_errors + r.fixed_rate.errors)
+                    .sum(),
             }
         })
         .collect();
@@ -264,19 +300,38 @@ pub fn run(o: &OverheadOptions) -> Result<OverheadReport> {
         plugin_bytes: size(&wasm),
         noop_bytes: size(&noop),
     };
-    std::fs::write(o.out_dir.join("results.md"), markdown(&report, o)).context("writing results.md")?;
-    std::fs::write(o.out_dir.join("results.json"), serde_json::to_string_pretty(&report)?).context("writing results.json")?;
+    std::fs::write(o.out_dir.join("results.md"), markdown(&report, o))
+        .context("writing results.md")?;
+    std::fs::write(
+        o.out_dir.join("results.json"),
+        serde_json::to_string_pretty(&report)?,
+    )
+    .context("writing results.json")?;
     Ok(report)
 }
 
 /// The variants' table and the ratios against the targets.
 pub fn table(r: &OverheadReport) -> String {
-    let mut md = String::from("| filter | req/s at saturation | p50 ms | p99 ms | errors |\n|---|---|---|---|---|\n");
+    let mut md = String::from(
+        "| filter | req/s at saturation | p50 ms | p99 ms | errors |\n|---|---|---|---|---|\n",
+    );
     for x in &r.results {
-        let _ = writeln!(md, "| {} | {} | {} | {} | {} |", x.variant.name(), x.saturation_rps.show(0), x.p50_ms.show(2), x.p99_ms.show(2), x.errors);
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} |",
+            x.variant.name(),
+            x.saturation_rps.show(0),
+            x.p50_ms.show(2),
+            x.p99_ms.show(2),
+            x.errors
+        );
     }
     let get = |v: Variant| r.results.iter().find(|x| x.variant == v);
-    if let (Some(e), Some(n), Some(f)) = (get(Variant::EwmaLb), get(Variant::NoopWasm), get(Variant::NoFilter)) {
+    if let (Some(e), Some(n), Some(f)) = (
+        get(Variant::EwmaLb),
+        get(Variant::NoopWasm),
+        get(Variant::NoFilter),
+    ) {
         let q = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::NAN };
         let throughput = q(e.saturation_rps.median, n.saturation_rps.median);
         let p99 = q(e.p99_ms.median, n.p99_ms.median);
@@ -314,9 +369,19 @@ pub fn markdown(r: &OverheadReport, o: &OverheadOptions) -> String {
         o.rounds
     );
     md.push_str(&table(r));
-    md.push_str("\nPer round:\n\n| round | filter | req/s | p50 ms | p99 ms |\n|---|---|---|---|---|\n");
+    md.push_str(
+        "\nPer round:\n\n| round | filter | req/s | p50 ms | p99 ms |\n|---|---|---|---|---|\n",
+    );
     for x in &r.runs {
-        let _ = writeln!(md, "| {} | {} | {:.0} | {:.2} | {:.2} |", x.round, x.variant.name(), x.saturation_rps, x.fixed_rate.p50_ms, x.fixed_rate.p99_ms);
+        let _ = writeln!(
+            md,
+            "| {} | {} | {:.0} | {:.2} | {:.2} |",
+            x.round,
+            x.variant.name(),
+            x.saturation_rps,
+            x.fixed_rate.p50_ms,
+            x.fixed_rate.p99_ms
+        );
     }
     let _ = writeln!(
         md,
@@ -336,23 +401,58 @@ mod tests {
     /// The no-op filter must be built as the plugin is: the same release and wasm profiles.
     #[test]
     fn the_noop_filter_has_the_plugins_profiles() {
-        let read = |p: &str| -> toml::Table { toml::from_str(&std::fs::read_to_string(harness::repo_root().join(p)).unwrap()).unwrap() };
+        let read = |p: &str| -> toml::Table {
+            toml::from_str(&std::fs::read_to_string(harness::repo_root().join(p)).unwrap()).unwrap()
+        };
         let (root, noop) = (read("Cargo.toml"), read("bench/noop-filter/Cargo.toml"));
         for profile in ["release", "wasm"] {
-            assert_eq!(root["profile"][profile], noop["profile"][profile], "profile.{profile}");
+            assert_eq!(
+                root["profile"][profile], noop["profile"][profile],
+                "profile.{profile}"
+            );
         }
     }
 
     #[test]
     fn every_variant_runs_the_shipped_cluster() {
-        let endpoints: Vec<SocketAddr> = vec!["127.0.0.1:8081".parse().unwrap(), "127.0.0.1:8082".parse().unwrap()];
-        let lb = |v| config_for(v, Path::new("/d/ewma_lb.wasm"), Path::new("/d/noop.wasm"), &endpoints).unwrap().cluster(harness::config::CLUSTER).unwrap().lb_policy().unwrap();
+        let endpoints: Vec<SocketAddr> = vec![
+            "127.0.0.1:8081".parse().unwrap(),
+            "127.0.0.1:8082".parse().unwrap(),
+        ];
+        let lb = |v| {
+            config_for(
+                v,
+                Path::new("/d/ewma_lb.wasm"),
+                Path::new("/d/noop.wasm"),
+                &endpoints,
+            )
+            .unwrap()
+            .cluster(harness::config::CLUSTER)
+            .unwrap()
+            .lb_policy()
+            .unwrap()
+        };
         let shipped = lb(Variant::EwmaLb);
         assert_eq!(lb(Variant::NoFilter), shipped);
         assert_eq!(lb(Variant::NoopWasm), shipped);
-        let mut no_filter = config_for(Variant::NoFilter, Path::new("/d/ewma_lb.wasm"), Path::new("/d/noop.wasm"), &endpoints).unwrap();
+        let mut no_filter = config_for(
+            Variant::NoFilter,
+            Path::new("/d/ewma_lb.wasm"),
+            Path::new("/d/noop.wasm"),
+            &endpoints,
+        )
+        .unwrap();
         assert!(no_filter.plugin().is_err());
-        let mut noop = config_for(Variant::NoopWasm, Path::new("/d/ewma_lb.wasm"), Path::new("/d/noop.wasm"), &endpoints).unwrap();
-        assert_eq!(noop.plugin().unwrap().module_file().unwrap(), "/d/noop.wasm");
+        let mut noop = config_for(
+            Variant::NoopWasm,
+            Path::new("/d/ewma_lb.wasm"),
+            Path::new("/d/noop.wasm"),
+            &endpoints,
+        )
+        .unwrap();
+        assert_eq!(
+            noop.plugin().unwrap().module_file().unwrap(),
+            "/d/noop.wasm"
+        );
     }
 }

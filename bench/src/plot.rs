@@ -83,17 +83,29 @@ fn log_label(v: f64) -> String {
     let mag = 10f64.powf(v.log10().floor());
     let lead = v / mag;
     if [1.0, 2.0, 5.0].iter().any(|d| (lead - d).abs() < 0.02) {
-        if v >= 1.0 { format!("{v:.0}") } else { format!("{v}") }
+        if v >= 1.0 {
+            format!("{v:.0}")
+        } else {
+            format!("{v}")
+        }
     } else {
         String::new()
     }
 }
 
-fn draw_cdf<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, title: &str, lines: &[CdfLine]) -> Result<()> {
+fn draw_cdf<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    title: &str,
+    lines: &[CdfLine],
+) -> Result<()> {
     root.fill(&WHITE).map_err(err)?;
     let all = lines.iter().flat_map(|l| l.sorted_ms.iter().copied());
     let (lo, hi) = all.fold((f64::MAX, 0.0f64), |(lo, hi), v| (lo.min(v), hi.max(v)));
-    let (lo, hi) = if hi > 0.0 { ((lo * 0.9).max(0.01), hi * 1.1) } else { (0.1, 10.0) };
+    let (lo, hi) = if hi > 0.0 {
+        ((lo * 0.9).max(0.01), hi * 1.1)
+    } else {
+        (0.1, 10.0)
+    };
     let mut chart = ChartBuilder::on(root)
         .caption(title, (FONT, 22))
         .margin(12)
@@ -128,7 +140,9 @@ fn draw_cdf<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, title: &str, line
             .draw_series(LineSeries::new(pts, color.stroke_width(2)))
             .map_err(err)?
             .label(line.label.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
     }
     chart
         .configure_series_labels()
@@ -142,12 +156,23 @@ fn draw_cdf<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, title: &str, line
     Ok(())
 }
 
-fn draw_shares<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, title: &str, panels: &[SharePanel], backends: &[String]) -> Result<()> {
+fn draw_shares<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    title: &str,
+    panels: &[SharePanel],
+    backends: &[String],
+) -> Result<()> {
     root.fill(&WHITE).map_err(err)?;
     let (top, body) = root.split_vertically(36);
     top.titled(title, (FONT, 22)).map_err(err)?;
     let areas = body.split_evenly((panels.len().max(1), 1));
-    let last_second = panels.iter().flat_map(|p| p.seconds.last()).map(|s| s.second).max().unwrap_or(1).max(1);
+    let last_second = panels
+        .iter()
+        .flat_map(|p| p.seconds.last())
+        .map(|s| s.second)
+        .max()
+        .unwrap_or(1)
+        .max(1);
     for (panel, area) in panels.iter().zip(areas.iter()) {
         let mut chart = ChartBuilder::on(area)
             .caption(&panel.label, (FONT, 16))
@@ -169,14 +194,21 @@ fn draw_shares<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, title: &str, p
                 .seconds
                 .iter()
                 .filter(|s| s.count > 0)
-                .map(|s| (s.second as f64 + 0.5, s.shares.get(b).copied().unwrap_or(0.0)))
+                .map(|s| {
+                    (
+                        s.second as f64 + 0.5,
+                        s.shares.get(b).copied().unwrap_or(0.0),
+                    )
+                })
                 .collect();
             let color = palette(i);
             chart
                 .draw_series(LineSeries::new(pts, color.stroke_width(2)))
                 .map_err(err)?
                 .label(b.clone())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                });
         }
         chart
             .configure_series_labels()
@@ -196,18 +228,48 @@ pub fn latency_cdf(dir: &Path, title: &str, lines: &[CdfLine]) -> Result<Vec<Pat
     ensure_font()?;
     let (svg, png) = (dir.join("latency-cdf.svg"), dir.join("latency-cdf.png"));
     let size = (1000, 650);
-    draw_cdf(&SVGBackend::new(&svg, size).into_drawing_area(), title, lines).with_context(|| svg.display().to_string())?;
-    draw_cdf(&BitMapBackend::new(&png, size).into_drawing_area(), title, lines).with_context(|| png.display().to_string())?;
+    draw_cdf(
+        &SVGBackend::new(&svg, size).into_drawing_area(),
+        title,
+        lines,
+    )
+    .with_context(|| svg.display().to_string())?;
+    draw_cdf(
+        &BitMapBackend::new(&png, size).into_drawing_area(),
+        title,
+        lines,
+    )
+    .with_context(|| png.display().to_string())?;
     Ok(vec![svg, png])
 }
 
 /// Writes `share-over-time.svg` and `share-over-time.png`; returns the paths.
-pub fn share_over_time(dir: &Path, title: &str, panels: &[SharePanel], backends: &[String]) -> Result<Vec<PathBuf>> {
+pub fn share_over_time(
+    dir: &Path,
+    title: &str,
+    panels: &[SharePanel],
+    backends: &[String],
+) -> Result<Vec<PathBuf>> {
     ensure_font()?;
-    let (svg, png) = (dir.join("share-over-time.svg"), dir.join("share-over-time.png"));
+    let (svg, png) = (
+        dir.join("share-over-time.svg"),
+        dir.join("share-over-time.png"),
+    );
     let size = (1000, 40 + 230 * panels.len().max(1) as u32);
-    draw_shares(&SVGBackend::new(&svg, size).into_drawing_area(), title, panels, backends).with_context(|| svg.display().to_string())?;
-    draw_shares(&BitMapBackend::new(&png, size).into_drawing_area(), title, panels, backends).with_context(|| png.display().to_string())?;
+    draw_shares(
+        &SVGBackend::new(&svg, size).into_drawing_area(),
+        title,
+        panels,
+        backends,
+    )
+    .with_context(|| svg.display().to_string())?;
+    draw_shares(
+        &BitMapBackend::new(&png, size).into_drawing_area(),
+        title,
+        panels,
+        backends,
+    )
+    .with_context(|| png.display().to_string())?;
     Ok(vec![svg, png])
 }
 
@@ -217,15 +279,31 @@ pub struct Line {
     pub points: Vec<(f64, f64)>,
 }
 
-fn draw_lines<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, title: &str, axes: (&str, &str), log_x: bool, lines: &[Line]) -> Result<()> {
+fn draw_lines<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    title: &str,
+    axes: (&str, &str),
+    log_x: bool,
+    lines: &[Line],
+) -> Result<()> {
     root.fill(&WHITE).map_err(err)?;
     let pts = || lines.iter().flat_map(|l| l.points.iter());
-    let (x_lo, x_hi) = pts().fold((f64::MAX, f64::MIN), |(lo, hi), (x, _)| (lo.min(*x), hi.max(*x)));
+    let (x_lo, x_hi) = pts().fold((f64::MAX, f64::MIN), |(lo, hi), (x, _)| {
+        (lo.min(*x), hi.max(*x))
+    });
     let y_hi = pts().fold(0.0f64, |hi, (_, y)| hi.max(*y)) * 1.1;
-    let (x_lo, x_hi) = if x_lo < x_hi { (x_lo, x_hi) } else { (x_lo - 1.0, x_lo + 1.0) };
+    let (x_lo, x_hi) = if x_lo < x_hi {
+        (x_lo, x_hi)
+    } else {
+        (x_lo - 1.0, x_lo + 1.0)
+    };
     let y_hi = if y_hi > 0.0 { y_hi } else { 1.0 };
     let mut builder = ChartBuilder::on(root);
-    builder.caption(title, (FONT, 22)).margin(12).x_label_area_size(45).y_label_area_size(60);
+    builder
+        .caption(title, (FONT, 22))
+        .margin(12)
+        .x_label_area_size(45)
+        .y_label_area_size(60);
     macro_rules! finish {
         ($chart:expr) => {{
             let mut chart = $chart;
@@ -242,8 +320,16 @@ fn draw_lines<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, title: &str, ax
                     .draw_series(LineSeries::new(line.points.clone(), color.stroke_width(2)))
                     .map_err(err)?
                     .label(line.label.clone())
-                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
-                chart.draw_series(line.points.iter().map(|p| Circle::new(*p, 3, color.filled()))).map_err(err)?;
+                    .legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+                    });
+                chart
+                    .draw_series(
+                        line.points
+                            .iter()
+                            .map(|p| Circle::new(*p, 3, color.filled())),
+                    )
+                    .map_err(err)?;
             }
             chart
                 .configure_series_labels()
@@ -256,20 +342,48 @@ fn draw_lines<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, title: &str, ax
         }};
     }
     if log_x {
-        finish!(builder.build_cartesian_2d((x_lo * 0.8..x_hi * 1.25).log_scale(), 0f64..y_hi).map_err(err)?);
+        finish!(builder
+            .build_cartesian_2d((x_lo * 0.8..x_hi * 1.25).log_scale(), 0f64..y_hi)
+            .map_err(err)?);
     } else {
-        finish!(builder.build_cartesian_2d(x_lo..x_hi, 0f64..y_hi).map_err(err)?);
+        finish!(builder
+            .build_cartesian_2d(x_lo..x_hi, 0f64..y_hi)
+            .map_err(err)?);
     }
     root.present().map_err(err)?;
     Ok(())
 }
 
 /// Writes `<stem>.svg` and `<stem>.png`, a line chart (x on a log scale when `log_x`).
-pub fn lines(dir: &Path, stem: &str, title: &str, axes: (&str, &str), log_x: bool, lines: &[Line]) -> Result<Vec<PathBuf>> {
+pub fn lines(
+    dir: &Path,
+    stem: &str,
+    title: &str,
+    axes: (&str, &str),
+    log_x: bool,
+    lines: &[Line],
+) -> Result<Vec<PathBuf>> {
     ensure_font()?;
-    let (svg, png) = (dir.join(format!("{stem}.svg")), dir.join(format!("{stem}.png")));
+    let (svg, png) = (
+        dir.join(format!("{stem}.svg")),
+        dir.join(format!("{stem}.png")),
+    );
     let size = (1000, 600);
-    draw_lines(&SVGBackend::new(&svg, size).into_drawing_area(), title, axes, log_x, lines).with_context(|| svg.display().to_string())?;
-    draw_lines(&BitMapBackend::new(&png, size).into_drawing_area(), title, axes, log_x, lines).with_context(|| png.display().to_string())?;
+    draw_lines(
+        &SVGBackend::new(&svg, size).into_drawing_area(),
+        title,
+        axes,
+        log_x,
+        lines,
+    )
+    .with_context(|| svg.display().to_string())?;
+    draw_lines(
+        &BitMapBackend::new(&png, size).into_drawing_area(),
+        title,
+        axes,
+        log_x,
+        lines,
+    )
+    .with_context(|| png.display().to_string())?;
     Ok(vec![svg, png])
 }

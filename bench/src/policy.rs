@@ -51,9 +51,22 @@ pub fn previous_defaults() -> Value {
 
 impl Policy {
     /// The built-in policies, in the default order of a comparison.
-    pub const DEFAULT: [&'static str; 5] = ["round_robin", "random", "least_request", "ewma_lb", "ewma_lowest"];
+    pub const DEFAULT: [&'static str; 5] = [
+        "round_robin",
+        "random",
+        "least_request",
+        "ewma_lb",
+        "ewma_lowest",
+    ];
     /// Every built-in name ([`Policy::builtin`]).
-    pub const BUILTIN: [&'static str; 6] = ["round_robin", "random", "least_request", "ewma_lb", "ewma_lowest", "ewma_lb_previous"];
+    pub const BUILTIN: [&'static str; 6] = [
+        "round_robin",
+        "random",
+        "least_request",
+        "ewma_lb",
+        "ewma_lowest",
+        "ewma_lb_previous",
+    ];
 
     /// A built-in policy:
     /// - `round_robin`, `random`, `least_request`: Envoy's own balancers;
@@ -62,7 +75,13 @@ impl Policy {
     ///   (the naive balancer the seeds warn about);
     /// - `ewma_lb_previous`: the same with the previous defaults ([`previous_defaults`]).
     pub fn builtin(name: &str) -> Option<Policy> {
-        let envoy = |balancer| Some(Policy { name: name.to_owned(), balancer, overrides: Value::Object(Default::default()) });
+        let envoy = |balancer| {
+            Some(Policy {
+                name: name.to_owned(),
+                balancer,
+                overrides: Value::Object(Default::default()),
+            })
+        };
         match name {
             "round_robin" => envoy(Balancer::RoundRobin),
             "random" => envoy(Balancer::Random),
@@ -82,7 +101,11 @@ impl Policy {
     /// The plugin with `overrides` merged over the scenario's configuration; `None` unless
     /// `overrides` is a JSON object.
     pub fn variant(name: &str, overrides: Value) -> Option<Policy> {
-        overrides.is_object().then(|| Policy { name: name.to_owned(), balancer: Balancer::Plugin, overrides })
+        overrides.is_object().then(|| Policy {
+            name: name.to_owned(),
+            balancer: Balancer::Plugin,
+            overrides,
+        })
     }
 
     /// The built-in policy `name`, or the variant of that name in `variants` (a scenario's
@@ -103,7 +126,10 @@ impl Policy {
 
     /// The default policies of a comparison.
     pub fn defaults() -> Vec<Policy> {
-        Policy::DEFAULT.iter().filter_map(|n| Policy::builtin(n)).collect()
+        Policy::DEFAULT
+            .iter()
+            .filter_map(|n| Policy::builtin(n))
+            .collect()
     }
 
     pub fn name(&self) -> &str {
@@ -140,14 +166,22 @@ impl Policy {
     /// - the plugin's: the plugin configuration [`Policy::plugin_config`] makes of the scenario's,
     ///   the module `wasm`, and `override_host` reading the header that configuration names;
     /// - every policy: the bench's observation edits ([`observe`]).
-    pub fn envoy_config(&self, scenario_config: &Value, wasm: &Path, endpoints: &[SocketAddr], route_timeout: Duration) -> Result<EnvoyConfig> {
+    pub fn envoy_config(
+        &self,
+        scenario_config: &Value,
+        wasm: &Path,
+        endpoints: &[SocketAddr],
+        route_timeout: Duration,
+    ) -> Result<EnvoyConfig> {
         let mut config = EnvoyConfig::local(free_port()?, wasm)?;
         config.cluster(CLUSTER)?.set_endpoints(endpoints)?;
         if let Some(lb) = self.envoy_lb() {
             config.use_envoy_lb(CLUSTER, lb)?;
         }
         if let Some(plugin_config) = self.plugin_config(scenario_config) {
-            config.plugin()?.set_plugin_config(&serde_json::to_string(&plugin_config)?)?;
+            config
+                .plugin()?
+                .set_plugin_config(&serde_json::to_string(&plugin_config)?)?;
             if let Some(header) = plugin_config.get("override_header").and_then(Value::as_str) {
                 config.cluster(CLUSTER)?.set_override_header(header)?;
             }
@@ -201,7 +235,9 @@ impl fmt::Display for Policy {
 pub fn plugin_module(given: Option<&Path>) -> Result<PathBuf> {
     match given {
         None => harness::plugin_wasm(),
-        Some(file) if file.is_file() => Ok(file.canonicalize().unwrap_or_else(|_| file.to_path_buf())),
+        Some(file) if file.is_file() => {
+            Ok(file.canonicalize().unwrap_or_else(|_| file.to_path_buf()))
+        }
         Some(file) => bail!("plugin {} (--wasm) not found", file.display()),
     }
 }
@@ -227,41 +263,101 @@ mod tests {
     use super::*;
 
     fn endpoints() -> Vec<SocketAddr> {
-        vec!["127.0.0.1:8081".parse().unwrap(), "127.0.0.1:8082".parse().unwrap()]
+        vec![
+            "127.0.0.1:8081".parse().unwrap(),
+            "127.0.0.1:8082".parse().unwrap(),
+        ]
     }
 
     /// The config `policy` runs with for a scenario's plugin configuration.
     fn config(policy: Policy, scenario_config: Value) -> EnvoyConfig {
-        policy.envoy_config(&scenario_config, Path::new("/d/ewma_lb.wasm"), &endpoints(), Duration::from_millis(1640)).unwrap()
+        policy
+            .envoy_config(
+                &scenario_config,
+                Path::new("/d/ewma_lb.wasm"),
+                &endpoints(),
+                Duration::from_millis(1640),
+            )
+            .unwrap()
     }
 
     #[test]
     fn envoy_policies_are_the_shipped_config_with_the_policy_swapped() {
         let mut c = config(Policy::builtin("least_request").unwrap(), json!({}));
-        assert_eq!(c.cluster(CLUSTER).unwrap().lb_policy().unwrap(), LbPolicy::Envoy(EnvoyLb::LeastRequest));
+        assert_eq!(
+            c.cluster(CLUSTER).unwrap().lb_policy().unwrap(),
+            LbPolicy::Envoy(EnvoyLb::LeastRequest)
+        );
         assert!(c.plugin().is_err(), "no plugin");
-        assert_eq!(c.cluster(CLUSTER).unwrap().endpoints().unwrap(), endpoints());
-        let route = c.listener(LISTENER).unwrap().http().unwrap().route_to(CLUSTER).unwrap().value().clone();
+        assert_eq!(
+            c.cluster(CLUSTER).unwrap().endpoints().unwrap(),
+            endpoints()
+        );
+        let route = c
+            .listener(LISTENER)
+            .unwrap()
+            .http()
+            .unwrap()
+            .route_to(CLUSTER)
+            .unwrap()
+            .value()
+            .clone();
         assert_eq!(route["route"]["timeout"], "1.64s");
-        assert_eq!(route["response_headers_to_add"], json!([{"header": {"key": "x-upstream-host", "value": "%UPSTREAM_HOST%"}}]));
+        assert_eq!(
+            route["response_headers_to_add"],
+            json!([{"header": {"key": "x-upstream-host", "value": "%UPSTREAM_HOST%"}}])
+        );
         // What ships with the plugin stays for every policy.
-        let hcm = c.listener(LISTENER).unwrap().http().unwrap().value().clone();
-        assert_eq!((hcm["use_remote_address"].clone(), hcm["normalize_path"].clone(), hcm["merge_slashes"].clone()), (json!(true), json!(true), json!(true)));
+        let hcm = c
+            .listener(LISTENER)
+            .unwrap()
+            .http()
+            .unwrap()
+            .value()
+            .clone();
+        assert_eq!(
+            (
+                hcm["use_remote_address"].clone(),
+                hcm["normalize_path"].clone(),
+                hcm["merge_slashes"].clone()
+            ),
+            (json!(true), json!(true), json!(true))
+        );
         assert!(c.get("stats_config.stats_tags").is_ok());
-        assert_eq!(route["route"]["retry_policy"]["retry_on"], "connect-failure,reset-before-request");
+        assert_eq!(
+            route["route"]["retry_policy"]["retry_on"],
+            "connect-failure,reset-before-request"
+        );
     }
 
     #[test]
     fn plugin_policies_carry_the_scenario_config_and_override_host() {
-        let mut c = config(Policy::builtin("ewma_lowest").unwrap(), json!({"weights": {"exponent": 3.0}}));
-        assert_eq!(c.plugin().unwrap().plugin_config().unwrap(), r#"{"pick":"lowest_latency","weights":{"exponent":3.0}}"#);
-        assert_eq!(c.plugin().unwrap().module_file().unwrap(), "/d/ewma_lb.wasm");
+        let mut c = config(
+            Policy::builtin("ewma_lowest").unwrap(),
+            json!({"weights": {"exponent": 3.0}}),
+        );
+        assert_eq!(
+            c.plugin().unwrap().plugin_config().unwrap(),
+            r#"{"pick":"lowest_latency","weights":{"exponent":3.0}}"#
+        );
+        assert_eq!(
+            c.plugin().unwrap().module_file().unwrap(),
+            "/d/ewma_lb.wasm"
+        );
         assert_eq!(
             c.cluster(CLUSTER).unwrap().lb_policy().unwrap(),
-            LbPolicy::OverrideHost { header: "x-ewma-lb-host".into(), fallback: EnvoyLb::LeastRequest }
+            LbPolicy::OverrideHost {
+                header: "x-ewma-lb-host".into(),
+                fallback: EnvoyLb::LeastRequest
+            }
         );
-        let mut c = config(Policy::builtin("ewma_lb").unwrap(), json!({"override_header": "x-other"}));
-        assert!(matches!(c.cluster(CLUSTER).unwrap().lb_policy().unwrap(), LbPolicy::OverrideHost { header, .. } if header == "x-other"));
+        let mut c = config(
+            Policy::builtin("ewma_lb").unwrap(),
+            json!({"override_header": "x-other"}),
+        );
+        assert!(
+            matches!(c.cluster(CLUSTER).unwrap().lb_policy().unwrap(), LbPolicy::OverrideHost { header, .. } if header == "x-other")
+        );
     }
 
     #[test]
@@ -280,6 +376,11 @@ mod tests {
             v.plugin_config(&scenario).unwrap(),
             json!({"smoothing": {"algorithm": "peak_ewma", "tau_ms": 5000}, "pick": "weighted_random"})
         );
-        assert_eq!(Policy::named("least_request", &variants).unwrap().plugin_config(&scenario), None);
+        assert_eq!(
+            Policy::named("least_request", &variants)
+                .unwrap()
+                .plugin_config(&scenario),
+            None
+        );
     }
 }

@@ -56,7 +56,14 @@ pub struct Transport {
 /// Envoy's `retry_on` conditions for gRPC (x-envoy-retry-grpc-on) and HTTP (x-envoy-retry-on)
 /// that a scenario may add.
 const RETRY_ON: &[&str] = &[
-    "cancelled", "deadline-exceeded", "internal", "resource-exhausted", "unavailable", "5xx", "gateway-error", "reset",
+    "cancelled",
+    "deadline-exceeded",
+    "internal",
+    "resource-exhausted",
+    "unavailable",
+    "5xx",
+    "gateway-error",
+    "reset",
     "retriable-status-codes",
 ];
 
@@ -64,11 +71,25 @@ impl Transport {
     /// From the scenario file's `protocol` (default `http`) and `retry_on` (a comma list).
     pub fn parse(protocol: Option<&str>, retry_on: Option<&str>) -> Result<Transport> {
         let protocol = protocol.map(str::parse).transpose()?.unwrap_or_default();
-        let extra_retry_on: Vec<String> = retry_on.into_iter().flat_map(|r| r.split(',')).map(|c| c.trim().to_string()).filter(|c| !c.is_empty()).collect();
-        if let Some(bad) = extra_retry_on.iter().find(|c| !RETRY_ON.contains(&c.as_str())) {
-            bail!("retry_on: unknown condition {bad:?} ({})", RETRY_ON.join(", "));
+        let extra_retry_on: Vec<String> = retry_on
+            .into_iter()
+            .flat_map(|r| r.split(','))
+            .map(|c| c.trim().to_string())
+            .filter(|c| !c.is_empty())
+            .collect();
+        if let Some(bad) = extra_retry_on
+            .iter()
+            .find(|c| !RETRY_ON.contains(&c.as_str()))
+        {
+            bail!(
+                "retry_on: unknown condition {bad:?} ({})",
+                RETRY_ON.join(", ")
+            );
         }
-        Ok(Transport { protocol, extra_retry_on })
+        Ok(Transport {
+            protocol,
+            extra_retry_on,
+        })
     }
 
     /// The edits this transport needs on a policy's Envoy config, the same for every policy:
@@ -80,7 +101,10 @@ impl Transport {
         if !self.extra_retry_on.is_empty() {
             let mut route = config.listener(LISTENER)?.http()?.route_to(CLUSTER)?;
             let shipped = route.get_str("route.retry_policy.retry_on")?.to_string();
-            route.set("route.retry_policy.retry_on", format!("{shipped},{}", self.extra_retry_on.join(",")))?;
+            route.set(
+                "route.retry_policy.retry_on",
+                format!("{shipped},{}", self.extra_retry_on.join(",")),
+            )?;
         }
         Ok(())
     }
@@ -108,17 +132,55 @@ mod tests {
     fn grpc_makes_the_cluster_http2_and_retry_on_extends_the_shipped_conditions() {
         let t = Transport::parse(Some("grpc"), Some("unavailable, resource-exhausted")).unwrap();
         let endpoints = ["127.0.0.1:8081".parse().unwrap()];
-        for policy in [Policy::get("ewma_lb").unwrap(), Policy::get("least_request").unwrap()] {
-            let mut c = policy.envoy_config(&serde_json::json!({}), Path::new("/d/x.wasm"), &endpoints, Duration::from_secs(1)).unwrap();
+        for policy in [
+            Policy::get("ewma_lb").unwrap(),
+            Policy::get("least_request").unwrap(),
+        ] {
+            let mut c = policy
+                .envoy_config(
+                    &serde_json::json!({}),
+                    Path::new("/d/x.wasm"),
+                    &endpoints,
+                    Duration::from_secs(1),
+                )
+                .unwrap();
             let before = c.cluster(CLUSTER).unwrap().lb_policy().unwrap();
             t.prepare(&mut c).unwrap();
-            assert_eq!(c.cluster(CLUSTER).unwrap().lb_policy().unwrap(), before, "the policy stays");
-            assert!(c.get("static_resources.clusters[name=backend].typed_extension_protocol_options").is_ok());
-            let route = c.listener(LISTENER).unwrap().http().unwrap().route_to(CLUSTER).unwrap().value().clone();
-            assert_eq!(route["route"]["retry_policy"]["retry_on"], "connect-failure,reset-before-request,unavailable,resource-exhausted");
-            assert!(matches!(before, LbPolicy::Envoy(_) | LbPolicy::OverrideHost { .. }));
+            assert_eq!(
+                c.cluster(CLUSTER).unwrap().lb_policy().unwrap(),
+                before,
+                "the policy stays"
+            );
+            assert!(c
+                .get("static_resources.clusters[name=backend].typed_extension_protocol_options")
+                .is_ok());
+            let route = c
+                .listener(LISTENER)
+                .unwrap()
+                .http()
+                .unwrap()
+                .route_to(CLUSTER)
+                .unwrap()
+                .value()
+                .clone();
+            assert_eq!(
+                route["route"]["retry_policy"]["retry_on"],
+                "connect-failure,reset-before-request,unavailable,resource-exhausted"
+            );
+            assert!(matches!(
+                before,
+                LbPolicy::Envoy(_) | LbPolicy::OverrideHost { .. }
+            ));
         }
-        let mut plain = Policy::get("ewma_lb").unwrap().envoy_config(&serde_json::json!({}), Path::new("/d/x.wasm"), &endpoints, Duration::from_secs(1)).unwrap();
+        let mut plain = Policy::get("ewma_lb")
+            .unwrap()
+            .envoy_config(
+                &serde_json::json!({}),
+                Path::new("/d/x.wasm"),
+                &endpoints,
+                Duration::from_secs(1),
+            )
+            .unwrap();
         let shipped = plain.value().clone();
         Transport::default().prepare(&mut plain).unwrap();
         assert_eq!(plain.value(), &shipped, "plain HTTP changes nothing");

@@ -13,16 +13,24 @@ use harness::BackendSpec;
 use crate::membership::{EndpointPlan, FileMembership, Membership};
 use crate::metrics::Slowdown;
 use crate::policy::Policy;
-use crate::windows::{FileWindow, Window};
 use crate::protocol::Transport;
+use crate::windows::{FileWindow, Window};
 
 /// The first of `(name, phases)` with phases, from its first phase's start to its last one's end.
-pub fn slowdown_of<'a>(hosts: impl IntoIterator<Item = (&'a str, &'a [harness::Phase])>) -> Option<Slowdown> {
-    hosts.into_iter().find(|(_, phases)| !phases.is_empty()).map(|(name, phases)| Slowdown {
-        host: name.to_owned(),
-        from_s: phases.iter().map(|p| p.from_s).fold(f64::INFINITY, f64::min),
-        to_s: phases.iter().map(|p| p.to_s).fold(0.0, f64::max),
-    })
+pub fn slowdown_of<'a>(
+    hosts: impl IntoIterator<Item = (&'a str, &'a [harness::Phase])>,
+) -> Option<Slowdown> {
+    hosts
+        .into_iter()
+        .find(|(_, phases)| !phases.is_empty())
+        .map(|(name, phases)| Slowdown {
+            host: name.to_owned(),
+            from_s: phases
+                .iter()
+                .map(|p| p.from_s)
+                .fold(f64::INFINITY, f64::min),
+            to_s: phases.iter().map(|p| p.to_s).fold(0.0, f64::max),
+        })
 }
 
 /// Upper bound of one policy's run, so a typo cannot run for hours.
@@ -126,8 +134,12 @@ pub struct Scenario {
 impl Scenario {
     /// Reads and validates a scenario file; the name defaults to the file stem.
     pub fn load(path: &Path) -> Result<Scenario> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("scenario");
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let stem = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or("scenario");
         Scenario::parse(&text, stem).with_context(|| format!("scenario {}", path.display()))
     }
 
@@ -145,8 +157,12 @@ impl Scenario {
 
     /// [`Scenario::load`] with the smoke settings.
     pub fn load_smoke(path: &Path) -> Result<Scenario> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("scenario");
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let stem = path
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or("scenario");
         Scenario::parse_smoke(&text, stem).with_context(|| format!("scenario {}", path.display()))
     }
 
@@ -156,11 +172,21 @@ impl Scenario {
             name: f.name.unwrap_or_else(|| default_name.to_string()),
             description: f.description.unwrap_or_default().trim().to_string(),
             duration: dur(&f.duration, "duration")?,
-            warmup: f.warmup.as_deref().map(|w| dur(w, "warmup")).transpose()?.unwrap_or_default(),
+            warmup: f
+                .warmup
+                .as_deref()
+                .map(|w| dur(w, "warmup"))
+                .transpose()?
+                .unwrap_or_default(),
             rate: f.rate.unwrap_or(100.0),
             workers: f.workers,
             route_timeout: dur(&f.route_timeout, "route_timeout")?,
-            client_timeout: f.client_timeout.as_deref().map(|t| dur(t, "client_timeout")).transpose()?.unwrap_or(Duration::from_secs(10)),
+            client_timeout: f
+                .client_timeout
+                .as_deref()
+                .map(|t| dur(t, "client_timeout"))
+                .transpose()?
+                .unwrap_or(Duration::from_secs(10)),
             max_in_flight: f.max_in_flight.unwrap_or(2000),
             concurrency: f.concurrency.unwrap_or(2),
             policies: {
@@ -169,37 +195,74 @@ impl Scenario {
                     _ => serde_json::Map::new(),
                 };
                 match f.policies {
-                    Some(ps) => ps.iter().map(|p| Policy::named(p, &variants)).collect::<Result<_>>()?,
+                    Some(ps) => ps
+                        .iter()
+                        .map(|p| Policy::named(p, &variants))
+                        .collect::<Result<_>>()?,
                     None => Policy::defaults(),
                 }
             },
             rounds: f.rounds.unwrap_or(DEFAULT_ROUNDS),
-            pause: f.pause.as_deref().map(|p| dur(p, "pause")).transpose()?.unwrap_or(Duration::from_secs(2)),
+            pause: f
+                .pause
+                .as_deref()
+                .map(|p| dur(p, "pause"))
+                .transpose()?
+                .unwrap_or(Duration::from_secs(2)),
             plugin_config: serde_json::to_value(f.plugin_config.unwrap_or_default())?,
             backends: Vec::new(),
-            membership: Membership { local_zone: f.local_zone, endpoints: Vec::new() },
+            membership: Membership {
+                local_zone: f.local_zone,
+                endpoints: Vec::new(),
+            },
             windows: f.windows.iter().map(Window::parse).collect::<Result<_>>()?,
             transport: Transport::parse(f.protocol.as_deref(), f.retry_on.as_deref())?,
         };
         for b in f.backends {
-            let mut spec = BackendSpec::new(b.name.clone(), b.latency.parse().with_context(|| format!("backend {}", b.name))?);
+            let mut spec = BackendSpec::new(
+                b.name.clone(),
+                b.latency
+                    .parse()
+                    .with_context(|| format!("backend {}", b.name))?,
+            );
             spec.capacity = b.capacity;
             spec.fail_rate = b.fail.unwrap_or(0.0);
             for p in &b.phases {
-                spec.schedule.push(p.parse().with_context(|| format!("backend {}", b.name))?);
+                spec.schedule
+                    .push(p.parse().with_context(|| format!("backend {}", b.name))?);
             }
             spec.validate()?;
-            let membership = FileMembership { zone: b.zone, join: b.join, leave: b.leave, stagger: b.stagger };
+            let membership = FileMembership {
+                zone: b.zone,
+                join: b.join,
+                leave: b.leave,
+                stagger: b.stagger,
+            };
             for i in 0..b.count.unwrap_or(1) {
-                let name = if b.count.is_some() { format!("{}{i:02}", b.name) } else { b.name.clone() };
-                s.membership.endpoints.push(EndpointPlan::parse(&membership, i).with_context(|| format!("backend {name}"))?);
-                s.backends.push(BackendSpec { name, ..spec.clone() });
+                let name = if b.count.is_some() {
+                    format!("{}{i:02}", b.name)
+                } else {
+                    b.name.clone()
+                };
+                s.membership.endpoints.push(
+                    EndpointPlan::parse(&membership, i)
+                        .with_context(|| format!("backend {name}"))?,
+                );
+                s.backends.push(BackendSpec {
+                    name,
+                    ..spec.clone()
+                });
             }
         }
         s.membership.validate(s.duration)?;
         if smoke {
             let sm = f.smoke.unwrap_or_default();
-            s.duration = sm.duration.as_deref().map(|d| dur(d, "smoke.duration")).transpose()?.unwrap_or(Duration::from_secs(2));
+            s.duration = sm
+                .duration
+                .as_deref()
+                .map(|d| dur(d, "smoke.duration"))
+                .transpose()?
+                .unwrap_or(Duration::from_secs(2));
             s.rate = sm.rate.unwrap_or(s.rate.min(50.0));
             s.workers = s.workers.map(|w| w.min(4));
             s.warmup = Duration::ZERO;
@@ -223,9 +286,15 @@ impl Scenario {
             bail!("duration must be in (0, {MAX_RUN:?}]");
         }
         if self.warmup >= self.duration {
-            bail!("warmup {:?} must be shorter than duration {:?}", self.warmup, self.duration);
+            bail!(
+                "warmup {:?} must be shorter than duration {:?}",
+                self.warmup,
+                self.duration
+            );
         }
-        if self.workers.is_none() && !(self.rate.is_finite() && self.rate > 0.0 && self.rate <= 20_000.0) {
+        if self.workers.is_none()
+            && !(self.rate.is_finite() && self.rate > 0.0 && self.rate <= 20_000.0)
+        {
             bail!("rate must be in (0, 20000]");
         }
         if self.route_timeout.is_zero() {
@@ -265,7 +334,11 @@ impl Scenario {
     /// The first backend with a schedule, from its first phase's start to its last one's end:
     /// the slowdown to watch.
     pub fn slowdown(&self) -> Option<Slowdown> {
-        slowdown_of(self.backends.iter().map(|b| (b.name.as_str(), b.schedule.as_slice())))
+        slowdown_of(
+            self.backends
+                .iter()
+                .map(|b| (b.name.as_str(), b.schedule.as_slice())),
+        )
     }
 }
 
@@ -301,9 +374,19 @@ phases = ["5-35@uniform:300-600"]
         assert_eq!(s.policies, Policy::defaults());
         assert_eq!(s.rounds, DEFAULT_ROUNDS);
         assert_eq!(s.concurrency, 2);
-        assert_eq!(s.plugin_config, serde_json::json!({"refresh_interval_ms": 500, "weights": {"exponent": 3.0}}));
+        assert_eq!(
+            s.plugin_config,
+            serde_json::json!({"refresh_interval_ms": 500, "weights": {"exponent": 3.0}})
+        );
         assert_eq!(s.backends[1].capacity, Some(4));
-        assert_eq!(s.slowdown(), Some(Slowdown { host: "b".into(), from_s: 5.0, to_s: 35.0 }));
+        assert_eq!(
+            s.slowdown(),
+            Some(Slowdown {
+                host: "b".into(),
+                from_s: 5.0,
+                to_s: 35.0
+            })
+        );
         assert_eq!(s.order(1).first().map(Policy::name), Some("ewma_lowest"));
     }
 

@@ -36,8 +36,10 @@ pub const SCENARIOS: [&str; 3] = ["seed-table", "slowdown", "capacity"];
 pub fn rewrite(files: &[PathBuf], out: &Path) -> Result<usize> {
     let mut n = 0;
     for file in files {
-        let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
-        let (new, count) = rewrite_text(&text, |kind, name| render(kind, name, out)).with_context(|| file.display().to_string())?;
+        let text =
+            std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+        let (new, count) = rewrite_text(&text, |kind, name| render(kind, name, out))
+            .with_context(|| file.display().to_string())?;
         if new != text {
             std::fs::write(file, new).with_context(|| format!("writing {}", file.display()))?;
         }
@@ -60,19 +62,28 @@ fn next_marker(text: &str, at_line_start: bool) -> Option<usize> {
 }
 
 /// `text` with each marked section replaced by `render(kind, name)`. Markers start a line.
-pub fn rewrite_text(text: &str, render: impl Fn(&str, &str) -> Result<String>) -> Result<(String, usize)> {
+pub fn rewrite_text(
+    text: &str,
+    render: impl Fn(&str, &str) -> Result<String>,
+) -> Result<(String, usize)> {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     let mut n = 0;
     while let Some(i) = next_marker(rest, out.is_empty() || out.ends_with('\n')) {
         let (before, at) = rest.split_at(i);
         out.push_str(before);
-        let close = at.find("-->").context("a bench marker is not closed with -->")?;
+        let close = at
+            .find("-->")
+            .context("a bench marker is not closed with -->")?;
         let marker = &at[..close + 3];
         let spec = at[START.len()..close].trim();
-        let (kind, name) = spec.split_once(' ').map_or((spec, ""), |(k, n)| (k, n.trim()));
+        let (kind, name) = spec
+            .split_once(' ')
+            .map_or((spec, ""), |(k, n)| (k, n.trim()));
         let after = &at[close + 3..];
-        let end = after.find(END).with_context(|| format!("{marker} has no {END}"))?;
+        let end = after
+            .find(END)
+            .with_context(|| format!("{marker} has no {END}"))?;
         let body = render(kind, name).with_context(|| format!("section {marker}"))?;
         out.push_str(marker);
         out.push('\n');
@@ -87,12 +98,16 @@ pub fn rewrite_text(text: &str, render: impl Fn(&str, &str) -> Result<String>) -
 }
 
 fn read<T: DeserializeOwned>(file: &Path, how: &str) -> Result<T> {
-    let text = std::fs::read_to_string(file).with_context(|| format!("reading {} (make it with: {how})", file.display()))?;
+    let text = std::fs::read_to_string(file)
+        .with_context(|| format!("reading {} (make it with: {how})", file.display()))?;
     serde_json::from_str(&text).with_context(|| format!("parsing {}", file.display()))
 }
 
 fn compare_report(out: &Path, name: &str) -> Result<Report> {
-    read(&out.join(name).join("results.json"), &format!("cargo run --release -p ewma-bench -- compare bench/scenarios/{name}.toml"))
+    read(
+        &out.join(name).join("results.json"),
+        &format!("cargo run --release -p ewma-bench -- compare bench/scenarios/{name}.toml"),
+    )
 }
 
 /// The scenario file of a `sim` section and its results' directory name: a suite scenario
@@ -109,11 +124,17 @@ fn sim_file(name: &str) -> (String, String) {
 
 fn sim_report(out: &Path, name: &str) -> Result<SimReport> {
     let (file, dir) = sim_file(name);
-    read(&out.join(dir).join("results.json"), &format!("cargo run --release -p ewma-bench -- simulate {file}"))
+    read(
+        &out.join(dir).join("results.json"),
+        &format!("cargo run --release -p ewma-bench -- simulate {file}"),
+    )
 }
 
 fn overhead_report(out: &Path) -> Result<OverheadReport> {
-    read(&out.join("overhead/results.json"), "cargo run --release -p ewma-bench -- overhead")
+    read(
+        &out.join("overhead/results.json"),
+        "cargo run --release -p ewma-bench -- overhead",
+    )
 }
 
 /// One section's text.
@@ -149,15 +170,38 @@ pub fn render(kind: &str, name: &str, out: &Path) -> Result<String> {
             let r = sim_report(out, name)?;
             let mut md = format!("{}\n\n", sim::load_line(&r));
             if !r.hosts.is_empty() {
-                let _ = writeln!(md, "{}", crate::sim::report::bench_table(&r.hosts, &r.results));
+                let _ = writeln!(
+                    md,
+                    "{}",
+                    crate::sim::report::bench_table(&r.hosts, &r.results)
+                );
             }
             let _ = writeln!(md, "{}", crate::sim::report::fleet_table(&r.results));
             if r.hosts.is_empty() {
-                let _ = writeln!(md, "Traffic per host group:\n\n{}", crate::sim::report::group_table(&r.groups, &r.results));
+                let _ = writeln!(
+                    md,
+                    "Traffic per host group:\n\n{}",
+                    crate::sim::report::group_table(&r.groups, &r.results)
+                );
             }
-            let wall: Vec<String> = r.results.iter().map(|x| format!("{} {:.0} s", x.policy, x.fleet.iter().map(|f| f.wall_s).sum::<f64>())).collect();
+            let wall: Vec<String> = r
+                .results
+                .iter()
+                .map(|x| {
+                    format!(
+                        "{} {:.0} s",
+                        x.policy,
+                        x.fleet.iter().map(|f| f.wall_s).sum::<f64>()
+                    )
+                })
+                .collect();
             let _ = writeln!(md, "CPU time per policy: {}.", wall.join(", "));
-            let _ = writeln!(md, "\nReproduce: `{}` (bench/out/{}/).", sim_command(name, &r), sim_file(name).1);
+            let _ = writeln!(
+                md,
+                "\nReproduce: `{}` (bench/out/{}/).",
+                sim_command(name, &r),
+                sim_file(name).1
+            );
             md
         }
         "scale" => {
@@ -172,17 +216,35 @@ pub fn render(kind: &str, name: &str, out: &Path) -> Result<String> {
         }
         "crosscheck" => crosscheck(out)?,
         "headline" => headline(out)?,
-        other => bail!("unknown kind {other:?} (compare, overhead, micro, sim, scale, crosscheck, headline)"),
+        other => bail!(
+            "unknown kind {other:?} (compare, overhead, micro, sim, scale, crosscheck, headline)"
+        ),
     })
 }
 
 fn sim_command(name: &str, r: &SimReport) -> String {
-    let seeds: Vec<String> = r.settings["seeds"].as_array().map(|a| a.iter().map(|v| v.to_string()).collect()).unwrap_or_default();
-    format!("cargo run --release -p ewma-bench -- simulate {} --seeds {}", sim_file(name).0, seeds.join(","))
+    let seeds: Vec<String> = r.settings["seeds"]
+        .as_array()
+        .map(|a| a.iter().map(|v| v.to_string()).collect())
+        .unwrap_or_default();
+    format!(
+        "cargo run --release -p ewma-bench -- simulate {} --seeds {}",
+        sim_file(name).0,
+        seeds.join(",")
+    )
 }
 
 fn figures_ratios(results: &[PolicyFigures]) -> String {
-    crate::figures::ratio_lines(results, "ewma_lb", &["ewma_lb_previous", "least_request", "round_robin", "ewma_lowest"])
+    crate::figures::ratio_lines(
+        results,
+        "ewma_lb",
+        &[
+            "ewma_lb_previous",
+            "least_request",
+            "round_robin",
+            "ewma_lowest",
+        ],
+    )
 }
 
 /// Real Envoy against simulation on the suite's scenarios: p99 per policy and the order of the
@@ -199,7 +261,9 @@ fn crosscheck(out: &Path) -> Result<String> {
         let flap = |f: &PolicyFigures| f.median(|r| Some(r.flap_pp)).unwrap_or(f64::NAN);
         let mut both = Vec::new();
         for r in &real.results {
-            let Some(s) = simulated.results.iter().find(|s| s.policy == r.policy) else { continue };
+            let Some(s) = simulated.results.iter().find(|s| s.policy == r.policy) else {
+                continue;
+            };
             let (a, b) = (p99(r), p99(&s.figures));
             worst = worst.max((b / a).ln().abs());
             let _ = writeln!(
@@ -231,7 +295,11 @@ fn crosscheck(out: &Path) -> Result<String> {
         }
         orders.push(format!(
             "- {name}: {same} of {pairs} pairs of policies in the same order{}",
-            if differ.is_empty() { String::new() } else { format!(" (not: {})", differ.join(", ")) }
+            if differ.is_empty() {
+                String::new()
+            } else {
+                format!(" (not: {})", differ.join(", "))
+            }
         ));
     }
     let _ = writeln!(
@@ -258,7 +326,10 @@ fn verdict(met: bool) -> &'static str {
 }
 
 fn median(r: &Report, policy: &str, f: impl Fn(&RoundFigures) -> Option<f64>) -> Option<f64> {
-    r.results.iter().find(|p| p.policy == policy).and_then(|p| p.median(f))
+    r.results
+        .iter()
+        .find(|p| p.policy == policy)
+        .and_then(|p| p.median(f))
 }
 
 /// The equal hosts' flapping while the slowdown is settled (from 3 s after it starts to its end),
@@ -266,8 +337,13 @@ fn median(r: &Report, policy: &str, f: impl Fn(&RoundFigures) -> Option<f64>) ->
 /// index also counts the (correct) reallocation when the slow host leaves and comes back.
 fn settled_steady_flap(out: &Path, scenario: &str, policy: &str) -> Result<Option<f64>> {
     let file = out.join(scenario).join("results.json");
-    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&file).with_context(|| file.display().to_string())?)?;
-    let backends = json["settings"]["backends"].as_array().cloned().unwrap_or_default();
+    let json: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(&file).with_context(|| file.display().to_string())?,
+    )?;
+    let backends = json["settings"]["backends"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     let mut steady = Vec::new();
     let mut window = None;
     for b in &backends {
@@ -276,7 +352,13 @@ fn settled_steady_flap(out: &Path, scenario: &str, policy: &str) -> Result<Optio
             .as_array()
             .map(|p| {
                 p.iter()
-                    .filter_map(|x| x.as_str()?.split('@').next()?.split_once('-').map(|(a, b)| (a.parse().ok(), b.parse().ok())))
+                    .filter_map(|x| {
+                        x.as_str()?
+                            .split('@')
+                            .next()?
+                            .split_once('-')
+                            .map(|(a, b)| (a.parse().ok(), b.parse().ok()))
+                    })
                     .filter_map(|(a, b)| Some((a?, b?)))
                     .collect()
             })
@@ -286,9 +368,16 @@ fn settled_steady_flap(out: &Path, scenario: &str, policy: &str) -> Result<Optio
             None => steady.push(name),
         }
     }
-    let Some((from, to)) = window else { return Ok(None) };
+    let Some((from, to)) = window else {
+        return Ok(None);
+    };
     let mut values = Vec::new();
-    for run in json["runs"].as_array().into_iter().flatten().filter(|r| r["policy"] == policy) {
+    for run in json["runs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|r| r["policy"] == policy)
+    {
         let seconds: Vec<harness::summary::SecondShares> = run["seconds"]
             .as_array()
             .into_iter()
@@ -297,7 +386,14 @@ fn settled_steady_flap(out: &Path, scenario: &str, policy: &str) -> Result<Optio
             .map(|s| harness::summary::SecondShares {
                 second: s["second"].as_u64().unwrap_or(0),
                 count: s["count"].as_u64().unwrap_or(0),
-                shares: s["shares"].as_object().map(|m| m.iter().map(|(k, v)| (k.clone(), v.as_f64().unwrap_or(0.0))).collect()).unwrap_or_default(),
+                shares: s["shares"]
+                    .as_object()
+                    .map(|m| {
+                        m.iter()
+                            .map(|(k, v)| (k.clone(), v.as_f64().unwrap_or(0.0)))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
             })
             .collect();
         values.push(crate::metrics::flapping(&seconds, 0, &steady).index_pp);
@@ -340,9 +436,21 @@ fn headline(out: &Path) -> Result<String> {
     let steady = |p: &str| median(&r, p, |x| x.steady_flap_pp);
     let p99 = |p: &str| median(&r, p, |x| Some(x.p99_ms));
     let settled = |p: &str| settled_steady_flap(out, "slowdown", p).ok().flatten();
-    let recoveries = r.results.iter().find(|p| p.policy == "ewma_lb").and_then(PolicyFigures::recoveries).unwrap_or_default();
-    let recovery_median = r.results.iter().find(|p| p.policy == "ewma_lb").and_then(PolicyFigures::recovery_median);
-    let recovered = recovery_median.as_deref().and_then(|m| m.parse::<f64>().ok()).is_some_and(|s| s <= 10.0);
+    let recoveries = r
+        .results
+        .iter()
+        .find(|p| p.policy == "ewma_lb")
+        .and_then(PolicyFigures::recoveries)
+        .unwrap_or_default();
+    let recovery_median = r
+        .results
+        .iter()
+        .find(|p| p.policy == "ewma_lb")
+        .and_then(PolicyFigures::recovery_median);
+    let recovered = recovery_median
+        .as_deref()
+        .and_then(|m| m.parse::<f64>().ok())
+        .is_some_and(|s| s <= 10.0);
     let _ = writeln!(
         md,
         "| `slowdown` (one of four hosts at 300-600 ms for 30 s) | p99 {} ms; equal hosts' flap {} pp ({} while the slowdown is settled); back to fair (s, each round): {} | p99 {}; flap {} ({}) | p99 {}; flap {} ({}) | equal hosts' flap <= least_request's: {} (settled: {}); p99 <= previous: {}; p99 <= 0.5 x least_request: {}; back to fair <= 10 s (median): {} |",
@@ -413,8 +521,14 @@ mod tests {
         assert_eq!(new, "intro\n<!-- bench:compare x -->\ncompare/x\n<!-- /bench -->\nmiddle\n<!-- bench:overhead -->\noverhead/\n<!-- /bench -->\nend\n");
         let (again, _) = rewrite_text(&new, |kind, name| Ok(format!("{kind}/{name}"))).unwrap();
         assert_eq!(again, new, "rewriting is idempotent");
-        assert!(rewrite_text("<!-- bench:compare x -->\nno end", |_, _| Ok(String::new())).is_err());
+        assert!(
+            rewrite_text("<!-- bench:compare x -->\nno end", |_, _| Ok(String::new())).is_err()
+        );
         let quoted = "a line `<!-- bench:KIND NAME -->` in prose\n";
-        assert_eq!(rewrite_text(quoted, |_, _| Ok("x".into())).unwrap(), (quoted.to_string(), 0), "not a marker");
+        assert_eq!(
+            rewrite_text(quoted, |_, _| Ok("x".into())).unwrap(),
+            (quoted.to_string(), 0),
+            "not a marker"
+        );
     }
 }

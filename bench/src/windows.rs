@@ -36,9 +36,18 @@ pub struct Window {
 impl Window {
     pub fn parse(file: &FileWindow) -> Result<Window> {
         let secs = |s: &str| parse_duration(s).map(|d| d.as_secs_f64());
-        let w = Window { name: file.name.clone(), from_s: secs(&file.from)?, to_s: secs(&file.to)? };
+        let w = Window {
+            name: file.name.clone(),
+            from_s: secs(&file.from)?,
+            to_s: secs(&file.to)?,
+        };
         if w.from_s >= w.to_s {
-            bail!("window {:?}: from ({} s) must come before to ({} s)", w.name, w.from_s, w.to_s);
+            bail!(
+                "window {:?}: from ({} s) must come before to ({} s)",
+                w.name,
+                w.from_s,
+                w.to_s
+            );
         }
         Ok(w)
     }
@@ -68,12 +77,25 @@ pub struct WindowFigures {
 
 /// The figures of each window, from one run's records (whose `backend` is the backend's name,
 /// `names` in the scenario's order).
-pub fn figures(windows: &[Window], membership: &Membership, names: &[String], records: &[Record]) -> Vec<WindowFigures> {
-    let index: BTreeMap<&str, usize> = names.iter().enumerate().map(|(i, n)| (n.as_str(), i)).collect();
+pub fn figures(
+    windows: &[Window],
+    membership: &Membership,
+    names: &[String],
+    records: &[Record],
+) -> Vec<WindowFigures> {
+    let index: BTreeMap<&str, usize> = names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| (n.as_str(), i))
+        .collect();
     windows
         .iter()
         .map(|w| {
-            let inside: Vec<Record> = records.iter().filter(|r| !r.dropped && w.contains(r)).cloned().collect();
+            let inside: Vec<Record> = records
+                .iter()
+                .filter(|r| !r.dropped && w.contains(r))
+                .cloned()
+                .collect();
             let summary = Summary::of(&inside);
             // Each request is a fair share 1/n of the endpoints in the cluster when it was sent.
             let mut fair = vec![0.0; names.len()];
@@ -88,16 +110,26 @@ pub fn figures(windows: &[Window], membership: &Membership, names: &[String], re
                 }
             }
             let newcomers: Vec<usize> = (0..names.len())
-                .filter(|i| membership.endpoints[*i].join_s > 0.0 && (w.from_s..w.to_s).contains(&membership.endpoints[*i].join_s))
+                .filter(|i| {
+                    membership.endpoints[*i].join_s > 0.0
+                        && (w.from_s..w.to_s).contains(&membership.endpoints[*i].join_s)
+                })
                 .collect();
             let steady: Vec<f64> = (0..names.len())
-                .filter(|i| membership.endpoints[*i].member_throughout(w.from_s, w.to_s) && !newcomers.contains(i) && fair[*i] > 0.0)
+                .filter(|i| {
+                    membership.endpoints[*i].member_throughout(w.from_s, w.to_s)
+                        && !newcomers.contains(i)
+                        && fair[*i] > 0.0
+                })
                 .map(|i| served[i] as f64 / fair[i])
                 .collect();
             let new_fair: f64 = newcomers.iter().map(|i| fair[*i]).sum();
             let new_served: u64 = newcomers.iter().map(|i| served[*i]).sum();
             let local = membership.local_zone.as_deref().map(|zone| {
-                let local: u64 = (0..names.len()).filter(|i| membership.endpoints[*i].zone.as_deref() == Some(zone)).map(|i| served[i]).sum();
+                let local: u64 = (0..names.len())
+                    .filter(|i| membership.endpoints[*i].zone.as_deref() == Some(zone))
+                    .map(|i| served[i])
+                    .sum();
                 local as f64 / summary.count.max(1) as f64
             });
             WindowFigures {
@@ -116,10 +148,20 @@ pub fn figures(windows: &[Window], membership: &Membership, names: &[String], re
 
 /// The median of each figure over a policy's rounds, window by window.
 pub fn median_over_rounds(rounds: &[&[WindowFigures]]) -> Vec<WindowFigures> {
-    let Some(first) = rounds.first() else { return Vec::new() };
+    let Some(first) = rounds.first() else {
+        return Vec::new();
+    };
     (0..first.len())
         .map(|w| {
-            let of = |f: &dyn Fn(&WindowFigures) -> Option<f64>| median(rounds.iter().filter_map(|r| r.get(w)).filter_map(f).collect());
+            let of = |f: &dyn Fn(&WindowFigures) -> Option<f64>| {
+                median(
+                    rounds
+                        .iter()
+                        .filter_map(|r| r.get(w))
+                        .filter_map(f)
+                        .collect(),
+                )
+            };
             WindowFigures {
                 window: first[w].window.clone(),
                 requests: of(&|x| Some(x.requests as f64)).unwrap_or(0.0).round() as u64,
@@ -153,7 +195,11 @@ pub fn markdown(per_policy: &[(String, Vec<WindowFigures>)]) -> String {
     let local = all().any(|f| f.local_share.is_some());
     let mut t = String::from("| policy | window | requests | errors % | p99 ms |");
     let mut cols = 5;
-    for (on, title) in [(spread, " endpoint share min-max (x fair) |"), (newcomers, " newcomers % of fair |"), (local, " local zone % |")] {
+    for (on, title) in [
+        (spread, " endpoint share min-max (x fair) |"),
+        (newcomers, " newcomers % of fair |"),
+        (local, " local zone % |"),
+    ] {
         if on {
             t.push_str(title);
             cols += 1;
@@ -166,8 +212,16 @@ pub fn markdown(per_policy: &[(String, Vec<WindowFigures>)]) -> String {
     for (policy, rows) in per_policy {
         // A window past the end of a shortened (--smoke) run has nothing to say.
         for f in rows.iter().filter(|f| f.requests > 0) {
-            let errors = if f.requests > 0 { 100.0 * f.errors as f64 / f.requests as f64 } else { 0.0 };
-            let _ = write!(t, "| {policy} | {} | {} | {errors:.2} | {:.1} |", f.window, f.requests, f.p99_ms);
+            let errors = if f.requests > 0 {
+                100.0 * f.errors as f64 / f.requests as f64
+            } else {
+                0.0
+            };
+            let _ = write!(
+                t,
+                "| {policy} | {} | {} | {errors:.2} | {:.1} |",
+                f.window, f.requests, f.p99_ms
+            );
             if spread {
                 match (f.endpoint_min_of_fair, f.endpoint_max_of_fair) {
                     (Some(lo), Some(hi)) => {
@@ -196,7 +250,14 @@ mod tests {
     use crate::membership::EndpointPlan;
 
     fn record(sent_s: f64, backend: &str) -> Record {
-        Record { sent_at: Duration::from_secs_f64(sent_s), latency: Duration::from_millis(10), status: 200, grpc_status: None, backend: Some(backend.into()), dropped: false }
+        Record {
+            sent_at: Duration::from_secs_f64(sent_s),
+            latency: Duration::from_millis(10),
+            status: 200,
+            grpc_status: None,
+            backend: Some(backend.into()),
+            dropped: false,
+        }
     }
 
     #[test]
@@ -207,7 +268,11 @@ mod tests {
             endpoints: vec![
                 EndpointPlan::default(),
                 EndpointPlan::default(),
-                EndpointPlan { zone: Some("z".into()), join_s: 10.0, leave_s: None },
+                EndpointPlan {
+                    zone: Some("z".into()),
+                    join_s: 10.0,
+                    leave_s: None,
+                },
             ],
         };
         let names: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
@@ -221,19 +286,37 @@ mod tests {
             records.push(record(t, ["a", "b", "a", "b", "a", "c"][k % 6]));
         }
         let windows = [
-            Window { name: "before".into(), from_s: 0.0, to_s: 10.0 },
-            Window { name: "after".into(), from_s: 10.0, to_s: 20.0 },
+            Window {
+                name: "before".into(),
+                from_s: 0.0,
+                to_s: 10.0,
+            },
+            Window {
+                name: "after".into(),
+                from_s: 10.0,
+                to_s: 20.0,
+            },
         ];
         let f = figures(&windows, &membership, &names, &records);
         assert_eq!(f[0].requests, 100);
-        assert_eq!((f[0].endpoint_min_of_fair, f[0].endpoint_max_of_fair), (Some(1.0), Some(1.0)));
+        assert_eq!(
+            (f[0].endpoint_min_of_fair, f[0].endpoint_max_of_fair),
+            (Some(1.0), Some(1.0))
+        );
         assert_eq!(f[0].newcomers_of_fair, None);
         assert_eq!(f[0].local_share, Some(0.0));
         // c's fair share after 10 s is a third; it got a sixth: half of fair.
-        assert!((f[1].newcomers_of_fair.unwrap() - 0.5).abs() < 1e-9, "{:?}", f[1]);
+        assert!(
+            (f[1].newcomers_of_fair.unwrap() - 0.5).abs() < 1e-9,
+            "{:?}",
+            f[1]
+        );
         assert!((f[1].local_share.unwrap() - 1.0 / 6.0).abs() < 1e-9);
         // a got half of the window (fair a third): 1.5; b a third: 1.0.
-        assert!((f[1].endpoint_max_of_fair.unwrap() - 1.5).abs() < 1e-9 && (f[1].endpoint_min_of_fair.unwrap() - 1.0).abs() < 1e-9);
+        assert!(
+            (f[1].endpoint_max_of_fair.unwrap() - 1.5).abs() < 1e-9
+                && (f[1].endpoint_min_of_fair.unwrap() - 1.0).abs() < 1e-9
+        );
         let table = markdown(&[("ewma_lb".into(), median_over_rounds(&[&f, &f, &f]))]);
         assert!(table.contains("| ewma_lb | after | 90 | 0.00 |"), "{table}");
         assert!(table.contains("1.00-1.50 | 50.0 | 16.7 |"), "{table}");
@@ -241,7 +324,13 @@ mod tests {
 
     #[test]
     fn windows_must_be_in_order() {
-        let w = |from: &str, to: &str| Window::parse(&FileWindow { name: "w".into(), from: from.into(), to: to.into() });
+        let w = |from: &str, to: &str| {
+            Window::parse(&FileWindow {
+                name: "w".into(),
+                from: from.into(),
+                to: to.into(),
+            })
+        };
         assert_eq!(w("1s", "6s").unwrap().to_s, 6.0);
         assert!(w("6s", "1s").is_err());
     }

@@ -16,7 +16,8 @@ use anyhow::{Context, Result};
 use serde_json::{json, Value};
 
 /// `type.googleapis.com/...` of the resource in the file.
-const LOAD_ASSIGNMENT_TYPE: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+const LOAD_ASSIGNMENT_TYPE: &str =
+    "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
 
 /// One endpoint of a cluster: its address and, optionally, its zone (`locality.zone`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -27,7 +28,10 @@ pub struct Endpoint {
 
 impl Endpoint {
     pub fn new(addr: SocketAddr, zone: Option<&str>) -> Endpoint {
-        Endpoint { addr, zone: zone.map(str::to_string) }
+        Endpoint {
+            addr,
+            zone: zone.map(str::to_string),
+        }
     }
 }
 
@@ -73,9 +77,19 @@ impl EdsFile {
     /// file when it starts: the cluster waits for its first load assignment).
     pub fn create(cluster: &str, endpoints: Vec<Endpoint>) -> Result<EdsFile> {
         static N: AtomicU64 = AtomicU64::new(0);
-        let base = std::env::temp_dir().join(format!("ewma-eds-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
-        fs::create_dir_all(base.join("watched")).with_context(|| format!("creating {}", base.display()))?;
-        let mut file = EdsFile { base, cluster: cluster.to_string(), endpoints: Vec::new(), versions: 0 };
+        let base = std::env::temp_dir().join(format!(
+            "ewma-eds-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        fs::create_dir_all(base.join("watched"))
+            .with_context(|| format!("creating {}", base.display()))?;
+        let mut file = EdsFile {
+            base,
+            cluster: cluster.to_string(),
+            endpoints: Vec::new(),
+            versions: 0,
+        };
         file.set(endpoints)?;
         Ok(file)
     }
@@ -105,9 +119,13 @@ impl EdsFile {
         let mut resource = load_assignment(&self.cluster, &endpoints);
         resource["@type"] = json!(LOAD_ASSIGNMENT_TYPE);
         let body = json!({ "version_info": self.versions.to_string(), "resources": [resource] });
-        let next = self.base.join(format!("{}.{}.json", self.cluster, self.versions));
-        fs::write(&next, serde_json::to_vec_pretty(&body)?).with_context(|| format!("writing {}", next.display()))?;
-        fs::rename(&next, self.path()).with_context(|| format!("moving {} to {}", next.display(), self.path().display()))?;
+        let next = self
+            .base
+            .join(format!("{}.{}.json", self.cluster, self.versions));
+        fs::write(&next, serde_json::to_vec_pretty(&body)?)
+            .with_context(|| format!("writing {}", next.display()))?;
+        fs::rename(&next, self.path())
+            .with_context(|| format!("moving {} to {}", next.display(), self.path().display()))?;
         self.endpoints = endpoints;
         Ok(())
     }
@@ -121,7 +139,12 @@ impl EdsFile {
 
     /// Removes the endpoints at these addresses (a scale-in, pods gone).
     pub fn remove(&mut self, addrs: &[SocketAddr]) -> Result<()> {
-        let left = self.endpoints.iter().filter(|e| !addrs.contains(&e.addr)).cloned().collect();
+        let left = self
+            .endpoints
+            .iter()
+            .filter(|e| !addrs.contains(&e.addr))
+            .cloned()
+            .collect();
         self.set(left)
     }
 
@@ -143,13 +166,26 @@ mod tests {
 
     #[test]
     fn one_locality_group_per_zone() {
-        let e = |port: u16, zone: Option<&str>| Endpoint::new(SocketAddr::from(([127, 0, 0, 1], port)), zone);
-        let cla = load_assignment("backend", &[e(1, Some("a")), e(2, Some("b")), e(3, Some("a")), e(4, None)]);
+        let e = |port: u16, zone: Option<&str>| {
+            Endpoint::new(SocketAddr::from(([127, 0, 0, 1], port)), zone)
+        };
+        let cla = load_assignment(
+            "backend",
+            &[
+                e(1, Some("a")),
+                e(2, Some("b")),
+                e(3, Some("a")),
+                e(4, None),
+            ],
+        );
         let groups = cla["endpoints"].as_array().unwrap();
         assert_eq!(groups.len(), 3);
         assert_eq!(groups[0]["locality"]["zone"], "a");
         assert_eq!(groups[0]["lb_endpoints"].as_array().unwrap().len(), 2);
-        assert_eq!(groups[1]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]["port_value"], 2);
+        assert_eq!(
+            groups[1]["lb_endpoints"][0]["endpoint"]["address"]["socket_address"]["port_value"],
+            2
+        );
         assert!(groups[2].get("locality").is_none());
     }
 
@@ -162,7 +198,13 @@ mod tests {
         let v: Value = serde_json::from_slice(&fs::read(f.path()).unwrap()).unwrap();
         assert_eq!(v["version_info"], "3");
         assert_eq!(v["resources"][0]["@type"], LOAD_ASSIGNMENT_TYPE);
-        assert_eq!(v["resources"][0]["endpoints"][0]["lb_endpoints"].as_array().unwrap().len(), 2);
+        assert_eq!(
+            v["resources"][0]["endpoints"][0]["lb_endpoints"]
+                .as_array()
+                .unwrap()
+                .len(),
+            2
+        );
         // Only the current version is left behind: every other was renamed into place.
         assert_eq!(fs::read_dir(f.base()).unwrap().count(), 1, "just watched/");
         let base = f.base().to_path_buf();

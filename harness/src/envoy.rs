@@ -80,7 +80,9 @@ pub fn envoy_binary() -> Option<PathBuf> {
         return Some(shim);
     }
     std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths).map(|d| d.join("envoy")).find(|p| p.is_file())
+        std::env::split_paths(&paths)
+            .map(|d| d.join("envoy"))
+            .find(|p| p.is_file())
     })
 }
 
@@ -130,12 +132,16 @@ fn tail(text: &str, lines: usize) -> String {
 }
 
 fn read_lossy(p: &Path) -> String {
-    fs::read(p).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default()
+    fs::read(p)
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default()
 }
 
 fn exit_code(status: ExitStatus) -> i32 {
     use std::os::unix::process::ExitStatusExt;
-    status.code().unwrap_or_else(|| -status.signal().unwrap_or(0))
+    status
+        .code()
+        .unwrap_or_else(|| -status.signal().unwrap_or(0))
 }
 
 fn spawn(bin: &Path, dir: &Path, opts: &EnvoyOptions, mode_args: &[&str]) -> Result<Child> {
@@ -161,7 +167,8 @@ fn spawn(bin: &Path, dir: &Path, opts: &EnvoyOptions, mode_args: &[&str]) -> Res
     if opts.kill_with_parent {
         set_parent_death_signal(&mut cmd);
     }
-    cmd.spawn().with_context(|| format!("starting {}", bin.display()))
+    cmd.spawn()
+        .with_context(|| format!("starting {}", bin.display()))
 }
 
 #[cfg(target_os = "linux")]
@@ -170,7 +177,14 @@ fn set_parent_death_signal(cmd: &mut Command) {
     // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
     unsafe {
         cmd.pre_exec(|| {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) != 0
+            {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
@@ -223,7 +237,11 @@ impl Envoy {
         fs::write(dir.join("envoy.yaml"), &opts.config_yaml)?;
         let mut child = spawn(&bin, &dir, &opts, &[])?;
         let status = wait_exit(&mut child, READY_TIMEOUT)?;
-        let log = format!("{}{}", read_lossy(&dir.join("envoy.log")), read_lossy(&dir.join("stderr.txt")));
+        let log = format!(
+            "{}{}",
+            read_lossy(&dir.join("envoy.log")),
+            read_lossy(&dir.join("stderr.txt"))
+        );
         match status {
             Some(s) => {
                 let _ = fs::remove_dir_all(&dir);
@@ -232,7 +250,10 @@ impl Envoy {
             None => {
                 let _ = child.kill();
                 let _ = child.wait();
-                bail!("envoy was expected to refuse its config but kept running; log tail:\n{}", tail(&log, LOG_TAIL_LINES))
+                bail!(
+                    "envoy was expected to refuse its config but kept running; log tail:\n{}",
+                    tail(&log, LOG_TAIL_LINES)
+                )
             }
         }
     }
@@ -242,7 +263,10 @@ impl Envoy {
         let bin = require_binary()?;
         let dir = fresh_dir()?;
         fs::write(dir.join("envoy.yaml"), config_yaml)?;
-        let opts = EnvoyOptions { kill_with_parent: true, ..EnvoyOptions::new("") };
+        let opts = EnvoyOptions {
+            kill_with_parent: true,
+            ..EnvoyOptions::new("")
+        };
         let mut child = spawn(&bin, &dir, &opts, &["--mode", "validate"])?;
         let status = wait_exit(&mut child, Duration::from_secs(60))?;
         let output = format!(
@@ -254,7 +278,11 @@ impl Envoy {
         let _ = fs::remove_dir_all(&dir);
         match status {
             Some(s) if s.success() => Ok(()),
-            Some(s) => bail!("envoy rejected the config (exit {}):\n{}", exit_code(s), tail(&output, LOG_TAIL_LINES)),
+            Some(s) => bail!(
+                "envoy rejected the config (exit {}):\n{}",
+                exit_code(s),
+                tail(&output, LOG_TAIL_LINES)
+            ),
             None => {
                 let _ = child.kill();
                 let _ = child.wait();
@@ -302,7 +330,11 @@ impl Envoy {
         let url = format!("http://{}{}", self.admin, path);
         let r = http::request(method, &url, &[], "", ADMIN_TIMEOUT)?;
         if !(200..300).contains(&r.status) {
-            bail!("admin {method} {path}: status {}: {}", r.status, r.body.trim());
+            bail!(
+                "admin {method} {path}: status {}: {}",
+                r.status,
+                r.body.trim()
+            );
         }
         Ok(r.body)
     }
@@ -310,10 +342,19 @@ impl Envoy {
     /// All counters and gauges by name.
     pub fn stats(&self) -> Result<BTreeMap<String, u64>> {
         let body = self.admin_get("/stats?format=json")?;
-        let v: serde_json::Value = serde_json::from_str(&body).context("parsing /stats?format=json")?;
+        let v: serde_json::Value =
+            serde_json::from_str(&body).context("parsing /stats?format=json")?;
         let mut out = BTreeMap::new();
-        for s in v.get("stats").and_then(|s| s.as_array()).into_iter().flatten() {
-            if let (Some(name), Some(value)) = (s.get("name").and_then(|n| n.as_str()), s.get("value").and_then(|v| v.as_u64())) {
+        for s in v
+            .get("stats")
+            .and_then(|s| s.as_array())
+            .into_iter()
+            .flatten()
+        {
+            if let (Some(name), Some(value)) = (
+                s.get("name").and_then(|n| n.as_str()),
+                s.get("value").and_then(|v| v.as_u64()),
+            ) {
                 out.insert(name.to_string(), value);
             }
         }
@@ -329,7 +370,8 @@ impl Envoy {
     /// really changed.
     pub fn cluster_hosts(&self, cluster: &str) -> Result<Vec<SocketAddr>> {
         let body = self.admin_get("/clusters?format=json")?;
-        let v: serde_json::Value = serde_json::from_str(&body).context("parsing /clusters?format=json")?;
+        let v: serde_json::Value =
+            serde_json::from_str(&body).context("parsing /clusters?format=json")?;
         let status = v["cluster_statuses"]
             .as_array()
             .into_iter()
@@ -339,11 +381,18 @@ impl Envoy {
         let mut hosts = Vec::new();
         for h in status["host_statuses"].as_array().into_iter().flatten() {
             let s = &h["address"]["socket_address"];
-            let addr = s["address"].as_str().zip(s["port_value"].as_u64()).and_then(|(ip, port)| {
-                let ip: std::net::IpAddr = ip.parse().ok()?;
-                Some(SocketAddr::new(ip, u16::try_from(port).ok()?))
-            });
-            hosts.push(addr.with_context(|| format!("/clusters: host without an IP address and port: {h}"))?);
+            let addr = s["address"]
+                .as_str()
+                .zip(s["port_value"].as_u64())
+                .and_then(|(ip, port)| {
+                    let ip: std::net::IpAddr = ip.parse().ok()?;
+                    Some(SocketAddr::new(ip, u16::try_from(port).ok()?))
+                });
+            hosts.push(
+                addr.with_context(|| {
+                    format!("/clusters: host without an IP address and port: {h}")
+                })?,
+            );
         }
         hosts.sort();
         Ok(hosts)
@@ -375,7 +424,10 @@ fn wait_live(child: &mut Child, dir: &Path) -> Result<SocketAddr> {
     let mut outcome = None;
     poll(READY_TIMEOUT, POLL, || {
         outcome = match child.try_wait() {
-            Ok(Some(status)) => Some(Err(anyhow!("envoy exited early with code {}", exit_code(status)))),
+            Ok(Some(status)) => Some(Err(anyhow!(
+                "envoy exited early with code {}",
+                exit_code(status)
+            ))),
             Ok(None) => ready(dir, &mut last),
             Err(e) => Some(Err(e.into())),
         };
@@ -386,11 +438,23 @@ fn wait_live(child: &mut Child, dir: &Path) -> Result<SocketAddr> {
 
 /// The admin address once `/ready` answers LIVE there; `None` (and why, in `last`) until then.
 fn ready(dir: &Path, last: &mut String) -> Option<Result<SocketAddr>> {
-    let admin: SocketAddr = fs::read_to_string(dir.join("admin-address")).ok()?.trim().parse().ok()?;
+    let admin: SocketAddr = fs::read_to_string(dir.join("admin-address"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
     if !admin.ip().is_loopback() {
-        return Some(Err(anyhow!("admin listens on {admin}; it must be on 127.0.0.1")));
+        return Some(Err(anyhow!(
+            "admin listens on {admin}; it must be on 127.0.0.1"
+        )));
     }
-    match http::request("GET", &format!("http://{admin}/ready"), &[], "", Duration::from_secs(1)) {
+    match http::request(
+        "GET",
+        &format!("http://{admin}/ready"),
+        &[],
+        "",
+        Duration::from_secs(1),
+    ) {
         Ok(r) if r.status == 200 && r.body.trim() == "LIVE" => return Some(Ok(admin)),
         Ok(r) => *last = format!("/ready answered {} {:?}", r.status, r.body.trim()),
         Err(e) => *last = format!("/ready: {e:#}"),
@@ -422,7 +486,10 @@ mod tests {
 
     #[test]
     fn refuses_configs_that_bind_all_interfaces() {
-        assert!(check_loopback_only("address: { socket_address: { address: 127.0.0.1, port_value: 1 } }").is_ok());
+        assert!(check_loopback_only(
+            "address: { socket_address: { address: 127.0.0.1, port_value: 1 } }"
+        )
+        .is_ok());
         for bad in [
             "address: { socket_address: { address: 0.0.0.0, port_value: 1 } }",
             "socket_address:\n  address: \"::\"\n  port_value: 1",

@@ -97,13 +97,16 @@ pub fn channel(url: &str) -> Result<Channel> {
 }
 
 fn metadata(map: &tonic::metadata::MetadataMap, name: &str) -> Option<String> {
-    map.get(name).and_then(|v| v.to_str().ok()).map(str::to_string)
+    map.get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
 }
 
 /// `None` for a status the client made up because no answer came (connection refused, reset):
 /// those are transport errors, not answers.
 fn answered(status: &Status) -> Option<Code> {
-    let transport = std::error::Error::source(status).is_some_and(|e| e.downcast_ref::<tonic::transport::Error>().is_some());
+    let transport = std::error::Error::source(status)
+        .is_some_and(|e| e.downcast_ref::<tonic::transport::Error>().is_some());
     (!transport).then_some(status.code())
 }
 
@@ -122,12 +125,21 @@ pub async fn unary(channel: Channel, headers: &[(String, String)]) -> CallResult
     if grpc.ready().await.is_err() {
         return CallResult::unanswered();
     }
-    let request = with_headers(Request::new(WorkRequest { payload: "work".into() }), headers);
+    let request = with_headers(
+        Request::new(WorkRequest {
+            payload: "work".into(),
+        }),
+        headers,
+    );
     let path = PathAndQuery::from_static(UNARY_PATH);
-    match grpc.unary::<WorkRequest, WorkReply, _>(request, path, ProstCodec::default()).await {
+    match grpc
+        .unary::<WorkRequest, WorkReply, _>(request, path, ProstCodec::default())
+        .await
+    {
         Ok(response) => CallResult {
             code: Some(Code::Ok),
-            backend: metadata(response.metadata(), BACKEND_HEADER).or_else(|| Some(response.get_ref().backend.clone())),
+            backend: metadata(response.metadata(), BACKEND_HEADER)
+                .or_else(|| Some(response.get_ref().backend.clone())),
             seen_override: metadata(response.metadata(), SEEN_OVERRIDE_HEADER),
             replies: 1,
         },
@@ -143,7 +155,10 @@ pub async fn watch(channel: Channel, messages: u32, headers: &[(String, String)]
     }
     let request = with_headers(Request::new(WatchRequest { messages }), headers);
     let path = PathAndQuery::from_static(STREAM_PATH);
-    let response = match grpc.server_streaming::<WatchRequest, WorkReply, _>(request, path, ProstCodec::default()).await {
+    let response = match grpc
+        .server_streaming::<WatchRequest, WorkReply, _>(request, path, ProstCodec::default())
+        .await
+    {
         Ok(r) => r,
         Err(status) => return error_result(&status),
     };
@@ -154,21 +169,44 @@ pub async fn watch(channel: Channel, messages: u32, headers: &[(String, String)]
     loop {
         match stream.message().await {
             Ok(Some(_)) => replies += 1,
-            Ok(None) => return CallResult { code: Some(Code::Ok), backend, seen_override, replies },
-            Err(status) => return CallResult { replies, backend: backend.or_else(|| metadata(status.metadata(), BACKEND_HEADER)), ..error_result(&status) },
+            Ok(None) => {
+                return CallResult {
+                    code: Some(Code::Ok),
+                    backend,
+                    seen_override,
+                    replies,
+                }
+            }
+            Err(status) => {
+                return CallResult {
+                    replies,
+                    backend: backend.or_else(|| metadata(status.metadata(), BACKEND_HEADER)),
+                    ..error_result(&status)
+                }
+            }
         }
     }
 }
 
 impl CallResult {
     fn unanswered() -> CallResult {
-        CallResult { code: None, backend: None, seen_override: None, replies: 0 }
+        CallResult {
+            code: None,
+            backend: None,
+            seen_override: None,
+            replies: 0,
+        }
     }
 }
 
 fn with_headers<T>(mut request: Request<T>, headers: &[(String, String)]) -> Request<T> {
     for (name, value) in headers {
-        let (Ok(name), Ok(value)) = (name.parse::<tonic::metadata::AsciiMetadataKey>(), value.parse()) else { continue };
+        let (Ok(name), Ok(value)) = (
+            name.parse::<tonic::metadata::AsciiMetadataKey>(),
+            value.parse(),
+        ) else {
+            continue;
+        };
         request.metadata_mut().insert(name, value);
     }
     request
@@ -185,7 +223,12 @@ pub enum Call {
 /// Starts `calls` in order, `every` apart, spread over `connections` connections to `url`
 /// (multiplexed: a call does not wait for the one before), and returns their results in the
 /// same order once all have ended. Runs on a runtime of its own.
-pub fn sequence(url: &str, calls: &[Call], every: Duration, connections: usize) -> Result<Vec<CallResult>> {
+pub fn sequence(
+    url: &str,
+    calls: &[Call],
+    every: Duration,
+    connections: usize,
+) -> Result<Vec<CallResult>> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_name("grpc-calls")
@@ -196,7 +239,10 @@ pub fn sequence(url: &str, calls: &[Call], every: Duration, connections: usize) 
         let channels = channels(url, connections)?;
         let mut started = Vec::with_capacity(calls.len());
         for (i, call) in calls.iter().enumerate() {
-            let channel = channels.get(i % channels.len()).cloned().context("no channel")?;
+            let channel = channels
+                .get(i % channels.len())
+                .cloned()
+                .context("no channel")?;
             started.push(match *call {
                 Call::Unary => tokio::spawn(async move { unary(channel, &[]).await }),
                 Call::Watch(n) => tokio::spawn(async move { watch(channel, n, &[]).await }),
@@ -232,9 +278,17 @@ pub fn run(spec: &LoadSpec) -> Result<Vec<Record>> {
 }
 
 /// Async [`run`], sending each record to `observer` as it completes.
-pub async fn run_observed(spec: &LoadSpec, observer: Option<UnboundedSender<Record>>) -> Result<Vec<Record>> {
-    let uri: Uri = spec.url.parse().with_context(|| format!("url {:?}", spec.url))?;
-    let Some(authority) = uri.authority() else { bail!("{}: no host", spec.url) };
+pub async fn run_observed(
+    spec: &LoadSpec,
+    observer: Option<UnboundedSender<Record>>,
+) -> Result<Vec<Record>> {
+    let uri: Uri = spec
+        .url
+        .parse()
+        .with_context(|| format!("url {:?}", spec.url))?;
+    let Some(authority) = uri.authority() else {
+        bail!("{}: no host", spec.url)
+    };
     let channels = Arc::new(channels(&format!("http://{authority}"), LOAD_CONNECTIONS)?);
     let next = Arc::new(AtomicUsize::new(0));
     let (headers, timeout) = (Arc::new(spec.headers.clone()), spec.timeout);
@@ -243,11 +297,20 @@ pub async fn run_observed(spec: &LoadSpec, observer: Option<UnboundedSender<Reco
         let (channel, headers) = (channels.get(i).cloned(), headers.clone());
         async move {
             let sent_at = due.saturating_duration_since(start);
-            let Some(channel) = channel else { return Record::failed(sent_at, Duration::ZERO) };
-            let result = tokio::time::timeout(timeout, unary(channel, &headers)).await.ok();
+            let Some(channel) = channel else {
+                return Record::failed(sent_at, Duration::ZERO);
+            };
+            let result = tokio::time::timeout(timeout, unary(channel, &headers))
+                .await
+                .ok();
             let latency = due.elapsed();
             match result.and_then(|r| r.code.map(|code| (code, r.backend))) {
-                Some((code, backend)) => Record { status: 200, backend, grpc_status: Some(code as i32), ..Record::failed(sent_at, latency) },
+                Some((code, backend)) => Record {
+                    status: 200,
+                    backend,
+                    grpc_status: Some(code as i32),
+                    ..Record::failed(sent_at, latency)
+                },
                 None => Record::failed(sent_at, latency),
             }
         }

@@ -37,7 +37,13 @@ pub fn get(url: &str, headers: &[(&str, &str)]) -> Result<Response> {
 
 /// One request on a fresh connection. Safe to call from inside an async runtime: it runs on a
 /// thread of its own.
-pub fn request(method: &str, url: &str, headers: &[(&str, &str)], body: &str, timeout: Duration) -> Result<Response> {
+pub fn request(
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+    timeout: Duration,
+) -> Result<Response> {
     let uri: Uri = url.parse().with_context(|| format!("url {url:?}"))?;
     let authority = loopback_authority(&uri)?;
     let method = hyper::Method::from_bytes(method.as_bytes()).context("method")?;
@@ -56,7 +62,9 @@ pub fn request(method: &str, url: &str, headers: &[(&str, &str)], body: &str, ti
     let worker = std::thread::Builder::new()
         .name("http-get".into())
         .spawn(move || -> Result<Response> {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
             rt.block_on(async move {
                 tokio::time::timeout(timeout, send(authority, req))
                     .await
@@ -64,7 +72,9 @@ pub fn request(method: &str, url: &str, headers: &[(&str, &str)], body: &str, ti
             })
         })
         .context("spawning the request thread")?;
-    worker.join().map_err(|_| anyhow!("request thread panicked"))?
+    worker
+        .join()
+        .map_err(|_| anyhow!("request thread panicked"))?
 }
 
 async fn send(authority: String, req: hyper::Request<Full<Bytes>>) -> Result<Response> {
@@ -73,16 +83,33 @@ async fn send(authority: String, req: hyper::Request<Full<Bytes>>) -> Result<Res
         .with_context(|| format!("connecting to {authority}"))?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
     let driver = tokio::spawn(conn);
-    let resp = sender.send_request(req).await.context("sending the request")?;
+    let resp = sender
+        .send_request(req)
+        .await
+        .context("sending the request")?;
     let status = resp.status().as_u16();
     let headers = resp
         .headers()
         .iter()
-        .map(|(k, v)| (k.as_str().to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+        .map(|(k, v)| {
+            (
+                k.as_str().to_string(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
         .collect();
-    let body = resp.into_body().collect().await.context("reading the body")?.to_bytes();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .context("reading the body")?
+        .to_bytes();
     driver.abort();
-    Ok(Response { status, headers, body: String::from_utf8_lossy(&body).into_owned() })
+    Ok(Response {
+        status,
+        headers,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    })
 }
 
 /// `host:port` of an `http://` URL whose host is a loopback address: all traffic stays local.
@@ -92,7 +119,11 @@ pub fn loopback_authority(uri: &Uri) -> Result<String> {
     }
     let host = uri.host().context("url without host")?;
     let bare = host.trim_start_matches('[').trim_end_matches(']');
-    let loopback = bare == "localhost" || bare.parse::<std::net::IpAddr>().map(|ip| ip.is_loopback()).unwrap_or(false);
+    let loopback = bare == "localhost"
+        || bare
+            .parse::<std::net::IpAddr>()
+            .map(|ip| ip.is_loopback())
+            .unwrap_or(false);
     if !loopback {
         bail!("{uri}: host {host} is not loopback; traffic must stay on this machine");
     }

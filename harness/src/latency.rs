@@ -144,8 +144,20 @@ mod tests {
     fn parses_each_kind_and_prints_it_back() {
         let cases = [
             ("fixed:50", Latency::Fixed(50)),
-            ("uniform:50-100", Latency::Uniform { lo_ms: 50, hi_ms: 100 }),
-            ("lognormal:80,0.5", Latency::LogNormal { median_ms: 80.0, sigma: 0.5 }),
+            (
+                "uniform:50-100",
+                Latency::Uniform {
+                    lo_ms: 50,
+                    hi_ms: 100,
+                },
+            ),
+            (
+                "lognormal:80,0.5",
+                Latency::LogNormal {
+                    median_ms: 80.0,
+                    sigma: 0.5,
+                },
+            ),
         ];
         for (text, want) in cases {
             let got: Latency = text.parse().unwrap();
@@ -156,8 +168,21 @@ mod tests {
 
     #[test]
     fn rejects_malformed_profiles() {
-        for bad in ["", "fixed", "fixed:-1", "fixed:x", "uniform:100-50", "uniform:50", "lognormal:0,0.5", "lognormal:80", "gauss:1"] {
-            assert!(bad.parse::<Latency>().is_err(), "{bad:?} should be rejected");
+        for bad in [
+            "",
+            "fixed",
+            "fixed:-1",
+            "fixed:x",
+            "uniform:100-50",
+            "uniform:50",
+            "lognormal:0,0.5",
+            "lognormal:80",
+            "gauss:1",
+        ] {
+            assert!(
+                bad.parse::<Latency>().is_err(),
+                "{bad:?} should be rejected"
+            );
         }
     }
 
@@ -165,9 +190,20 @@ mod tests {
     fn samples_stay_within_their_profile() {
         let mut rng = rand::rng();
         for _ in 0..1000 {
-            let d = Latency::Uniform { lo_ms: 50, hi_ms: 100 }.sample(&mut rng);
-            assert!(d >= Duration::from_millis(50) && d <= Duration::from_millis(100), "{d:?}");
-            let l = Latency::LogNormal { median_ms: 80.0, sigma: 3.0 }.sample(&mut rng);
+            let d = Latency::Uniform {
+                lo_ms: 50,
+                hi_ms: 100,
+            }
+            .sample(&mut rng);
+            assert!(
+                d >= Duration::from_millis(50) && d <= Duration::from_millis(100),
+                "{d:?}"
+            );
+            let l = Latency::LogNormal {
+                median_ms: 80.0,
+                sigma: 3.0,
+            }
+            .sample(&mut rng);
             assert!(l <= MAX_SAMPLE);
         }
         assert_eq!(Latency::Fixed(7).sample(&mut rng), Duration::from_millis(7));
@@ -176,7 +212,15 @@ mod tests {
     #[test]
     fn lognormal_median_is_roughly_its_median() {
         let mut rng = rand::rng();
-        let mut v: Vec<Duration> = (0..2001).map(|_| Latency::LogNormal { median_ms: 80.0, sigma: 0.5 }.sample(&mut rng)).collect();
+        let mut v: Vec<Duration> = (0..2001)
+            .map(|_| {
+                Latency::LogNormal {
+                    median_ms: 80.0,
+                    sigma: 0.5,
+                }
+                .sample(&mut rng)
+            })
+            .collect();
         v.sort();
         let median = v[1000].as_secs_f64() * 1000.0;
         assert!((65.0..=98.0).contains(&median), "median {median}");

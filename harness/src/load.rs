@@ -74,8 +74,10 @@ impl LoadSpec {
             bail!("duration {:?} exceeds {:?}", self.duration, MAX_DURATION);
         }
         for (k, v) in &self.headers {
-            hyper::header::HeaderName::from_bytes(k.as_bytes()).with_context(|| format!("header name {k:?}"))?;
-            hyper::header::HeaderValue::from_str(v).with_context(|| format!("header {k}: value {v:?}"))?;
+            hyper::header::HeaderName::from_bytes(k.as_bytes())
+                .with_context(|| format!("header name {k:?}"))?;
+            hyper::header::HeaderValue::from_str(v)
+                .with_context(|| format!("header {k}: value {v:?}"))?;
         }
         if self.timeout.is_zero() {
             bail!("timeout must be > 0");
@@ -122,12 +124,20 @@ pub struct Record {
 impl Record {
     /// A request that got no answer (status 0).
     pub fn failed(sent_at: Duration, latency: Duration) -> Record {
-        Record { sent_at, latency, status: 0, backend: None, dropped: false, grpc_status: None }
+        Record {
+            sent_at,
+            latency,
+            status: 0,
+            backend: None,
+            dropped: false,
+            grpc_status: None,
+        }
     }
 
     /// A completed request with status 0 or >= 500, or a gRPC call whose status is not OK.
     pub fn is_error(&self) -> bool {
-        !self.dropped && (self.status == 0 || self.status >= 500 || self.grpc_status.is_some_and(|c| c != 0))
+        !self.dropped
+            && (self.status == 0 || self.status >= 500 || self.grpc_status.is_some_and(|c| c != 0))
     }
 }
 
@@ -161,7 +171,10 @@ pub async fn run_async(spec: &LoadSpec) -> Result<Vec<Record>> {
 }
 
 /// Like [`run_async`], and also sends each record to `observer` as it completes (live reports).
-pub async fn run_observed(spec: &LoadSpec, observer: Option<UnboundedSender<Record>>) -> Result<Vec<Record>> {
+pub async fn run_observed(
+    spec: &LoadSpec,
+    observer: Option<UnboundedSender<Record>>,
+) -> Result<Vec<Record>> {
     let uri = spec.validate()?;
     let pool = spec.closed_loop_workers.unwrap_or(spec.max_in_flight);
     let client = client(pool);
@@ -176,7 +189,11 @@ pub async fn run_observed(spec: &LoadSpec, observer: Option<UnboundedSender<Reco
 /// The schedule of `spec` (open or closed loop, bounds, the final wait) around any kind of call:
 /// `call(start, due)` makes one request due at `due` and records it. Plain HTTP is
 /// [`run_observed`]; gRPC is `grpc::run_observed`.
-pub async fn run_calls<C, F>(spec: &LoadSpec, observer: Option<UnboundedSender<Record>>, call: C) -> Result<Vec<Record>>
+pub async fn run_calls<C, F>(
+    spec: &LoadSpec,
+    observer: Option<UnboundedSender<Record>>,
+    call: C,
+) -> Result<Vec<Record>>
 where
     C: Fn(Instant, Instant) -> F + Send + Sync + Clone + 'static,
     F: Future<Output = Record> + Send + 'static,
@@ -204,14 +221,21 @@ impl Sink {
     }
 }
 
-async fn open_loop<C, F>(spec: &LoadSpec, observer: Option<UnboundedSender<Record>>, call: C) -> Vec<Record>
+async fn open_loop<C, F>(
+    spec: &LoadSpec,
+    observer: Option<UnboundedSender<Record>>,
+    call: C,
+) -> Vec<Record>
 where
     C: Fn(Instant, Instant) -> F,
     F: Future<Output = Record> + Send + 'static,
 {
     let total = (spec.rate_per_s * spec.duration.as_secs_f64()).floor() as u64;
     let period = Duration::from_secs_f64(1.0 / spec.rate_per_s);
-    let mut sink = Sink { records: Vec::with_capacity(total.min(1 << 20) as usize), observer };
+    let mut sink = Sink {
+        records: Vec::with_capacity(total.min(1 << 20) as usize),
+        observer,
+    };
     let mut inflight = JoinSet::new();
     let start = Instant::now();
     for i in 0..total {
@@ -225,7 +249,10 @@ where
             }
         }
         if inflight.len() >= spec.max_in_flight {
-            sink.push(Record { dropped: true, ..Record::failed(due - start, Duration::ZERO) });
+            sink.push(Record {
+                dropped: true,
+                ..Record::failed(due - start, Duration::ZERO)
+            });
             continue;
         }
         inflight.spawn(call(start, due));
@@ -241,7 +268,12 @@ where
     sink.records
 }
 
-async fn closed_loop<C, F>(spec: &LoadSpec, workers: usize, observer: Option<UnboundedSender<Record>>, call: C) -> Vec<Record>
+async fn closed_loop<C, F>(
+    spec: &LoadSpec,
+    workers: usize,
+    observer: Option<UnboundedSender<Record>>,
+    call: C,
+) -> Vec<Record>
 where
     C: Fn(Instant, Instant) -> F + Send + Clone + 'static,
     F: Future<Output = Record> + Send + 'static,
@@ -271,7 +303,10 @@ where
         });
     }
     drop(tx);
-    let mut sink = Sink { records: Vec::new(), observer };
+    let mut sink = Sink {
+        records: Vec::new(),
+        observer,
+    };
     let deadline = end + spec.timeout + Duration::from_secs(2);
     while let Ok(Some(r)) = tokio::time::timeout_at(deadline, rx.recv()).await {
         sink.push(r);
@@ -280,7 +315,14 @@ where
     sink.records
 }
 
-async fn one(client: &HttpClient, uri: Uri, headers: &[(String, String)], timeout: Duration, start: Instant, due: Instant) -> Record {
+async fn one(
+    client: &HttpClient,
+    uri: Uri,
+    headers: &[(String, String)],
+    timeout: Duration,
+    start: Instant,
+    due: Instant,
+) -> Record {
     let mut builder = hyper::Request::get(uri);
     for (k, v) in headers {
         builder = builder.header(k.as_str(), v.as_str());
@@ -292,10 +334,16 @@ async fn one(client: &HttpClient, uri: Uri, headers: &[(String, String)], timeou
     let exchange = async {
         let resp = client.request(req).await.ok()?;
         let status = resp.status().as_u16();
-        let header = |name: &str| resp.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_string);
+        let header = |name: &str| {
+            resp.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        };
         // `x-backend` names the backend that answered; failing that, the upstream address Envoy
         // reports (`IP:port`), which the caller may map to a name.
-        let backend = header(BACKEND_HEADER).or_else(|| header(UPSTREAM_HOST_HEADER).filter(|h| !h.is_empty() && h != "-"));
+        let backend = header(BACKEND_HEADER)
+            .or_else(|| header(UPSTREAM_HOST_HEADER).filter(|h| !h.is_empty() && h != "-"));
         // The body is read so the connection goes back to the pool.
         resp.into_body().collect().await.ok()?;
         Some((status, backend))
@@ -304,5 +352,9 @@ async fn one(client: &HttpClient, uri: Uri, headers: &[(String, String)], timeou
         Ok(Some(x)) => x,
         _ => (0, None),
     };
-    Record { status, backend, ..Record::failed(sent_at, due.elapsed()) }
+    Record {
+        status,
+        backend,
+        ..Record::failed(sent_at, due.elapsed())
+    }
 }

@@ -36,7 +36,15 @@ mod tests {
             n += 1;
             n == 3
         });
-        assert!(took.is_some_and(|t| t >= Duration::from_millis(20)), "{took:?}");
-        assert_eq!(poll(Duration::from_millis(30), Duration::from_millis(10), || false), None);
+        assert!(
+            took.is_some_and(|t| t >= Duration::from_millis(20)),
+            "{took:?}"
+        );
+        assert_eq!(
+            poll(Duration::from_millis(30), Duration::from_millis(10), || {
+                false
+            }),
+            None
+        );
     }
 }

@@ -50,7 +50,10 @@ impl Stack {
     }
 
     /// The shipped config pointed at `specs`' backends, then `edit` applied to it.
-    pub fn start_with(specs: Vec<BackendSpec>, edit: impl FnOnce(&mut EnvoyConfig) -> Result<()>) -> Result<Stack> {
+    pub fn start_with(
+        specs: Vec<BackendSpec>,
+        edit: impl FnOnce(&mut EnvoyConfig) -> Result<()>,
+    ) -> Result<Stack> {
         Stack::start_with_options(specs, edit, |_| {})
     }
 
@@ -64,14 +67,19 @@ impl Stack {
         let pool = BackendPool::new()?;
         let backends = pool.start_all(specs)?;
         let mut config = EnvoyConfig::local(ports::free_port()?, &paths::plugin_wasm()?)?;
-        config.cluster(CLUSTER)?.set_endpoints(&backends.iter().map(Backend::addr).collect::<Vec<_>>())?;
+        config
+            .cluster(CLUSTER)?
+            .set_endpoints(&backends.iter().map(Backend::addr).collect::<Vec<_>>())?;
         edit(&mut config)?;
         Stack::run(config, pool, backends, None, options)
     }
 
     /// The shipped config with the cluster's endpoints in a file Envoy watches (EDS), so
     /// backends can [`join`](Stack::join) and [`leave`](Stack::leave) under load; then `edit`.
-    pub fn start_eds(specs: Vec<BackendSpec>, edit: impl FnOnce(&mut EnvoyConfig) -> Result<()>) -> Result<Stack> {
+    pub fn start_eds(
+        specs: Vec<BackendSpec>,
+        edit: impl FnOnce(&mut EnvoyConfig) -> Result<()>,
+    ) -> Result<Stack> {
         Stack::start_zoned(None, vec![(None, specs)], edit)
     }
 
@@ -115,7 +123,13 @@ impl Stack {
         };
         options(&mut opts);
         let envoy = Envoy::start(opts)?;
-        Ok(Stack { envoy, backends, url: format!("http://127.0.0.1:{port}"), pool, eds })
+        Ok(Stack {
+            envoy,
+            backends,
+            url: format!("http://127.0.0.1:{port}"),
+            pool,
+            eds,
+        })
     }
 
     fn eds(&mut self) -> Result<&mut EdsFile> {
@@ -127,7 +141,8 @@ impl Stack {
     pub fn join(&mut self, specs: Vec<BackendSpec>, zone: Option<&str>) -> Result<Vec<SocketAddr>> {
         let started = self.pool.start_all(specs)?;
         let addrs: Vec<SocketAddr> = started.iter().map(Backend::addr).collect();
-        self.eds()?.add(addrs.iter().map(|a| Endpoint::new(*a, zone)))?;
+        self.eds()?
+            .add(addrs.iter().map(|a| Endpoint::new(*a, zone)))?;
         self.backends.extend(started);
         Ok(addrs)
     }
@@ -139,7 +154,9 @@ impl Stack {
         for name in names {
             self.backend(name)?;
         }
-        let (gone, kept): (Vec<Backend>, Vec<Backend>) = std::mem::take(&mut self.backends).into_iter().partition(|b| names.contains(&b.name()));
+        let (gone, kept): (Vec<Backend>, Vec<Backend>) = std::mem::take(&mut self.backends)
+            .into_iter()
+            .partition(|b| names.contains(&b.name()));
         self.backends = kept;
         let addrs: Vec<SocketAddr> = gone.iter().map(Backend::addr).collect();
         self.eds()?.remove(&addrs)?;
@@ -155,10 +172,23 @@ impl Stack {
         let endpoints: Vec<Endpoint> = eds
             .endpoints()
             .iter()
-            .map(|e| if e.addr == old_addr { Endpoint { addr: new.addr(), zone: e.zone.clone() } } else { e.clone() })
+            .map(|e| {
+                if e.addr == old_addr {
+                    Endpoint {
+                        addr: new.addr(),
+                        zone: e.zone.clone(),
+                    }
+                } else {
+                    e.clone()
+                }
+            })
             .collect();
         eds.set(endpoints)?;
-        let at = self.backends.iter().position(|b| b.addr() == old_addr).context("replaced backend vanished")?;
+        let at = self
+            .backends
+            .iter()
+            .position(|b| b.addr() == old_addr)
+            .context("replaced backend vanished")?;
         Ok(std::mem::replace(&mut self.backends[at], new))
     }
 
@@ -177,12 +207,18 @@ impl Stack {
     }
 
     pub fn backend(&self, name: &str) -> Result<&Backend> {
-        self.backends.iter().find(|b| b.name() == name).ok_or_else(|| anyhow!("no backend {name}"))
+        self.backends
+            .iter()
+            .find(|b| b.name() == name)
+            .ok_or_else(|| anyhow!("no backend {name}"))
     }
 
     /// Requests each backend served since the last [`Stack::reset_counts`].
     pub fn served(&self) -> Vec<(String, u64)> {
-        self.backends.iter().map(|b| (b.name().to_string(), b.served())).collect()
+        self.backends
+            .iter()
+            .map(|b| (b.name().to_string(), b.served()))
+            .collect()
     }
 
     pub fn reset_counts(&self) {
@@ -195,13 +231,21 @@ impl Stack {
     }
 
     /// The same load on a background thread; join it to get the records.
-    pub fn load_in_background(&self, rate: f64, secs: u64) -> thread::JoinHandle<Result<Vec<Record>>> {
+    pub fn load_in_background(
+        &self,
+        rate: f64,
+        secs: u64,
+    ) -> thread::JoinHandle<Result<Vec<Record>>> {
         let spec = self.load_spec(rate, secs);
         thread::spawn(move || load::run(&spec))
     }
 
     fn load_spec(&self, rate: f64, secs: u64) -> LoadSpec {
-        LoadSpec::new(format!("{}/work", self.url), rate, Duration::from_secs(secs))
+        LoadSpec::new(
+            format!("{}/work", self.url),
+            rate,
+            Duration::from_secs(secs),
+        )
     }
 
     /// The plugin's status document, fetched through Envoy from 127.0.0.1.
@@ -217,14 +261,27 @@ impl Stack {
     pub fn host_status(&self, backend: &str) -> Result<Value> {
         let addr = self.backend(backend)?.addr().to_string();
         let status = self.status()?;
-        let hosts = status["clusters"].as_array().into_iter().flatten().flat_map(|c| c["hosts"].as_array().cloned().unwrap_or_default());
-        Ok(hosts.into_iter().find(|h| h["host"] == addr.as_str()).unwrap_or(Value::Null))
+        let hosts = status["clusters"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|c| c["hosts"].as_array().cloned().unwrap_or_default());
+        Ok(hosts
+            .into_iter()
+            .find(|h| h["host"] == addr.as_str())
+            .unwrap_or(Value::Null))
     }
 
     /// A sample from Envoy's `/stats/prometheus`: `metric{labels}` exactly as printed, e.g.
     /// `ewma_lb_steered_requests_total{cluster_name="backend"}`. `None` when absent.
     pub fn prometheus(&self, series: &str) -> Option<f64> {
         let text = self.envoy.admin_get("/stats/prometheus").ok()?;
-        text.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.trim().parse().ok())
+        text.lines().find_map(|l| {
+            l.strip_prefix(series)?
+                .strip_prefix(' ')?
+                .trim()
+                .parse()
+                .ok()
+        })
     }
 }

@@ -86,7 +86,9 @@ impl From<&[Record]> for Summary {
             let us = micros(r.latency);
             total_us += us as u128;
             let _ = h.record(us);
-            *per_backend.entry(r.backend.clone().unwrap_or_else(|| NO_BACKEND.to_string())).or_insert(0) += 1;
+            *per_backend
+                .entry(r.backend.clone().unwrap_or_else(|| NO_BACKEND.to_string()))
+                .or_insert(0) += 1;
         }
         if s.count == 0 {
             return s;
@@ -98,7 +100,10 @@ impl From<&[Record]> for Summary {
         s.p99_ms = ms(h.value_at_quantile(0.99));
         s.p999_ms = ms(h.value_at_quantile(0.999));
         s.max_ms = ms(h.max());
-        s.shares = per_backend.into_iter().map(|(k, n)| (k, n as f64 / s.count as f64)).collect();
+        s.shares = per_backend
+            .into_iter()
+            .map(|(k, n)| (k, n as f64 / s.count as f64))
+            .collect();
         s
     }
 }
@@ -144,12 +149,17 @@ pub struct SecondShares {
 
 /// Per-second traffic shares, one entry per second from 0 to the last record (empty seconds included).
 pub fn shares_per_second(records: &[Record]) -> Vec<SecondShares> {
-    let last = records.iter().filter(|r| !r.dropped).map(|r| r.sent_at.as_secs()).max();
+    let last = records
+        .iter()
+        .filter(|r| !r.dropped)
+        .map(|r| r.sent_at.as_secs())
+        .max();
     let Some(last) = last else { return Vec::new() };
     let mut counts: Vec<BTreeMap<String, u64>> = vec![BTreeMap::new(); last as usize + 1];
     for r in records.iter().filter(|r| !r.dropped) {
         if let Some(sec) = counts.get_mut(r.sent_at.as_secs() as usize) {
-            *sec.entry(r.backend.clone().unwrap_or_else(|| NO_BACKEND.to_string())).or_insert(0) += 1;
+            *sec.entry(r.backend.clone().unwrap_or_else(|| NO_BACKEND.to_string()))
+                .or_insert(0) += 1;
         }
     }
     counts
@@ -157,8 +167,15 @@ pub fn shares_per_second(records: &[Record]) -> Vec<SecondShares> {
         .enumerate()
         .map(|(i, m)| {
             let count: u64 = m.values().sum();
-            let shares = m.into_iter().map(|(k, n)| (k, n as f64 / count.max(1) as f64)).collect();
-            SecondShares { second: i as u64, count, shares }
+            let shares = m
+                .into_iter()
+                .map(|(k, n)| (k, n as f64 / count.max(1) as f64))
+                .collect();
+            SecondShares {
+                second: i as u64,
+                count,
+                shares,
+            }
         })
         .collect()
 }

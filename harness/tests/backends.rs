@@ -21,7 +21,11 @@ fn answers_with_its_name_and_echoes_the_override_header() {
     assert_eq!(r.body, "alpha\n");
     assert_eq!(r.header(SEEN_OVERRIDE_HEADER), None);
 
-    let r = get(&format!("{}/x", b.url()), &[(OVERRIDE_HEADER, "127.0.0.1:9")]).unwrap();
+    let r = get(
+        &format!("{}/x", b.url()),
+        &[(OVERRIDE_HEADER, "127.0.0.1:9")],
+    )
+    .unwrap();
     assert_eq!(r.header(SEEN_OVERRIDE_HEADER), Some("127.0.0.1:9"));
     assert_eq!(b.served(), 2);
     assert_eq!(b.served_path("/x"), 2);
@@ -33,7 +37,10 @@ fn fixed_latency_is_respected() {
     let b = Backend::start_local(BackendSpec::new("f", Latency::Fixed(100))).unwrap();
     let (status, took) = timed_get(&b.url());
     assert_eq!(status, 200);
-    assert!(took >= Duration::from_millis(100) && took < Duration::from_millis(1000), "{took:?}");
+    assert!(
+        took >= Duration::from_millis(100) && took < Duration::from_millis(1000),
+        "{took:?}"
+    );
 }
 
 #[test]
@@ -65,33 +72,54 @@ fn capacity_one_makes_the_second_concurrent_request_wait() {
     let mut took: Vec<Duration> = handles.into_iter().map(|h| h.join().unwrap().1).collect();
     took.sort();
     assert!(took[0] >= Duration::from_millis(200), "{took:?}");
-    assert!(took[1] >= Duration::from_millis(390), "second request did not queue: {took:?}");
+    assert!(
+        took[1] >= Duration::from_millis(390),
+        "second request did not queue: {took:?}"
+    );
     assert!(t.elapsed() < Duration::from_millis(1500));
 }
 
 #[test]
 fn fail_rate_one_answers_503() {
-    let b = Backend::start_local(BackendSpec::new("bad", Latency::Fixed(0)).fail_rate(1.0)).unwrap();
+    let b =
+        Backend::start_local(BackendSpec::new("bad", Latency::Fixed(0)).fail_rate(1.0)).unwrap();
     let r = get(&b.url(), &[]).unwrap();
     assert_eq!(r.status, 503);
     assert_eq!(r.header("x-backend"), Some("bad"));
     assert_eq!((b.served(), b.failed()), (1, 1));
     // Health probes never fail: they say whether the process is up.
-    assert_eq!(get(&format!("{}/health", b.url()), &[]).unwrap().status, 200);
+    assert_eq!(
+        get(&format!("{}/health", b.url()), &[]).unwrap().status,
+        200
+    );
 }
 
 #[test]
 fn set_latency_and_schedule_change_the_profile() {
-    let b = Backend::start_local(BackendSpec::new("s", Latency::Fixed(300)).phase(0.0, 0.6, Latency::Fixed(0))).unwrap();
+    let b = Backend::start_local(BackendSpec::new("s", Latency::Fixed(300)).phase(
+        0.0,
+        0.6,
+        Latency::Fixed(0),
+    ))
+    .unwrap();
     let (_, early) = timed_get(&b.url());
-    assert!(early < Duration::from_millis(250), "phase not applied: {early:?}");
+    assert!(
+        early < Duration::from_millis(250),
+        "phase not applied: {early:?}"
+    );
     std::thread::sleep(Duration::from_millis(700));
     let (_, late) = timed_get(&b.url());
-    assert!(late >= Duration::from_millis(300), "base not applied after the phase: {late:?}");
+    assert!(
+        late >= Duration::from_millis(300),
+        "base not applied after the phase: {late:?}"
+    );
     b.set_latency(Latency::Fixed(0));
     assert_eq!(b.latency(), Latency::Fixed(0));
     let (_, fast) = timed_get(&b.url());
-    assert!(fast < Duration::from_millis(250), "set_latency not applied: {fast:?}");
+    assert!(
+        fast < Duration::from_millis(250),
+        "set_latency not applied: {fast:?}"
+    );
 }
 
 #[test]
@@ -104,7 +132,10 @@ fn stop_refuses_connects_and_cuts_open_requests_then_restart_serves_again() {
     let url = b.url();
     let pending = std::thread::spawn(move || {
         let t = Instant::now();
-        (request("GET", &url, &[], "", Duration::from_secs(10)), t.elapsed())
+        (
+            request("GET", &url, &[], "", Duration::from_secs(10)),
+            t.elapsed(),
+        )
     });
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(b.open_connections(), 1);
@@ -125,7 +156,11 @@ fn stop_refuses_connects_and_cuts_open_requests_then_restart_serves_again() {
 #[test]
 fn rejects_non_loopback_addresses_and_bad_specs() {
     assert!(Backend::start(BackendSpec::new("x", Latency::Fixed(0)), "0.0.0.0:0").is_err());
-    assert!(Backend::start(BackendSpec::new("x", Latency::Fixed(0)).fail_rate(1.5), "127.0.0.1:0").is_err());
+    assert!(Backend::start(
+        BackendSpec::new("x", Latency::Fixed(0)).fail_rate(1.5),
+        "127.0.0.1:0"
+    )
+    .is_err());
     assert!(Backend::start(BackendSpec::new("", Latency::Fixed(0)), "127.0.0.1:0").is_err());
 }
 
@@ -142,14 +177,24 @@ async fn can_be_used_and_dropped_inside_an_async_test() {
 fn a_pool_runs_many_backends_on_two_threads_each_stopping_on_its_own() {
     use harness::BackendPool;
     let pool = BackendPool::new().unwrap();
-    let backends = pool.start_all((0..50).map(|i| BackendSpec::new(format!("e{i:02}"), Latency::Fixed(50)))).unwrap();
+    let backends = pool
+        .start_all((0..50).map(|i| BackendSpec::new(format!("e{i:02}"), Latency::Fixed(50))))
+        .unwrap();
     // 50 requests at 50 ms each at once: served side by side, not one after another.
     let t = Instant::now();
-    let handles: Vec<_> = backends.iter().map(|b| b.url()).map(|url| std::thread::spawn(move || get(&url, &[]).unwrap())).collect();
+    let handles: Vec<_> = backends
+        .iter()
+        .map(|b| b.url())
+        .map(|url| std::thread::spawn(move || get(&url, &[]).unwrap()))
+        .collect();
     for (h, b) in handles.into_iter().zip(&backends) {
         assert_eq!(h.join().unwrap().header("x-backend"), Some(b.name()));
     }
-    assert!(t.elapsed() < Duration::from_millis(1500), "{:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        t.elapsed()
+    );
     // Stopping or dropping one leaves the others, and the pool outlives its handle.
     backends[0].stop();
     assert!(get(&backends[0].url(), &[]).is_err());

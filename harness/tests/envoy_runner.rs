@@ -15,7 +15,11 @@ fn config(backend: &Backend) -> (EnvoyConfig, u16) {
     let mut config = EnvoyConfig::shipped().unwrap();
     config.set_admin_port(0).unwrap();
     config.listener(LISTENER).unwrap().set_port(listen).unwrap();
-    config.cluster(CLUSTER).unwrap().set_endpoints(&[backend.addr()]).unwrap();
+    config
+        .cluster(CLUSTER)
+        .unwrap()
+        .set_endpoints(&[backend.addr()])
+        .unwrap();
     config.use_envoy_lb(CLUSTER, EnvoyLb::RoundRobin).unwrap();
     (config, listen)
 }
@@ -26,7 +30,12 @@ fn process_alive(pid: u32) -> bool {
 }
 
 fn every_100ms(limit_s: u64, check: impl FnMut() -> bool) -> bool {
-    poll(Duration::from_secs(limit_s), Duration::from_millis(100), check).is_some()
+    poll(
+        Duration::from_secs(limit_s),
+        Duration::from_millis(100),
+        check,
+    )
+    .is_some()
 }
 
 #[test]
@@ -43,8 +52,13 @@ fn proxies_a_request_reports_stats_and_is_killed_on_drop() {
     assert_eq!(r.status, 200, "{}", envoy.log());
     assert_eq!(r.header("x-backend"), Some("only"));
     assert_eq!(b.served_path("/hello"), 1);
-    assert!(every_100ms(5, || envoy.stat("cluster.backend.upstream_rq_200") == Some(1)));
-    assert!(envoy.admin_get("/clusters").unwrap().contains("backend::127.0.0.1"));
+    assert!(every_100ms(5, || envoy
+        .stat("cluster.backend.upstream_rq_200")
+        == Some(1)));
+    assert!(envoy
+        .admin_get("/clusters")
+        .unwrap()
+        .contains("backend::127.0.0.1"));
     assert!(envoy.stat("no.such.stat").is_none());
     assert!(!envoy.log().is_empty());
 
@@ -57,14 +71,20 @@ fn proxies_a_request_reports_stats_and_is_killed_on_drop() {
 fn a_stopped_backend_gives_503_through_envoy() {
     let b = Backend::start_local(BackendSpec::new("gone", Latency::Fixed(0))).unwrap();
     let (config, listen) = config(&b);
-    let envoy = Envoy::start(EnvoyOptions { concurrency: 1, ..EnvoyOptions::new(config.to_yaml().unwrap()) }).unwrap();
+    let envoy = Envoy::start(EnvoyOptions {
+        concurrency: 1,
+        ..EnvoyOptions::new(config.to_yaml().unwrap())
+    })
+    .unwrap();
     let url = format!("http://127.0.0.1:{listen}/");
     assert_eq!(get(&url, &[]).unwrap().status, 200);
     b.stop();
     let r = get(&url, &[]).unwrap();
     assert_eq!(r.status, 503, "{r:?}");
     b.restart().unwrap();
-    assert!(every_100ms(5, || get(&url, &[]).map(|r| r.status == 200).unwrap_or(false)));
+    assert!(every_100ms(5, || get(&url, &[])
+        .map(|r| r.status == 200)
+        .unwrap_or(false)));
     drop(envoy);
 }
 
@@ -83,8 +103,13 @@ fn bad_configs_are_refused_with_envoys_reason() {
 
     let b = Backend::start_local(BackendSpec::new("x", Latency::Fixed(0))).unwrap();
     let (mut open, _) = config(&b);
-    open.listener(LISTENER).unwrap().set("address.socket_address.address", "0.0.0.0").unwrap();
-    let err = Envoy::start(EnvoyOptions::new(open.to_yaml().unwrap())).err().unwrap();
+    open.listener(LISTENER)
+        .unwrap()
+        .set("address.socket_address.address", "0.0.0.0")
+        .unwrap();
+    let err = Envoy::start(EnvoyOptions::new(open.to_yaml().unwrap()))
+        .err()
+        .unwrap();
     assert!(format!("{err:#}").contains("all interfaces"), "{err:#}");
 }
 
@@ -92,14 +117,24 @@ fn bad_configs_are_refused_with_envoys_reason() {
 fn endpoints_from_a_watched_file_change_while_envoy_runs_and_carry_their_zones() {
     use harness::{BackendPool, EdsFile, Endpoint};
     let pool = BackendPool::new().unwrap();
-    let backends = pool.start_all(["a", "b", "c"].map(|n| BackendSpec::new(n, Latency::Fixed(0)))).unwrap();
+    let backends = pool
+        .start_all(["a", "b", "c"].map(|n| BackendSpec::new(n, Latency::Fixed(0))))
+        .unwrap();
     let (mut config, listen) = config(&backends[0]);
-    let mut eds = EdsFile::create(CLUSTER, vec![Endpoint::new(backends[0].addr(), Some("zone-a"))]).unwrap();
+    let mut eds = EdsFile::create(
+        CLUSTER,
+        vec![Endpoint::new(backends[0].addr(), Some("zone-a"))],
+    )
+    .unwrap();
     config.use_eds_file(CLUSTER, &eds).unwrap();
     config.set_node_zone("zone-a").unwrap();
     let yaml = config.to_yaml().unwrap();
     Envoy::validate(&yaml).unwrap();
-    let envoy = Envoy::start(EnvoyOptions { concurrency: 1, ..EnvoyOptions::new(yaml) }).unwrap();
+    let envoy = Envoy::start(EnvoyOptions {
+        concurrency: 1,
+        ..EnvoyOptions::new(yaml)
+    })
+    .unwrap();
     let hosts = |want: &[&Backend]| {
         let mut want: Vec<_> = want.iter().map(|b| b.addr()).collect();
         want.sort();
@@ -107,10 +142,21 @@ fn endpoints_from_a_watched_file_change_while_envoy_runs_and_carry_their_zones()
     };
     assert!(hosts(&[&backends[0]]), "{:?}", envoy.cluster_hosts(CLUSTER));
     // A scale-out to another zone, then a scale-in, each one rename of the file.
-    eds.add([Endpoint::new(backends[1].addr(), Some("zone-b")), Endpoint::new(backends[2].addr(), Some("zone-b"))]).unwrap();
-    assert!(hosts(&[&backends[0], &backends[1], &backends[2]]), "{:?}", envoy.cluster_hosts(CLUSTER));
+    eds.add([
+        Endpoint::new(backends[1].addr(), Some("zone-b")),
+        Endpoint::new(backends[2].addr(), Some("zone-b")),
+    ])
+    .unwrap();
+    assert!(
+        hosts(&[&backends[0], &backends[1], &backends[2]]),
+        "{:?}",
+        envoy.cluster_hosts(CLUSTER)
+    );
     let clusters = envoy.admin_get("/clusters").unwrap();
-    assert!(clusters.contains(&format!("backend::{}::zone::zone-b", backends[2].addr())), "{clusters}");
+    assert!(
+        clusters.contains(&format!("backend::{}::zone::zone-b", backends[2].addr())),
+        "{clusters}"
+    );
     eds.remove(&[backends[0].addr()]).unwrap();
     assert!(hosts(&[&backends[1], &backends[2]]));
     for _ in 0..20 {

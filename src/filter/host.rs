@@ -31,12 +31,15 @@ fn property(path: &[&str]) -> Option<Vec<u8>> {
 /// A property that may legitimately be absent: `Ok(None)` when the host has none, `Err` when
 /// the host could not answer (try again later).
 pub fn optional_property_string(path: &[&str]) -> Result<Option<String>, Status> {
-    hostcalls::get_property(path.to_vec()).map(|b| b.map(|b| String::from_utf8_lossy(&b).into_owned()))
+    hostcalls::get_property(path.to_vec())
+        .map(|b| b.map(|b| String::from_utf8_lossy(&b).into_owned()))
 }
 
 /// A string property, e.g. `xds.cluster_name` or `upstream.address`.
 pub fn property_string(path: &[&str]) -> Option<String> {
-    property(path).and_then(|b| String::from_utf8(b).ok()).filter(|s| !s.is_empty())
+    property(path)
+        .and_then(|b| String::from_utf8(b).ok())
+        .filter(|s| !s.is_empty())
 }
 
 /// A numeric property (8-byte little-endian), e.g. `response.code` or `response.flags`.
@@ -44,7 +47,6 @@ pub fn property_i64(path: &[&str]) -> Option<i64> {
     let bytes: [u8; 8] = property(path)?.try_into().ok()?;
     Some(i64::from_le_bytes(bytes))
 }
-
 
 /// Sets (or, with `None`, removes) a request header; false if the host refused.
 pub fn set_request_header(name: &str, value: Option<&str>) -> bool {

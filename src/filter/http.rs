@@ -28,7 +28,14 @@ pub struct Http {
 
 impl Http {
     pub fn new(vm: Rc<RefCell<Vm>>) -> Self {
-        Http { vm, sampled_cluster: None, picked: None, start_ns: 0, latency_ns: None, grpc: GrpcResponse::default() }
+        Http {
+            vm,
+            sampled_cluster: None,
+            picked: None,
+            start_ns: 0,
+            latency_ns: None,
+            grpc: GrpcResponse::default(),
+        }
     }
 }
 
@@ -47,13 +54,23 @@ fn local_reply(status: u32, content_type: &str, body: &[u8]) -> Action {
 
 impl HttpContext for Http {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        let Ok(mut vm) = self.vm.try_borrow_mut() else { return Action::Continue };
-        let Vm { worker, header_value, .. } = &mut *vm;
+        let Ok(mut vm) = self.vm.try_borrow_mut() else {
+            return Action::Continue;
+        };
+        let Vm {
+            worker,
+            header_value,
+            ..
+        } = &mut *vm;
         let path = host::request_header_bytes(":path").unwrap_or_default();
         let cluster = host::property_string(&["xds", "cluster_name"]);
-        let decision = worker.route(&Request { path: &path, cluster: cluster.as_deref() }, || {
-            host::property_string(&["source", "address"])
-        });
+        let decision = worker.route(
+            &Request {
+                path: &path,
+                cluster: cluster.as_deref(),
+            },
+            || host::property_string(&["source", "address"]),
+        );
         trace!("ewma-lb: {} -> {decision}", path.escape_ascii());
         let header = worker.config().override_header();
         // The client's copy is replaced or removed whatever happens: client input never chooses
@@ -90,7 +107,11 @@ impl HttpContext for Http {
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         if self.sampled_cluster.is_some() && self.latency_ns.is_none() {
             if let Ok(mut vm) = self.vm.try_borrow_mut() {
-                self.latency_ns = Some(vm.worker.clock(host::monotonic_ns()).saturating_sub(self.start_ns));
+                self.latency_ns = Some(
+                    vm.worker
+                        .clock(host::monotonic_ns())
+                        .saturating_sub(self.start_ns),
+                );
             }
             // A trailers-only gRPC response (an error before any message) has its grpc-status here.
             let content_type = host::map_value_bytes(MapType::HttpResponseHeaders, "content-type");
@@ -103,14 +124,19 @@ impl HttpContext for Http {
 
     fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
         if self.sampled_cluster.is_some() {
-            self.grpc.trailers(|| host::map_value_bytes(MapType::HttpResponseTrailers, "grpc-status"));
+            self.grpc
+                .trailers(|| host::map_value_bytes(MapType::HttpResponseTrailers, "grpc-status"));
         }
         Action::Continue
     }
 
     fn on_log(&mut self) {
-        let Some(cluster) = self.sampled_cluster.take() else { return };
-        let Ok(mut vm) = self.vm.try_borrow_mut() else { return };
+        let Some(cluster) = self.sampled_cluster.take() else {
+            return;
+        };
+        let Ok(mut vm) = self.vm.try_borrow_mut() else {
+            return;
+        };
         let served_by = host::property_string(&["upstream", "address"]);
         let code = host::property_i64(&["response", "code"]);
         let flags = host::property_i64(&["response", "flags"]).map_or(0, |f| f as u64);
@@ -126,7 +152,10 @@ impl HttpContext for Http {
         // them the sample is taken and the clock need not be read again.
         let latency_ns = match self.latency_ns {
             Some(latency_ns) => latency_ns,
-            None => vm.worker.clock(host::monotonic_ns()).saturating_sub(self.start_ns),
+            None => vm
+                .worker
+                .clock(host::monotonic_ns())
+                .saturating_sub(self.start_ns),
         };
         // Facts that rarely change are read only when the worker lacks them.
         let num_endpoints = vm

@@ -12,7 +12,6 @@
 //! set to 0 first, so a forgotten host does not keep its last weight) and counted in
 //! `ewma_lb_metric_series_evicted_total`, and the new series takes its place.
 
-
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
 
@@ -48,7 +47,9 @@ pub struct Metrics {
 impl Metrics {
     /// Applies one update: additions wait for `flush`, gauges are set at once.
     pub fn apply(&mut self, update: &Update) {
-        let Some(series) = self.series_mut(update) else { return };
+        let Some(series) = self.series_mut(update) else {
+            return;
+        };
         match update.change {
             Change::Add(by) => series.pending += by,
             Change::Set(value) => {
@@ -91,13 +92,22 @@ impl Metrics {
 
     fn series_mut(&mut self, update: &Update) -> Option<&mut Series> {
         self.applied += 1;
-        let key = (update.metric, update.cluster.clone(), update.label.clone().unwrap_or_default());
+        let key = (
+            update.metric,
+            update.cluster.clone(),
+            update.label.clone().unwrap_or_default(),
+        );
         if !self.series.contains_key(&key) {
             if self.series.len() >= MAX_SERIES {
                 self.evict_least_recent();
             }
             let id = define(update)?;
-            let series = Series { id, kind: update.metric.kind(), pending: 0, last_used: self.applied };
+            let series = Series {
+                id,
+                kind: update.metric.kind(),
+                pending: 0,
+                last_used: self.applied,
+            };
             self.series.insert(key.clone(), series);
         }
         let series = self.series.get_mut(&key)?;
@@ -106,7 +116,14 @@ impl Metrics {
     }
 
     fn evict_least_recent(&mut self) {
-        let Some(key) = self.series.iter().min_by_key(|(_, s)| s.last_used).map(|(k, _)| k.clone()) else { return };
+        let Some(key) = self
+            .series
+            .iter()
+            .min_by_key(|(_, s)| s.last_used)
+            .map(|(k, _)| k.clone())
+        else {
+            return;
+        };
         if let Some(series) = self.series.remove(&key) {
             match series.kind {
                 MetricKind::Gauge => {
@@ -134,7 +151,9 @@ fn define(update: &Update) -> Option<u32> {
 /// cut out.
 fn encode(update: &Update) -> String {
     let second = update.metric.label().zip(update.label.as_deref());
-    let labels: Vec<(&str, &str)> = std::iter::once((CLUSTER_LABEL, update.cluster.as_str())).chain(second).collect();
+    let labels: Vec<(&str, &str)> = std::iter::once((CLUSTER_LABEL, update.cluster.as_str()))
+        .chain(second)
+        .collect();
     encode_name(update.metric, &labels)
 }
 

@@ -28,10 +28,14 @@ impl RootContext for Root {
         if let Ok(level) = hostcalls::get_log_level() {
             proxy_wasm::set_log_level(level);
         }
-        let bytes = hostcalls::get_buffer(BufferType::PluginConfiguration, 0, plugin_configuration_size)
-            .ok()
-            .flatten()
-            .unwrap_or_default();
+        let bytes = hostcalls::get_buffer(
+            BufferType::PluginConfiguration,
+            0,
+            plugin_configuration_size,
+        )
+        .ok()
+        .flatten()
+        .unwrap_or_default();
         let config = match Config::from_json(&bytes) {
             Ok(config) => config,
             Err(e) => {
@@ -41,7 +45,10 @@ impl RootContext for Root {
             }
         };
         if hostcalls::set_tick_period(config.tick_period()).is_err() {
-            error!("ewma-lb: the host refused tick_period_ms {}", config.tick_period().as_millis());
+            error!(
+                "ewma-lb: the host refused tick_period_ms {}",
+                config.tick_period().as_millis()
+            );
             return false;
         }
         let policy = config.policy();
@@ -52,7 +59,11 @@ impl RootContext for Root {
             policy.smoother.name(),
             config.pick().name(),
             ns_to_whole_ms(policy.refresh_interval_ns),
-            if config.shadow() { ", shadow mode (never overrides)" } else { "" }
+            if config.shadow() {
+                ", shadow mode (never overrides)"
+            } else {
+                ""
+            }
         );
         let mut worker = Worker::new(config, random_seed());
         learn_local_zone(&mut worker);
@@ -64,8 +75,12 @@ impl RootContext for Root {
 
     fn on_tick(&mut self) {
         let Some(vm) = &self.vm else { return };
-        let Ok(mut vm) = vm.try_borrow_mut() else { return };
-        let Vm { worker, metrics, .. } = &mut *vm;
+        let Ok(mut vm) = vm.try_borrow_mut() else {
+            return;
+        };
+        let Vm {
+            worker, metrics, ..
+        } = &mut *vm;
         learn_local_zone(worker);
         let report = worker.tick(host::monotonic_ns(), &mut SharedData);
         for update in &report.metrics {
@@ -73,7 +88,10 @@ impl RootContext for Root {
         }
         if log::log_enabled!(log::Level::Debug) {
             for (cluster, version) in &report.adopted {
-                debug!("ewma-lb: adopted table v{version} for cluster {cluster}: {}", worker.table_summary(cluster));
+                debug!(
+                    "ewma-lb: adopted table v{version} for cluster {cluster}: {}",
+                    worker.table_summary(cluster)
+                );
             }
         }
         for (cluster, e) in &report.bad_records {
@@ -104,7 +122,14 @@ fn learn_local_zone(worker: &mut Worker) {
     }
     if let Ok(zone) = host::optional_property_string(&["xds", "node", "locality", "zone"]) {
         let zone = zone.unwrap_or_default();
-        info!("ewma-lb: local zone: {}", if zone.is_empty() { "none (locality off)" } else { zone.as_str() });
+        info!(
+            "ewma-lb: local zone: {}",
+            if zone.is_empty() {
+                "none (locality off)"
+            } else {
+                zone.as_str()
+            }
+        );
         worker.set_local_zone(&zone);
     }
 }

@@ -13,6 +13,10 @@ pub struct Vm {
 
 impl Vm {
     pub fn new(worker: Worker) -> Self {
-        Vm { worker, metrics: Metrics::default(), header_value: String::new() }
+        Vm {
+            worker,
+            metrics: Metrics::default(),
+            header_value: String::new(),
+        }
     }
 }

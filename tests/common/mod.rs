@@ -4,6 +4,13 @@
 /// Share of `name` among all counts.
 pub fn share(counts: &[(String, u64)], name: &str) -> f64 {
     let total: u64 = counts.iter().map(|(_, c)| c).sum();
-    let mine = counts.iter().find(|(n, _)| n == name).map_or(0, |(_, c)| *c);
-    if total == 0 { 0.0 } else { mine as f64 / total as f64 }
+    let mine = counts
+        .iter()
+        .find(|(n, _)| n == name)
+        .map_or(0, |(_, c)| *c);
+    if total == 0 {
+        0.0
+    } else {
+        mine as f64 / total as f64
+    }
 }

@@ -78,8 +78,15 @@ pub fn manifests(dir: &str) -> Vec<Manifest> {
     files
         .iter()
         .flat_map(|p| {
-            let rel = p.strip_prefix(repo_root()).unwrap_or(p).to_string_lossy().to_string();
-            yaml_docs(&rel).into_iter().map(move |doc| Manifest { file: rel.clone(), doc })
+            let rel = p
+                .strip_prefix(repo_root())
+                .unwrap_or(p)
+                .to_string_lossy()
+                .to_string();
+            yaml_docs(&rel).into_iter().map(move |doc| Manifest {
+                file: rel.clone(),
+                doc,
+            })
         })
         .collect()
 }

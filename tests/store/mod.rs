@@ -60,7 +60,8 @@ impl SharedStore for Shared {
             }
             return Err(StoreError::CasMismatch);
         }
-        m.data.insert(key.to_owned(), (value.to_vec(), current.unwrap_or(0) + 1));
+        m.data
+            .insert(key.to_owned(), (value.to_vec(), current.unwrap_or(0) + 1));
         Ok(())
     }
 }
@@ -68,14 +69,27 @@ impl SharedStore for Shared {
 impl Shared {
     /// The record at `key`, or an empty one.
     pub fn record(&self, key: &str) -> ClusterState {
-        let bytes = self.0.borrow().data.get(key).map(|(b, _)| b.clone()).unwrap_or_default();
+        let bytes = self
+            .0
+            .borrow()
+            .data
+            .get(key)
+            .map(|(b, _)| b.clone())
+            .unwrap_or_default();
         sync::decode(&bytes, sync::MAX_RECORD_HOSTS).unwrap_or_default()
     }
 
     /// The record of [`CLUSTER`], whatever namespace the configuration gave it (one configuration).
     pub fn state(&self) -> ClusterState {
         let suffix = format!(".cluster.{CLUSTER}");
-        let key = self.0.borrow().data.keys().find(|k| k.ends_with(&suffix)).cloned().unwrap_or_default();
+        let key = self
+            .0
+            .borrow()
+            .data
+            .keys()
+            .find(|k| k.ends_with(&suffix))
+            .cloned()
+            .unwrap_or_default();
         self.record(&key)
     }
 }

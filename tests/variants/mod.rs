@@ -10,10 +10,16 @@ pub fn all_smoothers() -> Vec<Smoother> {
     let all = vec![
         Smoother::Ewma { alpha: 0.25 },
         Smoother::DecayEwma { tau_ms: 2_000 },
-        Smoother::PeakEwma { tau_ms: 3_000, peak_samples: 2 },
+        Smoother::PeakEwma {
+            tau_ms: 3_000,
+            peak_samples: 2,
+        },
         Smoother::Sma { window: 8 },
         Smoother::BiasCorrectedEwma { beta: 0.8 },
-        Smoother::DualEwma { short_tau_ms: 500, long_tau_ms: 5_000 },
+        Smoother::DualEwma {
+            short_tau_ms: 500,
+            long_tau_ms: 5_000,
+        },
     ];
     for s in &all {
         match s {

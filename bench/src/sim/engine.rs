@@ -54,10 +54,21 @@ pub struct RunOutput {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Event {
     Arrival,
-    Done { req: u32, generation: u32 },
-    Timeout { req: u32, generation: u32 },
-    Tick { proxy: u32, worker: u32 },
-    Join { host: u32 },
+    Done {
+        req: u32,
+        generation: u32,
+    },
+    Timeout {
+        req: u32,
+        generation: u32,
+    },
+    Tick {
+        proxy: u32,
+        worker: u32,
+    },
+    Join {
+        host: u32,
+    },
     /// The end of the warm-up: utilisation counts from here ...
     Measure,
     /// ... to here, the end of the arrivals.
@@ -130,14 +141,26 @@ pub fn run(spec: &SimSpec, policy: &Policy) -> Result<RunOutput> {
 /// The plugin configuration a plugin policy runs with in the simulation: the policy's, plus
 /// the first hosts as static endpoints when the spec says so.
 pub fn plugin_config(spec: &SimSpec, policy: &Policy) -> Result<Option<Config>> {
-    let Some(mut json) = policy.plugin_config(&spec.plugin_config) else { return Ok(None) };
+    let Some(mut json) = policy.plugin_config(&spec.plugin_config) else {
+        return Ok(None);
+    };
     if spec.static_endpoints {
-        let endpoints: Vec<String> =
-            spec.hosts.iter().enumerate().filter(|(_, h)| h.join_s <= 0.0).map(|(i, _)| host_address(i)).collect();
-        merge(&mut json, &serde_json::json!({"clusters": {CLUSTER: {"endpoints": endpoints}}}));
+        let endpoints: Vec<String> = spec
+            .hosts
+            .iter()
+            .enumerate()
+            .filter(|(_, h)| h.join_s <= 0.0)
+            .map(|(i, _)| host_address(i))
+            .collect();
+        merge(
+            &mut json,
+            &serde_json::json!({"clusters": {CLUSTER: {"endpoints": endpoints}}}),
+        );
     }
     let text = serde_json::to_string(&json)?;
-    Config::from_json(text.as_bytes()).map(Some).map_err(|e| anyhow!("plugin_config for {policy}: {e}"))
+    Config::from_json(text.as_bytes())
+        .map(Some)
+        .map_err(|e| anyhow!("plugin_config for {policy}: {e}"))
 }
 
 struct Engine<'a> {
@@ -170,7 +193,9 @@ impl<'a> Engine<'a> {
             bail!("a simulation needs hosts, proxies and workers");
         }
         let config = plugin_config(spec, policy)?;
-        let tick_ns = config.as_ref().map_or(0, |c| u64::try_from(c.tick_period().as_nanos()).unwrap_or(u64::MAX));
+        let tick_ns = config.as_ref().map_or(0, |c| {
+            u64::try_from(c.tick_period().as_nanos()).unwrap_or(u64::MAX)
+        });
         let hosts: Vec<Host> = spec
             .hosts
             .iter()
@@ -187,12 +212,20 @@ impl<'a> Engine<'a> {
                 busy_at_end: None,
             })
             .collect();
-        let present = (0..hosts.len() as u32).filter(|i| hosts[*i as usize].present).collect();
-        let by_addr = hosts.iter().enumerate().map(|(i, h)| (h.addr.clone(), i as u32)).collect();
+        let present = (0..hosts.len() as u32)
+            .filter(|i| hosts[*i as usize].present)
+            .collect();
+        let by_addr = hosts
+            .iter()
+            .enumerate()
+            .map(|(i, h)| (h.addr.clone(), i as u32))
+            .collect();
         let proxies = (0..spec.proxies)
             .map(|p| Proxy {
                 workers: match &config {
-                    Some(c) => (0..spec.workers).map(|w| Worker::new(c.clone(), worker_seed(spec.seed, p, w))).collect(),
+                    Some(c) => (0..spec.workers)
+                        .map(|w| Worker::new(c.clone(), worker_seed(spec.seed, p, w)))
+                        .collect(),
                     None => Vec::new(),
                 },
                 store: MemoryStore::default(),
@@ -222,10 +255,13 @@ impl<'a> Engine<'a> {
             tick_ns,
             measure_from_ns: u64::try_from(spec.warmup.as_nanos()).unwrap_or(0),
             arrivals_end_ns: duration_ns,
-            end_ns: duration_ns.saturating_add(timeout_ns).saturating_add(NS_PER_SEC),
+            end_ns: duration_ns
+                .saturating_add(timeout_ns)
+                .saturating_add(NS_PER_SEC),
             out: RunOutput {
                 policy: policy.name().to_owned(),
-                latency_us: Histogram::new_with_bounds(1, MAX_LATENCY_US, 3).map_err(|e| anyhow!("histogram: {e}"))?,
+                latency_us: Histogram::new_with_bounds(1, MAX_LATENCY_US, 3)
+                    .map_err(|e| anyhow!("histogram: {e}"))?,
                 count: 0,
                 errors: 0,
                 sum_latency_us: 0,
@@ -240,7 +276,10 @@ impl<'a> Engine<'a> {
             for w in 0..proxy.workers.len() {
                 // Random phases: VMs start and tick independently.
                 let phase = engine.lb_rng.random_range(0..tick_ns.max(1));
-                let ev = Event::Tick { proxy: p as u32, worker: w as u32 };
+                let ev = Event::Tick {
+                    proxy: p as u32,
+                    worker: w as u32,
+                };
                 engine.seq += 1;
                 engine.events.push(Reverse((phase, engine.seq, ev)));
             }
@@ -252,8 +291,16 @@ impl<'a> Engine<'a> {
                 *rr = engine.lb_rng.random_range(0..n);
             }
         }
-        for (i, h) in spec.hosts.iter().enumerate().filter(|(_, h)| h.join_s > 0.0) {
-            engine.schedule((h.join_s * NS_PER_SEC as f64) as u64, Event::Join { host: i as u32 });
+        for (i, h) in spec
+            .hosts
+            .iter()
+            .enumerate()
+            .filter(|(_, h)| h.join_s > 0.0)
+        {
+            engine.schedule(
+                (h.join_s * NS_PER_SEC as f64) as u64,
+                Event::Join { host: i as u32 },
+            );
         }
         engine.schedule(engine.measure_from_ns, Event::Measure);
         engine.schedule(engine.arrivals_end_ns, Event::MeasureEnd);
@@ -277,7 +324,9 @@ impl Engine<'_> {
             match event {
                 Event::Arrival => self.arrival(),
                 Event::Done { req, generation } if self.current(req, generation) => self.done(req),
-                Event::Timeout { req, generation } if self.current(req, generation) => self.timeout(req),
+                Event::Timeout { req, generation } if self.current(req, generation) => {
+                    self.timeout(req)
+                }
                 Event::Done { .. } | Event::Timeout { .. } => {}
                 Event::Tick { proxy, worker } => self.tick(proxy, worker),
                 Event::Join { host } => self.join(host),
@@ -304,8 +353,16 @@ impl Engine<'_> {
 
     fn arrival(&mut self) {
         let spec = self.spec;
-        let proxy = if spec.proxies > 1 { self.arrival_rng.random_range(0..spec.proxies) } else { 0 };
-        let worker = if spec.workers > 1 { self.arrival_rng.random_range(0..spec.workers) } else { 0 };
+        let proxy = if spec.proxies > 1 {
+            self.arrival_rng.random_range(0..spec.proxies)
+        } else {
+            0
+        };
+        let worker = if spec.workers > 1 {
+            self.arrival_rng.random_range(0..spec.workers)
+        } else {
+            0
+        };
         self.next_arrival += 1;
         let next_ns = match spec.arrivals {
             Arrivals::Uniform => (self.next_arrival as f64 * NS_PER_SEC as f64 / spec.rate) as u64,
@@ -327,7 +384,11 @@ impl Engine<'_> {
         let a = self.present[self.lb_rng.random_range(0..n)];
         let b = self.present[self.lb_rng.random_range(0..n)];
         let active = &self.proxies[proxy].active;
-        if active[b as usize] < active[a as usize] { b } else { a }
+        if active[b as usize] < active[a as usize] {
+            b
+        } else {
+            a
+        }
     }
 
     fn dispatch(&mut self, proxy: u32, worker: u32) {
@@ -345,13 +406,20 @@ impl Engine<'_> {
             Balancer::Random => self.present[self.lb_rng.random_range(0..self.present.len())],
             Balancer::LeastRequest => self.least_request(p),
             Balancer::Plugin => {
-                let request = Request { path: b"/", cluster: Some(CLUSTER) };
+                let request = Request {
+                    path: b"/",
+                    cluster: Some(CLUSTER),
+                };
                 let decision = self.proxies[p].workers[w].route(&request, || None);
                 sampled = decision.is_sampled();
                 match decision {
                     Decision::Override(pick) => {
                         self.out.steered += 1;
-                        let chosen = self.by_addr.get(&*pick.host).copied().filter(|h| self.hosts[*h as usize].present);
+                        let chosen = self
+                            .by_addr
+                            .get(&*pick.host)
+                            .copied()
+                            .filter(|h| self.hosts[*h as usize].present);
                         picked = Some(pick.host);
                         // Envoy serves an override it does not have through the fallback.
                         match chosen {
@@ -406,16 +474,26 @@ impl Engine<'_> {
     }
 
     fn current(&self, id: u32, generation: u32) -> bool {
-        self.reqs.get(id as usize).is_some_and(|r| r.generation == generation)
+        self.reqs
+            .get(id as usize)
+            .is_some_and(|r| r.generation == generation)
     }
 
     fn schedule_timeout(&mut self, id: u32) {
         let r = &mut self.reqs[id as usize];
         if !r.timeout_scheduled {
             r.timeout_scheduled = true;
-            let at = r.arrival_ns.saturating_add(u64::try_from(self.spec.route_timeout.as_nanos()).unwrap_or(u64::MAX));
+            let at = r.arrival_ns.saturating_add(
+                u64::try_from(self.spec.route_timeout.as_nanos()).unwrap_or(u64::MAX),
+            );
             let generation = r.generation;
-            self.schedule(at, Event::Timeout { req: id, generation });
+            self.schedule(
+                at,
+                Event::Timeout {
+                    req: id,
+                    generation,
+                },
+            );
         }
     }
 
@@ -428,20 +506,30 @@ impl Engine<'_> {
         h.busy += 1;
         let t_s = self.now_ns as f64 / NS_PER_SEC as f64;
         let failing = spec.failing_at(t_s);
-        let (service_ns, failed) = if failing > 0.0 && self.service_rng.random_bool(failing.min(1.0)) {
-            (FAST_FAILURE_NS, true)
-        } else {
-            let d = spec.latency_at(t_s).sample(&mut self.service_rng);
-            let failed = spec.fail_rate > 0.0 && self.service_rng.random_bool(spec.fail_rate.min(1.0));
-            (u64::try_from(d.as_nanos()).unwrap_or(u64::MAX), failed)
-        };
+        let (service_ns, failed) =
+            if failing > 0.0 && self.service_rng.random_bool(failing.min(1.0)) {
+                (FAST_FAILURE_NS, true)
+            } else {
+                let d = spec.latency_at(t_s).sample(&mut self.service_rng);
+                let failed =
+                    spec.fail_rate > 0.0 && self.service_rng.random_bool(spec.fail_rate.min(1.0));
+                (u64::try_from(d.as_nanos()).unwrap_or(u64::MAX), failed)
+            };
         self.reqs[id as usize].failed = failed;
         self.reqs[id as usize].in_service = true;
         let done_ns = self.now_ns.saturating_add(service_ns);
         let generation = self.reqs[id as usize].generation;
-        self.schedule(done_ns, Event::Done { req: id, generation });
+        self.schedule(
+            done_ns,
+            Event::Done {
+                req: id,
+                generation,
+            },
+        );
         let r = &self.reqs[id as usize];
-        if done_ns.saturating_sub(r.arrival_ns) > u64::try_from(self.spec.route_timeout.as_nanos()).unwrap_or(u64::MAX) {
+        if done_ns.saturating_sub(r.arrival_ns)
+            > u64::try_from(self.spec.route_timeout.as_nanos()).unwrap_or(u64::MAX)
+        {
             self.schedule_timeout(id);
         }
     }
@@ -456,7 +544,11 @@ impl Engine<'_> {
         self.finish_service(id);
         if !self.reqs[id as usize].answered {
             let r = &self.reqs[id as usize];
-            let outcome = if r.failed { Outcome::ServerError } else { Outcome::Success };
+            let outcome = if r.failed {
+                Outcome::ServerError
+            } else {
+                Outcome::Success
+            };
             let latency_ns = self.now_ns - r.arrival_ns;
             self.answer(id, outcome, latency_ns);
         }
@@ -530,7 +622,9 @@ impl Engine<'_> {
         }
         if r.sampled {
             let worker = &mut proxy.workers[w];
-            let num_endpoints = worker.wants_endpoint_count(CLUSTER).then_some(self.present.len() as u32);
+            let num_endpoints = worker
+                .wants_endpoint_count(CLUSTER)
+                .then_some(self.present.len() as u32);
             let done = Finished {
                 picked: r.picked.as_deref(),
                 served_by: Some(&self.hosts[host].addr),

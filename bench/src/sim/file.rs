@@ -80,13 +80,22 @@ pub const FLEET_POLICIES: [&str; 4] = ["least_request", "random", "ewma_lb", "ew
 
 /// Reads a scenario or fleet file; `smoke` shrinks it to seconds of work.
 pub fn load(path: &Path, smoke: bool) -> Result<SimSpec> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("simulation");
-    let table: toml::Table = toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let stem = path
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("simulation");
+    let table: toml::Table =
+        toml::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
     let spec = if table.contains_key("hosts") {
         parse_fleet(&text, stem, smoke)
     } else {
-        let s = if smoke { Scenario::parse_smoke(&text, stem)? } else { Scenario::parse(&text, stem)? };
+        let s = if smoke {
+            Scenario::parse_smoke(&text, stem)?
+        } else {
+            Scenario::parse(&text, stem)?
+        };
         from_scenario(&s)
     };
     spec.with_context(|| format!("simulation {}", path.display()))
@@ -132,10 +141,28 @@ fn parse_fleet(text: &str, stem: &str, smoke: bool) -> Result<SimSpec> {
     let dur = |s: &str, what: &str| parse_duration(s).with_context(|| what.to_string());
     let mut hosts = Vec::new();
     for g in &f.hosts {
-        let latency: Latency = g.latency.parse().with_context(|| format!("hosts {}", g.name))?;
-        let phases = g.phases.iter().map(|p| p.parse::<Phase>()).collect::<Result<Vec<_>>>().with_context(|| format!("hosts {}", g.name))?;
-        let failing = g.failing.iter().map(|p| parse_fail_phase(p)).collect::<Result<Vec<_>>>().with_context(|| format!("hosts {}", g.name))?;
-        let join_s = g.join.as_deref().map(|j| dur(j, "join")).transpose()?.map_or(0.0, |d| d.as_secs_f64());
+        let latency: Latency = g
+            .latency
+            .parse()
+            .with_context(|| format!("hosts {}", g.name))?;
+        let phases = g
+            .phases
+            .iter()
+            .map(|p| p.parse::<Phase>())
+            .collect::<Result<Vec<_>>>()
+            .with_context(|| format!("hosts {}", g.name))?;
+        let failing = g
+            .failing
+            .iter()
+            .map(|p| parse_fail_phase(p))
+            .collect::<Result<Vec<_>>>()
+            .with_context(|| format!("hosts {}", g.name))?;
+        let join_s = g
+            .join
+            .as_deref()
+            .map(|j| dur(j, "join"))
+            .transpose()?
+            .map_or(0.0, |d| d.as_secs_f64());
         if g.count == 0 {
             bail!("hosts {}: count must be at least 1", g.name);
         }
@@ -156,13 +183,20 @@ fn parse_fleet(text: &str, stem: &str, smoke: bool) -> Result<SimSpec> {
         serde_json::Value::Object(m) => m,
         _ => serde_json::Map::new(),
     };
-    let names: Vec<String> = f.policies.unwrap_or_else(|| FLEET_POLICIES.iter().map(|s| s.to_string()).collect());
-    let policies = names.iter().map(|p| Policy::named(p, &variants)).collect::<Result<Vec<_>>>()?;
+    let names: Vec<String> = f
+        .policies
+        .unwrap_or_else(|| FLEET_POLICIES.iter().map(|s| s.to_string()).collect());
+    let policies = names
+        .iter()
+        .map(|p| Policy::named(p, &variants))
+        .collect::<Result<Vec<_>>>()?;
     let rate = match (f.rate, f.utilisation) {
         (Some(r), None) => r,
         (None, Some(u)) => {
             let initial = hosts.iter().filter(|h| h.join_s <= 0.0);
-            let capacity: f64 = initial.map(|h| h.capacity_per_s().unwrap_or(f64::NAN)).sum();
+            let capacity: f64 = initial
+                .map(|h| h.capacity_per_s().unwrap_or(f64::NAN))
+                .sum();
             if !capacity.is_finite() {
                 bail!("utilisation needs every host that is there from the start to have a capacity (or give rate)");
             }
@@ -183,7 +217,12 @@ fn parse_fleet(text: &str, stem: &str, smoke: bool) -> Result<SimSpec> {
             Some(other) => bail!("arrivals {other:?}: poisson or uniform"),
         },
         duration: dur(&f.duration, "duration")?,
-        warmup: f.warmup.as_deref().map(|w| dur(w, "warmup")).transpose()?.unwrap_or_default(),
+        warmup: f
+            .warmup
+            .as_deref()
+            .map(|w| dur(w, "warmup"))
+            .transpose()?
+            .unwrap_or_default(),
         route_timeout: dur(&f.route_timeout, "route_timeout")?,
         policies,
         plugin_config: serde_json::to_value(f.plugin_config.unwrap_or_default())?,
@@ -196,8 +235,18 @@ fn parse_fleet(text: &str, stem: &str, smoke: bool) -> Result<SimSpec> {
         // The same load per proxy.
         spec.rate *= proxies as f64 / spec.proxies as f64;
         spec.proxies = proxies;
-        spec.duration = sm.duration.as_deref().map(|d| dur(d, "smoke.duration")).transpose()?.unwrap_or(Duration::from_secs(5));
-        spec.warmup = sm.warmup.as_deref().map(|d| dur(d, "smoke.warmup")).transpose()?.unwrap_or(Duration::from_secs(1));
+        spec.duration = sm
+            .duration
+            .as_deref()
+            .map(|d| dur(d, "smoke.duration"))
+            .transpose()?
+            .unwrap_or(Duration::from_secs(5));
+        spec.warmup = sm
+            .warmup
+            .as_deref()
+            .map(|d| dur(d, "smoke.warmup"))
+            .transpose()?
+            .unwrap_or(Duration::from_secs(1));
     }
     validate(&spec)?;
     Ok(spec)
@@ -205,14 +254,26 @@ fn parse_fleet(text: &str, stem: &str, smoke: bool) -> Result<SimSpec> {
 
 /// "FROM-TO@SHARE", seconds.
 fn parse_fail_phase(s: &str) -> Result<FailPhase> {
-    let (range, share) = s.split_once('@').with_context(|| format!("failing {s:?}: expected FROM-TO@SHARE"))?;
-    let (from, to) = range.split_once('-').with_context(|| format!("failing {s:?}: expected FROM-TO@SHARE"))?;
-    let num = |v: &str| v.trim().parse::<f64>().with_context(|| format!("failing {s:?}: {v:?} is not a number"));
+    let (range, share) = s
+        .split_once('@')
+        .with_context(|| format!("failing {s:?}: expected FROM-TO@SHARE"))?;
+    let (from, to) = range
+        .split_once('-')
+        .with_context(|| format!("failing {s:?}: expected FROM-TO@SHARE"))?;
+    let num = |v: &str| {
+        v.trim()
+            .parse::<f64>()
+            .with_context(|| format!("failing {s:?}: {v:?} is not a number"))
+    };
     let (from_s, to_s, share) = (num(from)?, num(to)?, num(share)?);
     if !(from_s < to_s && (0.0..=1.0).contains(&share)) {
         bail!("failing {s:?}: FROM < TO and SHARE within 0..=1");
     }
-    Ok(FailPhase { from_s, to_s, share })
+    Ok(FailPhase {
+        from_s,
+        to_s,
+        share,
+    })
 }
 
 /// Checks a spec's bounds, whatever it came from.
@@ -232,7 +293,11 @@ pub fn validate(spec: &SimSpec) -> Result<()> {
     if spec.route_timeout.is_zero() {
         bail!("route_timeout must be > 0");
     }
-    if spec.hosts.iter().any(|h| h.capacity == Some(0) || !(0.0..=1.0).contains(&h.fail_rate)) {
+    if spec
+        .hosts
+        .iter()
+        .any(|h| h.capacity == Some(0) || !(0.0..=1.0).contains(&h.fail_rate))
+    {
         bail!("a host's capacity must be at least 1 and its fail rate within 0..=1");
     }
     Ok(())
@@ -274,7 +339,10 @@ proxies = 10
         // 3 initial hosts of 4 workers at 50 ms: 240 req/s; half of it.
         assert!((s.rate - 120.0).abs() < 1e-9, "{}", s.rate);
         assert_eq!(s.hosts[4].failing_at(13.0), 0.5);
-        assert_eq!(s.policies.iter().map(Policy::name).collect::<Vec<_>>(), FLEET_POLICIES);
+        assert_eq!(
+            s.policies.iter().map(Policy::name).collect::<Vec<_>>(),
+            FLEET_POLICIES
+        );
         let smoke = parse_fleet(FLEET, "f", true).unwrap();
         assert_eq!(smoke.proxies, 10);
         assert!((smoke.rate - 12.0).abs() < 1e-9);

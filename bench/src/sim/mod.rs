@@ -108,18 +108,30 @@ impl HostSpec {
 
     /// The service time profile in force at `t_s`.
     pub fn latency_at(&self, t_s: f64) -> &Latency {
-        self.phases.iter().find(|p| t_s >= p.from_s && t_s < p.to_s).map_or(&self.latency, |p| &p.latency)
+        self.phases
+            .iter()
+            .find(|p| t_s >= p.from_s && t_s < p.to_s)
+            .map_or(&self.latency, |p| &p.latency)
     }
 
     /// The share of requests failing fast at `t_s`.
     pub fn failing_at(&self, t_s: f64) -> f64 {
-        self.failing.iter().find(|p| t_s >= p.from_s && t_s < p.to_s).map_or(0.0, |p| p.share)
+        self.failing
+            .iter()
+            .find(|p| t_s >= p.from_s && t_s < p.to_s)
+            .map_or(0.0, |p| p.share)
     }
 
     /// Requests per second this host serves at most, from its base profile's mean.
     pub fn capacity_per_s(&self) -> Option<f64> {
         let mean_s = mean_ms(&self.latency) / 1000.0;
-        self.capacity.map(|k| if mean_s > 0.0 { k as f64 / mean_s } else { f64::INFINITY })
+        self.capacity.map(|k| {
+            if mean_s > 0.0 {
+                k as f64 / mean_s
+            } else {
+                f64::INFINITY
+            }
+        })
     }
 }
 
@@ -134,7 +146,12 @@ pub fn mean_ms(latency: &Latency) -> f64 {
 
 /// The address of host `i`: `10.a.b.c:8080`, as Envoy would report it in `upstream.address`.
 pub fn host_address(i: usize) -> String {
-    format!("10.{}.{}.{}:8080", (i >> 16) & 0xff, (i >> 8) & 0xff, i & 0xff)
+    format!(
+        "10.{}.{}.{}:8080",
+        (i >> 16) & 0xff,
+        (i >> 8) & 0xff,
+        i & 0xff
+    )
 }
 
 // === Running ===
@@ -174,10 +191,18 @@ pub struct SimReport {
 
 /// Runs every (policy, seed) of `spec`, `opts.threads` at a time; results in the order of the
 /// policies, whatever the threads did first.
-pub fn run_all(spec: &SimSpec, seeds: &[u64], threads: usize, progress: bool) -> Result<Vec<SimResult>> {
-    let jobs: Vec<(usize, u64)> = (0..spec.policies.len()).flat_map(|p| seeds.iter().map(move |s| (p, *s))).collect();
+pub fn run_all(
+    spec: &SimSpec,
+    seeds: &[u64],
+    threads: usize,
+    progress: bool,
+) -> Result<Vec<SimResult>> {
+    let jobs: Vec<(usize, u64)> = (0..spec.policies.len())
+        .flat_map(|p| seeds.iter().map(move |s| (p, *s)))
+        .collect();
     let next = AtomicUsize::new(0);
-    let done: Mutex<Vec<Option<Result<report::RunSummary>>>> = Mutex::new((0..jobs.len()).map(|_| None).collect());
+    let done: Mutex<Vec<Option<Result<report::RunSummary>>>> =
+        Mutex::new((0..jobs.len()).map(|_| None).collect());
     std::thread::scope(|scope| {
         for _ in 0..threads.clamp(1, jobs.len().max(1)) {
             scope.spawn(|| loop {
@@ -201,11 +226,20 @@ pub fn run_all(spec: &SimSpec, seeds: &[u64], threads: usize, progress: bool) ->
             });
         }
     });
-    let done = done.into_inner().map_err(|_| anyhow::anyhow!("a simulation thread panicked"))?;
+    let done = done
+        .into_inner()
+        .map_err(|_| anyhow::anyhow!("a simulation thread panicked"))?;
     let mut results: Vec<SimResult> = spec
         .policies
         .iter()
-        .map(|p| SimResult { policy: p.name().to_owned(), figures: crate::figures::PolicyFigures { policy: p.name().to_owned(), rounds: Vec::new() }, ..SimResult::default() })
+        .map(|p| SimResult {
+            policy: p.name().to_owned(),
+            figures: crate::figures::PolicyFigures {
+                policy: p.name().to_owned(),
+                rounds: Vec::new(),
+            },
+            ..SimResult::default()
+        })
         .collect();
     for ((p, seed), run) in jobs.into_iter().zip(done) {
         let run = run.context("a simulation did not finish")??;
@@ -228,7 +262,8 @@ pub fn simulate(spec: &SimSpec, opts: &SimOptions) -> Result<SimReport> {
     if opts.plots {
         crate::plot::ensure_font()?;
     }
-    std::fs::create_dir_all(&opts.out_dir).with_context(|| format!("creating {}", opts.out_dir.display()))?;
+    std::fs::create_dir_all(&opts.out_dir)
+        .with_context(|| format!("creating {}", opts.out_dir.display()))?;
     eprintln!(
         "simulating {}: {} proxies x {} workers, {} hosts, {:.0} req/s, {:?} ({:?} warm-up), {} policies x {} seed(s)",
         spec.name,
@@ -246,19 +281,34 @@ pub fn simulate(spec: &SimSpec, opts: &SimOptions) -> Result<SimReport> {
         name: spec.name.clone(),
         description: spec.description.clone(),
         settings: settings(spec, &opts.seeds),
-        hosts: if spec.hosts.len() <= report::PER_HOST_LIMIT { spec.hosts.iter().map(|h| h.name.clone()).collect() } else { Vec::new() },
+        hosts: if spec.hosts.len() <= report::PER_HOST_LIMIT {
+            spec.hosts.iter().map(|h| h.name.clone()).collect()
+        } else {
+            Vec::new()
+        },
         groups: report::groups(spec),
         results,
         files: Vec::new(),
     };
     if opts.plots {
         for f in report::plots(&opts.out_dir, spec, &report.results)? {
-            report.files.push(f.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default());
+            report.files.push(
+                f.file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+            );
         }
     }
-    std::fs::write(opts.out_dir.join("results.md"), markdown(&report)).context("writing results.md")?;
-    std::fs::write(opts.out_dir.join("results.json"), serde_json::to_string_pretty(&report)?).context("writing results.json")?;
-    report.files.extend(["results.md".to_string(), "results.json".to_string()]);
+    std::fs::write(opts.out_dir.join("results.md"), markdown(&report))
+        .context("writing results.md")?;
+    std::fs::write(
+        opts.out_dir.join("results.json"),
+        serde_json::to_string_pretty(&report)?,
+    )
+    .context("writing results.json")?;
+    report
+        .files
+        .extend(["results.md".to_string(), "results.json".to_string()]);
     Ok(report)
 }
 
@@ -320,9 +370,18 @@ pub fn markdown(report: &SimReport) -> String {
         md.push_str(&report::group_table(&report.groups, &report.results));
         md.push('\n');
     }
-    let wall: f64 = report.results.iter().flat_map(|r| r.fleet.iter().map(|f| f.wall_s)).sum();
+    let wall: f64 = report
+        .results
+        .iter()
+        .flat_map(|r| r.fleet.iter().map(|f| f.wall_s))
+        .sum();
     let _ = writeln!(md, "Simulation time: {wall:.1} s of CPU over all runs.");
-    let plots: Vec<String> = report.files.iter().filter(|f| !f.starts_with("results")).map(|f| format!("`{f}`")).collect();
+    let plots: Vec<String> = report
+        .files
+        .iter()
+        .filter(|f| !f.starts_with("results"))
+        .map(|f| format!("`{f}`"))
+        .collect();
     if !plots.is_empty() {
         let _ = writeln!(md, "\nPlots: {}.", plots.join(", "));
     }
@@ -344,25 +403,50 @@ pub fn scale(spec: &SimSpec, proxies: &[usize], opts: &SimOptions) -> Result<Vec
     if opts.plots {
         crate::plot::ensure_font()?;
     }
-    std::fs::create_dir_all(&opts.out_dir).with_context(|| format!("creating {}", opts.out_dir.display()))?;
+    std::fs::create_dir_all(&opts.out_dir)
+        .with_context(|| format!("creating {}", opts.out_dir.display()))?;
     let mut points = Vec::new();
     for &n in proxies {
-        let s = SimSpec { proxies: n, ..spec.clone() };
+        let s = SimSpec {
+            proxies: n,
+            ..spec.clone()
+        };
         file::validate(&s)?;
         eprintln!("{} proxies ({:.1} req/s each):", n, s.rate / n as f64);
         let results = run_all(&s, &opts.seeds, opts.threads, true)?;
-        points.push(ScalePoint { proxies: n, rate_per_proxy: s.rate / n as f64, results });
+        points.push(ScalePoint {
+            proxies: n,
+            rate_per_proxy: s.rate / n as f64,
+            results,
+        });
     }
-    let mut md = format!("# Simulation `{}` from {} to {} proxies\n\n", spec.name, proxies.first().unwrap_or(&0), proxies.last().unwrap_or(&0));
+    let mut md = format!(
+        "# Simulation `{}` from {} to {} proxies\n\n",
+        spec.name,
+        proxies.first().unwrap_or(&0),
+        proxies.last().unwrap_or(&0)
+    );
     md.push_str(&scale_table(&points));
     std::fs::write(opts.out_dir.join("scale.md"), &md).context("writing scale.md")?;
-    std::fs::write(opts.out_dir.join("scale.json"), serde_json::to_string_pretty(&points)?).context("writing scale.json")?;
+    std::fs::write(
+        opts.out_dir.join("scale.json"),
+        serde_json::to_string_pretty(&points)?,
+    )
+    .context("writing scale.json")?;
     if opts.plots {
         type Figure = fn(&SimResult) -> Option<f64>;
         let figures: [(&str, &str, Figure); 3] = [
-            ("scale-p99", "p99 latency, ms", |r| r.figures.median(|f| Some(f.p99_ms))),
-            ("scale-utilisation-spread", "utilisation spread over hosts (CV), %", |r| r.spread(|f| Some(f.util_cv_pct)).map(|s| s.median)),
-            ("scale-flapping", "flapping, % of a fair share", |r| r.spread(|f| Some(f.flap_fair_pct)).map(|s| s.median)),
+            ("scale-p99", "p99 latency, ms", |r| {
+                r.figures.median(|f| Some(f.p99_ms))
+            }),
+            (
+                "scale-utilisation-spread",
+                "utilisation spread over hosts (CV), %",
+                |r| r.spread(|f| Some(f.util_cv_pct)).map(|s| s.median),
+            ),
+            ("scale-flapping", "flapping, % of a fair share", |r| {
+                r.spread(|f| Some(f.flap_fair_pct)).map(|s| s.median)
+            }),
         ];
         for (stem, what, figure) in figures {
             let lines: Vec<crate::plot::Line> = spec
@@ -372,11 +456,24 @@ pub fn scale(spec: &SimSpec, proxies: &[usize], opts: &SimOptions) -> Result<Vec
                     label: p.name().to_owned(),
                     points: points
                         .iter()
-                        .filter_map(|pt| pt.results.iter().find(|r| r.policy == p.name()).and_then(figure).map(|y| (pt.proxies as f64, y)))
+                        .filter_map(|pt| {
+                            pt.results
+                                .iter()
+                                .find(|r| r.policy == p.name())
+                                .and_then(figure)
+                                .map(|y| (pt.proxies as f64, y))
+                        })
                         .collect(),
                 })
                 .collect();
-            crate::plot::lines(&opts.out_dir, stem, &format!("{} (simulated): {what}", spec.name), ("proxies (log scale)", what), true, &lines)?;
+            crate::plot::lines(
+                &opts.out_dir,
+                stem,
+                &format!("{} (simulated): {what}", spec.name),
+                ("proxies (log scale)", what),
+                true,
+                &lines,
+            )?;
         }
     }
     Ok(points)
@@ -390,8 +487,12 @@ pub fn scale_table(points: &[ScalePoint]) -> String {
     );
     for pt in points {
         for r in &pt.results {
-            let b = |f: &dyn Fn(&crate::figures::RoundFigures) -> Option<f64>| r.figures.spread(f).map_or("-".into(), |s| s.show(1));
-            let fl = |f: &dyn Fn(&report::FleetFigures) -> Option<f64>, d: usize| r.spread(f).map_or("-".into(), |s| s.show(d));
+            let b = |f: &dyn Fn(&crate::figures::RoundFigures) -> Option<f64>| {
+                r.figures.spread(f).map_or("-".into(), |s| s.show(1))
+            };
+            let fl = |f: &dyn Fn(&report::FleetFigures) -> Option<f64>, d: usize| {
+                r.spread(f).map_or("-".into(), |s| s.show(d))
+            };
             let _ = writeln!(
                 t,
                 "| {} | {:.1} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
@@ -401,7 +502,9 @@ pub fn scale_table(points: &[ScalePoint]) -> String {
                 b(&|f| Some(f.p50_ms)),
                 b(&|f| Some(f.p95_ms)),
                 b(&|f| Some(f.p99_ms)),
-                r.figures.spread(|f| Some(f.errors_pct)).map_or("-".into(), |s| s.show(2)),
+                r.figures
+                    .spread(|f| Some(f.errors_pct))
+                    .map_or("-".into(), |s| s.show(2)),
                 fl(&|f| Some(f.util_cv_pct), 1),
                 fl(&|f| Some(f.util_max_pct), 1),
                 fl(&|f| Some(f.flap_fair_pct), 1),
@@ -442,16 +545,34 @@ mod tests {
     #[test]
     fn a_saturated_host_is_busy_all_the_time_and_no_more() {
         // One server, 10 ms a request, 200 arrivals a second: twice what it can serve.
-        let host = HostSpec { capacity: Some(1), ..HostSpec::new("only", Latency::Fixed(10)) };
+        let host = HostSpec {
+            capacity: Some(1),
+            ..HostSpec::new("only", Latency::Fixed(10))
+        };
         let r = run(&spec(vec![host], 200.0, &["random"]));
         let util = r[0].fleet[0].util_max_pct;
-        assert!((99.0..=100.0 + 1e-6).contains(&util), "utilisation {util} %");
-        assert!(r[0].figures.rounds[0].errors_pct > 10.0, "the queue overflows into timeouts");
+        assert!(
+            (99.0..=100.0 + 1e-6).contains(&util),
+            "utilisation {util} %"
+        );
+        assert!(
+            r[0].figures.rounds[0].errors_pct > 10.0,
+            "the queue overflows into timeouts"
+        );
     }
 
     #[test]
     fn the_same_seed_gives_the_same_run() {
-        let hosts = vec![HostSpec::new("a", Latency::LogNormal { median_ms: 20.0, sigma: 0.3 }), HostSpec::new("b", Latency::Fixed(30))];
+        let hosts = vec![
+            HostSpec::new(
+                "a",
+                Latency::LogNormal {
+                    median_ms: 20.0,
+                    sigma: 0.3,
+                },
+            ),
+            HostSpec::new("b", Latency::Fixed(30)),
+        ];
         let s = spec(hosts, 300.0, &["least_request", "ewma_lb"]);
         let (x, y) = (run(&s), run(&s));
         for (a, b) in x.iter().zip(&y) {
@@ -461,10 +582,17 @@ mod tests {
 
     #[test]
     fn the_plugin_leaves_a_slow_host() {
-        let hosts = vec![HostSpec::new("fast", Latency::Fixed(20)), HostSpec::new("slow", Latency::Fixed(400))];
+        let hosts = vec![
+            HostSpec::new("fast", Latency::Fixed(20)),
+            HostSpec::new("slow", Latency::Fixed(400)),
+        ];
         let r = run(&spec(hosts, 200.0, &["random", "ewma_lb"]));
         let slow = |i: usize| r[i].figures.rounds[0].shares_pct["slow"];
         assert!((slow(0) - 50.0).abs() < 5.0, "random splits: {}", slow(0));
-        assert!(slow(1) < 2.0, "ewma_lb keeps the slow host to its floor and probes: {}", slow(1));
+        assert!(
+            slow(1) < 2.0,
+            "ewma_lb keeps the slow host to its floor and probes: {}",
+            slow(1)
+        );
     }
 }

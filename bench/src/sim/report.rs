@@ -81,7 +81,14 @@ pub struct RunSummary {
 impl RunSummary {
     pub fn of(spec: &SimSpec, out: &RunOutput) -> RunSummary {
         let (figures, fleet, host_seconds, group_seconds, host_util_pct) = summarise(spec, out);
-        RunSummary { figures, fleet, host_seconds, group_seconds, host_util_pct, quantiles_ms: quantiles(out) }
+        RunSummary {
+            figures,
+            fleet,
+            host_seconds,
+            group_seconds,
+            host_util_pct,
+            quantiles_ms: quantiles(out),
+        }
     }
 }
 
@@ -89,7 +96,16 @@ impl RunSummary {
 pub const PER_HOST_LIMIT: usize = 16;
 
 /// The figures of one run.
-pub fn summarise(spec: &SimSpec, out: &RunOutput) -> (RoundFigures, FleetFigures, Vec<SecondShares>, Vec<SecondShares>, Vec<f64>) {
+pub fn summarise(
+    spec: &SimSpec,
+    out: &RunOutput,
+) -> (
+    RoundFigures,
+    FleetFigures,
+    Vec<SecondShares>,
+    Vec<SecondShares>,
+    Vec<f64>,
+) {
     let names: Vec<String> = spec.hosts.iter().map(|h| h.name.clone()).collect();
     let h = &out.latency_us;
     let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
@@ -97,24 +113,54 @@ pub fn summarise(spec: &SimSpec, out: &RunOutput) -> (RoundFigures, FleetFigures
     let from = spec.warmup.as_secs() as usize;
     let measured = out.per_second.get(from..).unwrap_or_default();
     let total: u64 = measured.iter().flatten().map(|&n| u64::from(n)).sum();
-    let per_host: Vec<u64> = (0..names.len()).map(|i| measured.iter().map(|row| u64::from(row[i])).sum()).collect();
+    let per_host: Vec<u64> = (0..names.len())
+        .map(|i| measured.iter().map(|row| u64::from(row[i])).sum())
+        .collect();
     let mut f = RoundFigures {
         count,
-        avg_ms: if count > 0 { out.sum_latency_us as f64 / count as f64 / 1000.0 } else { 0.0 },
+        avg_ms: if count > 0 {
+            out.sum_latency_us as f64 / count as f64 / 1000.0
+        } else {
+            0.0
+        },
         p50_ms: ms(0.5),
         p95_ms: ms(0.95),
         p99_ms: ms(0.99),
         p999_ms: ms(0.999),
-        errors_pct: if count > 0 { 100.0 * out.errors as f64 / count as f64 } else { 0.0 },
+        errors_pct: if count > 0 {
+            100.0 * out.errors as f64 / count as f64
+        } else {
+            0.0
+        },
         dropped: 0,
         ..RoundFigures::default()
     };
     let host_seconds = seconds_of(&out.per_second, |i| names[i].clone());
     if names.len() <= PER_HOST_LIMIT {
-        f.shares_pct = names.iter().zip(&per_host).map(|(n, c)| (n.clone(), 100.0 * *c as f64 / total.max(1) as f64)).collect();
-        let steady: Vec<String> = spec.hosts.iter().filter(|h| h.phases.is_empty()).map(|h| h.name.clone()).collect();
-        let slowdown = slowdown_of(spec.hosts.iter().map(|h| (h.name.as_str(), h.phases.as_slice())));
-        share_figures(&mut f, &host_seconds, from, &names, &steady, slowdown.as_ref());
+        f.shares_pct = names
+            .iter()
+            .zip(&per_host)
+            .map(|(n, c)| (n.clone(), 100.0 * *c as f64 / total.max(1) as f64))
+            .collect();
+        let steady: Vec<String> = spec
+            .hosts
+            .iter()
+            .filter(|h| h.phases.is_empty())
+            .map(|h| h.name.clone())
+            .collect();
+        let slowdown = slowdown_of(
+            spec.hosts
+                .iter()
+                .map(|h| (h.name.as_str(), h.phases.as_slice())),
+        );
+        share_figures(
+            &mut f,
+            &host_seconds,
+            from,
+            &names,
+            &steady,
+            slowdown.as_ref(),
+        );
     } else {
         let flap = flapping(&host_seconds, from, &names);
         f.flap_pp = flap.index_pp;
@@ -134,7 +180,19 @@ pub fn summarise(spec: &SimSpec, out: &RunOutput) -> (RoundFigures, FleetFigures
         let rows: Vec<Vec<u32>> = out
             .per_second
             .iter()
-            .map(|row| groups.iter().map(|g| spec.hosts.iter().zip(row).filter(|(h, _)| &h.group == g).map(|(_, n)| *n).sum()).collect())
+            .map(|row| {
+                groups
+                    .iter()
+                    .map(|g| {
+                        spec.hosts
+                            .iter()
+                            .zip(row)
+                            .filter(|(h, _)| &h.group == g)
+                            .map(|(_, n)| *n)
+                            .sum()
+                    })
+                    .collect()
+            })
             .collect();
         seconds_of(&rows, |i| groups[i].clone())
     };
@@ -156,10 +214,17 @@ pub fn summarise(spec: &SimSpec, out: &RunOutput) -> (RoundFigures, FleetFigures
         .iter()
         .skip(from)
         .filter(|s| s.count > 0)
-        .flat_map(|s| names.iter().map(move |n| s.shares.get(n).copied().unwrap_or(0.0) * m))
+        .flat_map(|s| {
+            names
+                .iter()
+                .map(move |n| s.shares.get(n).copied().unwrap_or(0.0) * m)
+        })
         .collect();
     peaks.sort_by(f64::total_cmp);
-    let p99 = peaks.get(((peaks.len() as f64 * 0.99) as usize).min(peaks.len().saturating_sub(1))).copied().unwrap_or(0.0);
+    let p99 = peaks
+        .get(((peaks.len() as f64 * 0.99) as usize).min(peaks.len().saturating_sub(1)))
+        .copied()
+        .unwrap_or(0.0);
     let plugin = out.steered + out.fallback > 0;
     let fleet = FleetFigures {
         util_mean_pct: mean,
@@ -168,19 +233,36 @@ pub fn summarise(spec: &SimSpec, out: &RunOutput) -> (RoundFigures, FleetFigures
         flap_fair_pct: f.flap_pp * m,
         flap_noise_fair_pct: f.flap_noise_pp * m,
         peak_share_x_fair: p99,
-        steered_pct: plugin.then(|| 100.0 * out.steered as f64 / (out.steered + out.fallback) as f64),
+        steered_pct: plugin
+            .then(|| 100.0 * out.steered as f64 / (out.steered + out.fallback) as f64),
         wall_s: out.wall_s,
         group_shares_pct: groups
             .iter()
             .map(|g| {
-                let n: u64 = spec.hosts.iter().zip(&per_host).filter(|(h, _)| &h.group == g).map(|(_, c)| *c).sum();
+                let n: u64 = spec
+                    .hosts
+                    .iter()
+                    .zip(&per_host)
+                    .filter(|(h, _)| &h.group == g)
+                    .map(|(_, c)| *c)
+                    .sum();
                 (g.clone(), 100.0 * n as f64 / total.max(1) as f64)
             })
             .collect(),
     };
     let mut sorted = utils;
     sorted.sort_by(f64::total_cmp);
-    (f, fleet, if names.len() <= PER_HOST_LIMIT { host_seconds } else { Vec::new() }, group_seconds, sorted)
+    (
+        f,
+        fleet,
+        if names.len() <= PER_HOST_LIMIT {
+            host_seconds
+        } else {
+            Vec::new()
+        },
+        group_seconds,
+        sorted,
+    )
 }
 
 /// Per-second shares from per-second counts per column.
@@ -195,7 +277,11 @@ fn seconds_of(rows: &[Vec<u32>], name: impl Fn(usize) -> String) -> Vec<SecondSh
                 .filter(|(_, n)| **n > 0)
                 .map(|(i, n)| (name(i), f64::from(*n) / count.max(1) as f64))
                 .collect();
-            SecondShares { second: t as u64, count, shares }
+            SecondShares {
+                second: t as u64,
+                count,
+                shares,
+            }
         })
         .collect()
 }
@@ -206,7 +292,13 @@ pub fn quantiles(out: &RunOutput) -> Vec<f64> {
     if out.count == 0 {
         return Vec::new();
     }
-    (0..POINTS).map(|i| out.latency_us.value_at_quantile((i as f64 + 0.5) / POINTS as f64) as f64 / 1000.0).collect()
+    (0..POINTS)
+        .map(|i| {
+            out.latency_us
+                .value_at_quantile((i as f64 + 0.5) / POINTS as f64) as f64
+                / 1000.0
+        })
+        .collect()
 }
 
 /// The fleet table: one row per policy, each figure's median (min-max) over the seeds.
@@ -215,8 +307,12 @@ pub fn fleet_table(results: &[SimResult]) -> String {
         "| policy | p50 ms | p95 ms | p99 ms | p99.9 ms | errors % | utilisation mean % | utilisation spread (CV %) | hottest host % | flap, % of fair | its noise floor | busiest hosts' share (p99, × fair) | steered % |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in results {
-        let b = |f: &dyn Fn(&RoundFigures) -> Option<f64>, d: usize| r.figures.spread(f).map_or("-".into(), |s| s.show(d));
-        let fl = |f: &dyn Fn(&FleetFigures) -> Option<f64>, d: usize| r.spread(f).map_or("-".into(), |s| s.show(d));
+        let b = |f: &dyn Fn(&RoundFigures) -> Option<f64>, d: usize| {
+            r.figures.spread(f).map_or("-".into(), |s| s.show(d))
+        };
+        let fl = |f: &dyn Fn(&FleetFigures) -> Option<f64>, d: usize| {
+            r.spread(f).map_or("-".into(), |s| s.show(d))
+        };
         let _ = writeln!(
             t,
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
@@ -260,20 +356,33 @@ pub fn groups(spec: &SimSpec) -> Vec<Group> {
         }
     }
     let total: f64 = groups.iter().map(|g| g.2).sum();
-    groups.into_iter().map(|(name, hosts, cap)| Group { name, hosts, capacity_pct: 100.0 * cap / total.max(1e-9) }).collect()
+    groups
+        .into_iter()
+        .map(|(name, hosts, cap)| Group {
+            name,
+            hosts,
+            capacity_pct: 100.0 * cap / total.max(1e-9),
+        })
+        .collect()
 }
 
 /// Share of traffic per host group against its share of the capacity.
 pub fn group_table(groups: &[Group], results: &[SimResult]) -> String {
     let mut t = String::from("| policy |");
     for g in groups {
-        let _ = write!(t, " {} ({} hosts, {:.1} % of capacity) |", g.name, g.hosts, g.capacity_pct);
+        let _ = write!(
+            t,
+            " {} ({} hosts, {:.1} % of capacity) |",
+            g.name, g.hosts, g.capacity_pct
+        );
     }
     let _ = writeln!(t, "\n|{}", "---|".repeat(groups.len() + 1));
     for r in results {
         let _ = write!(t, "| {} |", r.policy);
         for g in groups {
-            let s = r.spread(|f| f.group_shares_pct.get(&g.name).copied()).map_or("-".into(), |s| s.show(1));
+            let s = r
+                .spread(|f| f.group_shares_pct.get(&g.name).copied())
+                .map_or("-".into(), |s| s.show(1));
             let _ = write!(t, " {s} % |");
         }
         t.push('\n');
@@ -290,15 +399,32 @@ pub fn bench_table(hosts: &[String], results: &[SimResult]) -> String {
 /// Writes the plots of a simulation into `dir`; returns the files.
 pub fn plots(dir: &Path, spec: &SimSpec, results: &[SimResult]) -> Result<Vec<PathBuf>> {
     let mut files = Vec::new();
-    let lines: Vec<plot::CdfLine> =
-        results.iter().map(|r| plot::CdfLine { label: r.policy.clone(), sorted_ms: r.quantiles_ms.clone() }).collect();
-    files.extend(plot::latency_cdf(dir, &format!("{} (simulated): latency CDF per policy", spec.name), &lines)?);
+    let lines: Vec<plot::CdfLine> = results
+        .iter()
+        .map(|r| plot::CdfLine {
+            label: r.policy.clone(),
+            sorted_ms: r.quantiles_ms.clone(),
+        })
+        .collect();
+    files.extend(plot::latency_cdf(
+        dir,
+        &format!("{} (simulated): latency CDF per policy", spec.name),
+        &lines,
+    )?);
     let small = spec.hosts.len() <= PER_HOST_LIMIT;
     let panels: Vec<plot::SharePanel> = results
         .iter()
         .map(|r| plot::SharePanel {
-            label: format!("{} (seed {})", r.policy, r.seeds.first().copied().unwrap_or(0)),
-            seconds: if small { r.host_seconds.clone() } else { r.group_seconds.clone() },
+            label: format!(
+                "{} (seed {})",
+                r.policy,
+                r.seeds.first().copied().unwrap_or(0)
+            ),
+            seconds: if small {
+                r.host_seconds.clone()
+            } else {
+                r.group_seconds.clone()
+            },
         })
         .collect();
     let series: Vec<String> = if small {
@@ -313,13 +439,26 @@ pub fn plots(dir: &Path, spec: &SimSpec, results: &[SimResult]) -> Result<Vec<Pa
         g
     };
     let what = if small { "backend" } else { "host group" };
-    files.extend(plot::share_over_time(dir, &format!("{} (simulated): traffic share per {what} per second", spec.name), &panels, &series)?);
+    files.extend(plot::share_over_time(
+        dir,
+        &format!(
+            "{} (simulated): traffic share per {what} per second",
+            spec.name
+        ),
+        &panels,
+        &series,
+    )?);
     if !small {
         let lines: Vec<plot::Line> = results
             .iter()
             .map(|r| plot::Line {
                 label: r.policy.clone(),
-                points: r.host_util_pct.iter().enumerate().map(|(i, u)| (i as f64, *u)).collect(),
+                points: r
+                    .host_util_pct
+                    .iter()
+                    .enumerate()
+                    .map(|(i, u)| (i as f64, *u))
+                    .collect(),
             })
             .collect();
         files.extend(plot::lines(

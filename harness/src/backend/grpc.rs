@@ -37,9 +37,22 @@ pub(super) async fn handle(req: Request<Incoming>, sh: Arc<Shared>) -> Response<
     let path = req.uri().path().to_string();
     sh.count_path(&path);
     match path.as_str() {
-        UNARY_PATH => Grpc::new(ProstCodec::<WorkReply, WorkRequest>::default()).server_streaming(Work(sh), req).await,
-        STREAM_PATH => Grpc::new(ProstCodec::<WorkReply, WatchRequest>::default()).server_streaming(Watch(sh), req).await,
-        _ => Status::with_metadata(Code::Unimplemented, format!("no method {path}"), named(&sh, None)).into_http(),
+        UNARY_PATH => {
+            Grpc::new(ProstCodec::<WorkReply, WorkRequest>::default())
+                .server_streaming(Work(sh), req)
+                .await
+        }
+        STREAM_PATH => {
+            Grpc::new(ProstCodec::<WorkReply, WatchRequest>::default())
+                .server_streaming(Watch(sh), req)
+                .await
+        }
+        _ => Status::with_metadata(
+            Code::Unimplemented,
+            format!("no method {path}"),
+            named(&sh, None),
+        )
+        .into_http(),
     }
 }
 
@@ -57,7 +70,10 @@ fn named(sh: &Shared, seen: Option<&HeaderValue>) -> MetadataMap {
 }
 
 fn seen_override<T>(request: &tonic::Request<T>) -> Option<HeaderValue> {
-    request.metadata().get(OVERRIDE_HEADER).and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok())
+    request
+        .metadata()
+        .get(OVERRIDE_HEADER)
+        .and_then(|v| HeaderValue::from_bytes(v.as_bytes()).ok())
 }
 
 fn answer(metadata: MetadataMap, replies: Replies) -> tonic::Response<Replies> {
@@ -82,13 +98,22 @@ impl ServerStreamingService<WorkRequest> for Work {
             let fail = sh.work().await;
             let metadata = named(&sh, seen.as_ref());
             if !fail {
-                let reply = WorkReply { backend: sh.name.clone(), seq: 0 };
+                let reply = WorkReply {
+                    backend: sh.name.clone(),
+                    seq: 0,
+                };
                 return Ok(answer(metadata, Box::pin(tokio_stream::once(Ok(reply)))));
             }
-            let status = Status::with_metadata(sh.grpc_failure.code, format!("{} fails this call", sh.name), metadata.clone());
+            let status = Status::with_metadata(
+                sh.grpc_failure.code,
+                format!("{} fails this call", sh.name),
+                metadata.clone(),
+            );
             match sh.grpc_failure.status_in {
                 GrpcStatusIn::Headers => Err(status),
-                GrpcStatusIn::Trailers => Ok(answer(metadata, Box::pin(tokio_stream::once(Err(status))))),
+                GrpcStatusIn::Trailers => {
+                    Ok(answer(metadata, Box::pin(tokio_stream::once(Err(status)))))
+                }
             }
         })
     }
@@ -113,7 +138,14 @@ impl ServerStreamingService<WatchRequest> for Watch {
                 for seq in 0..messages {
                     let delay = sh.current_latency().sample(&mut rand::rng());
                     tokio::time::sleep(delay).await;
-                    if tx.send(Ok(WorkReply { backend: sh.name.clone(), seq })).await.is_err() {
+                    if tx
+                        .send(Ok(WorkReply {
+                            backend: sh.name.clone(),
+                            seq,
+                        }))
+                        .await
+                        .is_err()
+                    {
                         return;
                     }
                 }

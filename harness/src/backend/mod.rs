@@ -149,7 +149,9 @@ pub const POOL_THREADS: usize = 2;
 
 impl BackendPool {
     pub fn new() -> Result<BackendPool> {
-        Ok(BackendPool { rt: Some(Arc::new(runtime("backend-pool", POOL_THREADS)?)) })
+        Ok(BackendPool {
+            rt: Some(Arc::new(runtime("backend-pool", POOL_THREADS)?)),
+        })
     }
 
     /// Starts a backend on a free loopback port, on the pool's runtime.
@@ -189,13 +191,23 @@ impl Backend {
         Backend::start_on(rt, spec, addr)
     }
 
-    fn start_on(rt: Arc<tokio::runtime::Runtime>, spec: BackendSpec, addr: &str) -> Result<Backend> {
+    fn start_on(
+        rt: Arc<tokio::runtime::Runtime>,
+        spec: BackendSpec,
+        addr: &str,
+    ) -> Result<Backend> {
         spec.validate()?;
-        let want: SocketAddr = addr.parse().with_context(|| format!("backend address {addr:?}"))?;
+        let want: SocketAddr = addr
+            .parse()
+            .with_context(|| format!("backend address {addr:?}"))?;
         if !want.ip().is_loopback() {
-            bail!("backend {}: address {want} is not loopback; tests stay on this machine", spec.name);
+            bail!(
+                "backend {}: address {want} is not loopback; tests stay on this machine",
+                spec.name
+            );
         }
-        let listener = bind(&rt, want).with_context(|| format!("backend {}: binding {want}", spec.name))?;
+        let listener =
+            bind(&rt, want).with_context(|| format!("backend {}: binding {want}", spec.name))?;
         let addr = listener.local_addr()?;
         let shared = Arc::new(Shared {
             name_value: HeaderValue::from_str(&spec.name)?,
@@ -212,7 +224,12 @@ impl Backend {
             open_conns: AtomicUsize::new(0),
         });
         let serving = spawn_accept(&rt, listener, shared.clone());
-        Ok(Backend { shared, addr, serving: Mutex::new(Some(serving)), rt: Some(rt) })
+        Ok(Backend {
+            shared,
+            addr,
+            serving: Mutex::new(Some(serving)),
+            rt: Some(rt),
+        })
     }
 
     /// Starts a backend on a free loopback port.
@@ -303,7 +320,9 @@ impl Backend {
     /// Closes the listener and every open connection, in-flight requests included, and waits
     /// (a few seconds at most) until they are gone, so new connects are refused like a dead process.
     pub fn stop(&self) {
-        let Some(serving) = lock(&self.serving).take() else { return };
+        let Some(serving) = lock(&self.serving).take() else {
+            return;
+        };
         let _ = serving.stop.send(());
         let _ = serving.done.recv_timeout(STOP_WAIT);
     }
@@ -341,11 +360,18 @@ fn bind(rt: &tokio::runtime::Runtime, addr: SocketAddr) -> Result<TcpListener> {
     Ok(TcpListener::from_std(std_listener)?)
 }
 
-fn spawn_accept(rt: &tokio::runtime::Runtime, listener: TcpListener, shared: Arc<Shared>) -> Serving {
+fn spawn_accept(
+    rt: &tokio::runtime::Runtime,
+    listener: TcpListener,
+    shared: Arc<Shared>,
+) -> Serving {
     let (stop_tx, stop_rx) = oneshot::channel();
     let (done_tx, done_rx) = std_mpsc::channel();
     rt.spawn(accept_loop(listener, shared, stop_rx, done_tx));
-    Serving { stop: stop_tx, done: done_rx }
+    Serving {
+        stop: stop_tx,
+        done: done_rx,
+    }
 }
 
 async fn accept_loop(
@@ -393,7 +419,10 @@ async fn serve_conn(stream: TcpStream, shared: Arc<Shared>) {
     let _ = builder.serve_connection(TokioIo::new(stream), svc).await;
 }
 
-async fn handle(req: Request<Incoming>, sh: Arc<Shared>) -> Result<Response<tonic::body::Body>, Infallible> {
+async fn handle(
+    req: Request<Incoming>,
+    sh: Arc<Shared>,
+) -> Result<Response<tonic::body::Body>, Infallible> {
     if grpc::is_grpc(&req) {
         return Ok(grpc::handle(req, sh).await);
     }
@@ -421,7 +450,10 @@ async fn handle_http(req: Request<Incoming>, sh: Arc<Shared>) -> Response<Full<B
     *resp.status_mut() = status;
     let h = resp.headers_mut();
     h.insert(BACKEND_HEADER, sh.name_value.clone());
-    h.insert(hyper::header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    h.insert(
+        hyper::header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain"),
+    );
     if let Some(v) = seen {
         h.insert(SEEN_OVERRIDE_HEADER, v);
     }

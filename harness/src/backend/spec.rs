@@ -35,7 +35,10 @@ pub struct GrpcFailure {
 impl Default for GrpcFailure {
     /// UNAVAILABLE, trailers-only: what a gRPC server shedding load answers.
     fn default() -> Self {
-        GrpcFailure { code: tonic::Code::Unavailable, status_in: GrpcStatusIn::Headers }
+        GrpcFailure {
+            code: tonic::Code::Unavailable,
+            status_in: GrpcStatusIn::Headers,
+        }
     }
 }
 
@@ -93,7 +96,11 @@ impl BackendSpec {
 
     /// Adds a latency phase.
     pub fn phase(mut self, from_s: f64, to_s: f64, latency: Latency) -> Self {
-        self.schedule.push(Phase { from_s, to_s, latency });
+        self.schedule.push(Phase {
+            from_s,
+            to_s,
+            latency,
+        });
         self
     }
 
@@ -106,10 +113,17 @@ impl BackendSpec {
     /// Checks the fields that would otherwise fail later, at request time.
     pub fn validate(&self) -> Result<()> {
         if self.name.is_empty() || HeaderValue::from_str(&self.name).is_err() {
-            bail!("backend name {:?} must be non-empty and valid in a header", self.name);
+            bail!(
+                "backend name {:?} must be non-empty and valid in a header",
+                self.name
+            );
         }
         if !(0.0..=1.0).contains(&self.fail_rate) {
-            bail!("backend {}: fail rate {} must be within 0..=1", self.name, self.fail_rate);
+            bail!(
+                "backend {}: fail rate {} must be within 0..=1",
+                self.name,
+                self.fail_rate
+            );
         }
         if self.grpc_failure.code == tonic::Code::Ok {
             bail!("backend {}: a failed gRPC call cannot answer OK", self.name);
@@ -119,7 +133,12 @@ impl BackendSpec {
         }
         for p in &self.schedule {
             if !(p.from_s >= 0.0 && p.from_s < p.to_s) {
-                bail!("backend {}: phase {}-{} must have 0 <= from < to", self.name, p.from_s, p.to_s);
+                bail!(
+                    "backend {}: phase {}-{} must have 0 <= from < to",
+                    self.name,
+                    p.from_s,
+                    p.to_s
+                );
             }
         }
         Ok(())
@@ -131,11 +150,21 @@ impl FromStr for Phase {
 
     /// `FROM-TO@LATENCY`, seconds: `5-35@uniform:300-600`.
     fn from_str(s: &str) -> Result<Phase> {
-        let (window, lat) = s.split_once('@').with_context(|| format!("phase {s:?}: expected FROM-TO@LATENCY, e.g. 10-20@fixed:500"))?;
-        let (from, to) = window.split_once('-').with_context(|| format!("phase {s:?}: expected FROM-TO seconds"))?;
+        let (window, lat) = s.split_once('@').with_context(|| {
+            format!("phase {s:?}: expected FROM-TO@LATENCY, e.g. 10-20@fixed:500")
+        })?;
+        let (from, to) = window
+            .split_once('-')
+            .with_context(|| format!("phase {s:?}: expected FROM-TO seconds"))?;
         Ok(Phase {
-            from_s: from.trim().parse().with_context(|| format!("phase {s:?}: from"))?,
-            to_s: to.trim().parse().with_context(|| format!("phase {s:?}: to"))?,
+            from_s: from
+                .trim()
+                .parse()
+                .with_context(|| format!("phase {s:?}: from"))?,
+            to_s: to
+                .trim()
+                .parse()
+                .with_context(|| format!("phase {s:?}: to"))?,
             latency: lat.parse()?,
         })
     }
@@ -147,7 +176,17 @@ mod tests {
 
     #[test]
     fn parses_phases() {
-        assert_eq!("5-35@uniform:300-600".parse::<Phase>().unwrap(), Phase { from_s: 5.0, to_s: 35.0, latency: Latency::Uniform { lo_ms: 300, hi_ms: 600 } });
+        assert_eq!(
+            "5-35@uniform:300-600".parse::<Phase>().unwrap(),
+            Phase {
+                from_s: 5.0,
+                to_s: 35.0,
+                latency: Latency::Uniform {
+                    lo_ms: 300,
+                    hi_ms: 600
+                }
+            }
+        );
         for bad in ["5-35", "5@fixed:1", "a-3@fixed:1", "1-2@gauss:1"] {
             assert!(bad.parse::<Phase>().is_err(), "{bad:?}");
         }

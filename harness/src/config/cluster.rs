@@ -24,23 +24,44 @@ pub enum EnvoyLb {
 
 /// Each balancer's `lb_policy` value and its `load_balancing_policy` extension name.
 const ENVOY_LBS: [(EnvoyLb, &str, &str); 3] = [
-    (EnvoyLb::RoundRobin, "ROUND_ROBIN", "envoy.load_balancing_policies.round_robin"),
-    (EnvoyLb::Random, "RANDOM", "envoy.load_balancing_policies.random"),
-    (EnvoyLb::LeastRequest, "LEAST_REQUEST", "envoy.load_balancing_policies.least_request"),
+    (
+        EnvoyLb::RoundRobin,
+        "ROUND_ROBIN",
+        "envoy.load_balancing_policies.round_robin",
+    ),
+    (
+        EnvoyLb::Random,
+        "RANDOM",
+        "envoy.load_balancing_policies.random",
+    ),
+    (
+        EnvoyLb::LeastRequest,
+        "LEAST_REQUEST",
+        "envoy.load_balancing_policies.least_request",
+    ),
 ];
 
 impl EnvoyLb {
     /// The cluster's `lb_policy` value.
     pub fn lb_policy(self) -> &'static str {
-        ENVOY_LBS.iter().find(|(lb, ..)| *lb == self).map_or("", |(_, name, _)| name)
+        ENVOY_LBS
+            .iter()
+            .find(|(lb, ..)| *lb == self)
+            .map_or("", |(_, name, _)| name)
     }
 
     fn from_lb_policy(name: &str) -> Option<EnvoyLb> {
-        ENVOY_LBS.iter().find(|(_, n, _)| *n == name).map(|(lb, ..)| *lb)
+        ENVOY_LBS
+            .iter()
+            .find(|(_, n, _)| *n == name)
+            .map(|(lb, ..)| *lb)
     }
 
     fn from_extension(name: &str) -> Option<EnvoyLb> {
-        ENVOY_LBS.iter().find(|(.., ext)| *ext == name).map(|(lb, ..)| *lb)
+        ENVOY_LBS
+            .iter()
+            .find(|(.., ext)| *ext == name)
+            .map(|(lb, ..)| *lb)
     }
 }
 
@@ -57,7 +78,11 @@ impl fmt::Display for LbPolicy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             LbPolicy::Envoy(lb) => f.write_str(lb.lb_policy()),
-            LbPolicy::OverrideHost { header, fallback } => write!(f, "override_host({header}, fallback {})", fallback.lb_policy()),
+            LbPolicy::OverrideHost { header, fallback } => write!(
+                f,
+                "override_host({header}, fallback {})",
+                fallback.lb_policy()
+            ),
         }
     }
 }
@@ -73,11 +98,23 @@ impl Cluster<'_> {
         let groups = self.get("load_assignment.endpoints")?;
         let mut out = Vec::new();
         for (g, group) in groups.as_array().into_iter().flatten().enumerate() {
-            for (e, endpoint) in group.get("lb_endpoints").and_then(Value::as_array).into_iter().flatten().enumerate() {
+            for (e, endpoint) in group
+                .get("lb_endpoints")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .enumerate()
+            {
                 let at = format!("load_assignment.endpoints[{g}].lb_endpoints[{e}].endpoint.address.socket_address");
-                let ip = endpoint.pointer("/endpoint/address/socket_address/address").and_then(Value::as_str);
-                let port = endpoint.pointer("/endpoint/address/socket_address/port_value").and_then(Value::as_u64);
-                let addr = ip.zip(port).and_then(|(ip, port)| format!("{}:{port}", bracket(ip)).parse().ok());
+                let ip = endpoint
+                    .pointer("/endpoint/address/socket_address/address")
+                    .and_then(Value::as_str);
+                let port = endpoint
+                    .pointer("/endpoint/address/socket_address/port_value")
+                    .and_then(Value::as_u64);
+                let addr = ip
+                    .zip(port)
+                    .and_then(|(ip, port)| format!("{}:{port}", bracket(ip)).parse().ok());
                 out.push(addr.ok_or_else(|| self.error(&at, "not an IP address and port"))?);
             }
         }
@@ -88,11 +125,19 @@ impl Cluster<'_> {
     /// says which endpoint goes where, which a flat list cannot); each new endpoint is a copy of
     /// the group's first one with its address changed, so per-endpoint settings carry over.
     pub fn set_endpoints(&mut self, addrs: &[SocketAddr]) -> Result<&mut Self> {
-        let groups = self.get("load_assignment.endpoints")?.as_array().map_or(0, Vec::len);
+        let groups = self
+            .get("load_assignment.endpoints")?
+            .as_array()
+            .map_or(0, Vec::len);
         if groups != 1 {
-            return Err(self.error("load_assignment.endpoints", format!("{groups} locality groups, set_endpoints needs exactly one")));
+            return Err(self.error(
+                "load_assignment.endpoints",
+                format!("{groups} locality groups, set_endpoints needs exactly one"),
+            ));
         }
-        let template = self.get("load_assignment.endpoints[0].lb_endpoints[0]")?.clone();
+        let template = self
+            .get("load_assignment.endpoints[0].lb_endpoints[0]")?
+            .clone();
         let list: Vec<Value> = addrs
             .iter()
             .map(|a| {
@@ -118,7 +163,10 @@ impl Cluster<'_> {
     pub fn use_eds_file(&mut self, eds: &EdsFile) -> Result<&mut Self> {
         let name = self.get_str("name")?.to_string();
         if eds.cluster() != name {
-            return Err(self.error("name", format!("the EDS file is for cluster {:?}", eds.cluster())));
+            return Err(self.error(
+                "name",
+                format!("the EDS file is for cluster {:?}", eds.cluster()),
+            ));
         }
         if self.get("load_assignment").is_ok() {
             self.remove("load_assignment")?;
@@ -135,17 +183,35 @@ impl Cluster<'_> {
     /// How the cluster picks a host now.
     pub fn lb_policy(&self) -> Result<LbPolicy> {
         if self.get("load_balancing_policy").is_err() {
-            let name = self.get("lb_policy").ok().and_then(Value::as_str).unwrap_or("ROUND_ROBIN");
-            return EnvoyLb::from_lb_policy(name).map(LbPolicy::Envoy).ok_or_else(|| self.error("lb_policy", format!("{name} is not one this harness knows")));
+            let name = self
+                .get("lb_policy")
+                .ok()
+                .and_then(Value::as_str)
+                .unwrap_or("ROUND_ROBIN");
+            return EnvoyLb::from_lb_policy(name)
+                .map(LbPolicy::Envoy)
+                .ok_or_else(|| {
+                    self.error("lb_policy", format!("{name} is not one this harness knows"))
+                });
         }
         let name = self.get_str(&format!("{POLICY}.name"))?;
         if name != OVERRIDE_HOST {
-            return Err(self.error(&format!("{POLICY}.name"), format!("expected {OVERRIDE_HOST}, found {name}")));
+            return Err(self.error(
+                &format!("{POLICY}.name"),
+                format!("expected {OVERRIDE_HOST}, found {name}"),
+            ));
         }
-        let header = self.get_str(&format!("{POLICY}.typed_config.override_host_sources[0].header"))?.to_string();
-        let fallback_at = format!("{POLICY}.typed_config.fallback_policy.policies[0].typed_extension_config.name");
+        let header = self
+            .get_str(&format!(
+                "{POLICY}.typed_config.override_host_sources[0].header"
+            ))?
+            .to_string();
+        let fallback_at = format!(
+            "{POLICY}.typed_config.fallback_policy.policies[0].typed_extension_config.name"
+        );
         let fallback_name = self.get_str(&fallback_at)?;
-        let fallback = EnvoyLb::from_extension(fallback_name).ok_or_else(|| self.error(&fallback_at, format!("unknown fallback {fallback_name}")))?;
+        let fallback = EnvoyLb::from_extension(fallback_name)
+            .ok_or_else(|| self.error(&fallback_at, format!("unknown fallback {fallback_name}")))?;
         Ok(LbPolicy::OverrideHost { header, fallback })
     }
 
@@ -177,7 +243,10 @@ impl Cluster<'_> {
     /// The request header `override_host` reads (it must be the plugin's `override_header`).
     pub fn set_override_header(&mut self, header: &str) -> Result<&mut Self> {
         self.lb_policy()?;
-        self.set(&format!("{POLICY}.typed_config.override_host_sources[0].header"), header)?;
+        self.set(
+            &format!("{POLICY}.typed_config.override_host_sources[0].header"),
+            header,
+        )?;
         Ok(self)
     }
 }

@@ -19,7 +19,14 @@ view!(
 impl<'a> Listener<'a> {
     pub fn port(&self) -> Result<u16> {
         let v = self.get("address.socket_address.port_value")?;
-        v.as_u64().and_then(|p| u16::try_from(p).ok()).ok_or_else(|| self.error("address.socket_address.port_value", format!("{v} is not a port")))
+        v.as_u64()
+            .and_then(|p| u16::try_from(p).ok())
+            .ok_or_else(|| {
+                self.error(
+                    "address.socket_address.port_value",
+                    format!("{v} is not a port"),
+                )
+            })
     }
 
     /// 0 lets Envoy choose.
@@ -50,14 +57,24 @@ impl<'a> HttpManager<'a> {
 
     /// The one route whose action sends to `cluster`, in any virtual host.
     pub fn route_to(self, cluster: &str) -> Result<Route<'a>> {
-        let hosts = self.get("route_config.virtual_hosts")?.as_array().cloned().unwrap_or_default();
+        let hosts = self
+            .get("route_config.virtual_hosts")?
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
         let mut found = Vec::new();
         for (h, host) in hosts.iter().enumerate() {
             let host_at = match host.get("name").and_then(Value::as_str) {
                 Some(name) => format!("route_config.virtual_hosts[name={name}]"),
                 None => format!("route_config.virtual_hosts[{h}]"),
             };
-            for (r, route) in host.get("routes").and_then(Value::as_array).into_iter().flatten().enumerate() {
+            for (r, route) in host
+                .get("routes")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .enumerate()
+            {
                 if route.pointer("/route/cluster").and_then(Value::as_str) == Some(cluster) {
                     found.push(format!("{host_at}.routes[{r}]"));
                 }
@@ -66,13 +83,22 @@ impl<'a> HttpManager<'a> {
         match found.as_slice() {
             [one] => Ok(Route(self.0.into_node(one)?)),
             [] => Err(self.error("", format!("no route sends to cluster {cluster:?}"))),
-            many => Err(self.error("", format!("{} routes send to cluster {cluster:?}: {many:?}", many.len()))),
+            many => Err(self.error(
+                "",
+                format!(
+                    "{} routes send to cluster {cluster:?}: {many:?}",
+                    many.len()
+                ),
+            )),
         }
     }
 
     /// The wasm HTTP filter.
     pub fn wasm(self) -> Result<WasmFilter<'a>> {
-        Ok(WasmFilter(self.0.into_node(&format!("http_filters[name={WASM_FILTER}]"))?))
+        Ok(WasmFilter(
+            self.0
+                .into_node(&format!("http_filters[name={WASM_FILTER}]"))?,
+        ))
     }
 
     /// Takes the HTTP filter `name` out of the chain; an error if the chain has none.

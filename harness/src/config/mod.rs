@@ -79,17 +79,24 @@ impl EnvoyConfig {
 
     /// Any bootstrap file.
     pub fn load(file: &Path) -> Result<EnvoyConfig> {
-        let text = std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+        let text =
+            std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
         EnvoyConfig::from_yaml(&file.display().to_string(), &text)
     }
 
     /// Parses YAML (or JSON) text; `origin` names it in errors.
     pub fn from_yaml(origin: &str, text: &str) -> Result<EnvoyConfig> {
-        let root = Value::deserialize(serde_norway::Deserializer::from_str(text)).with_context(|| format!("{origin}: not YAML"))?;
+        let root = Value::deserialize(serde_norway::Deserializer::from_str(text))
+            .with_context(|| format!("{origin}: not YAML"))?;
         if !root.is_object() {
-            return Err(anyhow!("{origin}: not an Envoy bootstrap (expected a mapping at the top)"));
+            return Err(anyhow!(
+                "{origin}: not an Envoy bootstrap (expected a mapping at the top)"
+            ));
         }
-        Ok(EnvoyConfig { origin: origin.to_string(), root })
+        Ok(EnvoyConfig {
+            origin: origin.to_string(),
+            root,
+        })
     }
 
     /// The YAML Envoy reads.
@@ -110,7 +117,8 @@ impl EnvoyConfig {
     /// What `path` names (`static_resources.clusters[name=backend].connect_timeout`).
     pub fn get(&self, path: &str) -> Result<&Value> {
         let rel = KeyPath::parse(path)?;
-        path::walk(&self.root, &rel).map_err(|(failed, why)| anyhow!("{}: {failed}: {why}", self.origin))
+        path::walk(&self.root, &rel)
+            .map_err(|(failed, why)| anyhow!("{}: {failed}: {why}", self.origin))
     }
 
     /// Replaces what `path` names; it must exist (anything without a named edit below).
@@ -125,18 +133,24 @@ impl EnvoyConfig {
     }
 
     pub fn listener(&mut self, name: &str) -> Result<Listener<'_>> {
-        Ok(Listener(self.root().into_node(&format!("static_resources.listeners[name={name}]"))?))
+        Ok(Listener(self.root().into_node(&format!(
+            "static_resources.listeners[name={name}]"
+        ))?))
     }
 
     pub fn cluster(&mut self, name: &str) -> Result<Cluster<'_>> {
-        Ok(Cluster(self.root().into_node(&format!("static_resources.clusters[name={name}]"))?))
+        Ok(Cluster(self.root().into_node(&format!(
+            "static_resources.clusters[name={name}]"
+        ))?))
     }
 
     /// The proxy's own zone: the bootstrap's `node.locality.zone` (Istio sets it from the pod's
     /// topology labels; the plugin reads it as `xds.node.locality.zone`).
     pub fn set_node_zone(&mut self, zone: &str) -> Result<&mut Self> {
         self.ensure_node()?;
-        self.root().node("node")?.upsert("locality", serde_json::json!({ "zone": zone }))?;
+        self.root()
+            .node("node")?
+            .upsert("locality", serde_json::json!({ "zone": zone }))?;
         Ok(self)
     }
 
@@ -151,7 +165,10 @@ impl EnvoyConfig {
     /// A bootstrap `node` with an `id` and a `cluster`, added when missing.
     fn ensure_node(&mut self) -> Result<&mut Self> {
         if self.get("node").is_err() {
-            self.root().insert("node", serde_json::json!({ "id": "ewma-lb", "cluster": "ewma-lb" }))?;
+            self.root().insert(
+                "node",
+                serde_json::json!({ "id": "ewma-lb", "cluster": "ewma-lb" }),
+            )?;
         }
         Ok(self)
     }
@@ -163,7 +180,9 @@ impl EnvoyConfig {
 
     /// Takes the plugin out of the shipped listener's filter chain.
     pub fn remove_plugin(&mut self) -> Result<&mut Self> {
-        self.listener(LISTENER)?.http()?.remove_http_filter(WASM_FILTER)?;
+        self.listener(LISTENER)?
+            .http()?
+            .remove_http_filter(WASM_FILTER)?;
         Ok(self)
     }
 

@@ -16,7 +16,11 @@ pub struct Node<'a> {
 
 impl<'a> Node<'a> {
     pub(crate) fn new(value: &'a mut Value, origin: &'a str) -> Node<'a> {
-        Node { value, origin, at: KeyPath::default() }
+        Node {
+            value,
+            origin,
+            at: KeyPath::default(),
+        }
     }
 
     pub fn value(&self) -> &Value {
@@ -49,12 +53,15 @@ impl<'a> Node<'a> {
     /// The string at `rel`.
     pub fn get_str(&self, rel: &str) -> Result<&str> {
         let v = self.get(rel)?;
-        v.as_str().ok_or_else(|| self.error(rel, format!("expected a string, found {}", path::kind(v))))
+        v.as_str()
+            .ok_or_else(|| self.error(rel, format!("expected a string, found {}", path::kind(v))))
     }
 
     /// Replaces what `rel` names, which must exist: an edit of something the config has.
     pub fn set(&mut self, rel: &str, value: impl Into<Value>) -> Result<&mut Self> {
-        self.change(rel, |parent, last| path::replace(parent, last, value.into()).map(drop))?;
+        self.change(rel, |parent, last| {
+            path::replace(parent, last, value.into()).map(drop)
+        })?;
         Ok(self)
     }
 
@@ -77,7 +84,9 @@ impl<'a> Node<'a> {
     /// Takes what `rel` names out of the config; it must exist.
     pub fn remove(&mut self, rel: &str) -> Result<Value> {
         let mut removed = Value::Null;
-        self.change(rel, |parent, last| path::remove(parent, last).map(|v| removed = v))?;
+        self.change(rel, |parent, last| {
+            path::remove(parent, last).map(|v| removed = v)
+        })?;
         Ok(removed)
     }
 
@@ -93,9 +102,15 @@ impl<'a> Node<'a> {
         Ok(self)
     }
 
-    fn change(&mut self, rel: &str, edit: impl FnOnce(&mut Value, &path::Seg) -> Result<(), String>) -> Result<()> {
+    fn change(
+        &mut self,
+        rel: &str,
+        edit: impl FnOnce(&mut Value, &path::Seg) -> Result<(), String>,
+    ) -> Result<()> {
         let rel = self.parse(rel)?;
-        let (parent_path, last) = rel.split_last().ok_or_else(|| self.error_at(&rel, "cannot replace the place itself"))?;
+        let (parent_path, last) = rel
+            .split_last()
+            .ok_or_else(|| self.error_at(&rel, "cannot replace the place itself"))?;
         let parent = match path::walk_mut(self.value, &parent_path) {
             Ok(p) => p,
             Err((failed, why)) => return Err(self.error_at(&failed, why)),
@@ -105,7 +120,12 @@ impl<'a> Node<'a> {
 
     /// The place `rel` below this one, borrowed from it.
     pub fn node(&mut self, rel: &str) -> Result<Node<'_>> {
-        Node { value: &mut *self.value, origin: self.origin, at: self.at.clone() }.into_node(rel)
+        Node {
+            value: &mut *self.value,
+            origin: self.origin,
+            at: self.at.clone(),
+        }
+        .into_node(rel)
     }
 
     /// The place `rel` below this one, for as long as this one was borrowed.
@@ -113,7 +133,11 @@ impl<'a> Node<'a> {
         let rel = self.parse(rel)?;
         let at = self.at.join(&rel);
         match path::walk_mut(self.value, &rel) {
-            Ok(value) => Ok(Node { value, origin: self.origin, at }),
+            Ok(value) => Ok(Node {
+                value,
+                origin: self.origin,
+                at,
+            }),
             Err((failed, why)) => Err(anyhow!("{}: {}: {why}", self.origin, self.at.join(&failed))),
         }
     }

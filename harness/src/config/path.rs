@@ -28,11 +28,18 @@ impl KeyPath {
         let mut rest = text;
         while !rest.is_empty() {
             if let Some(inner) = rest.strip_prefix('[') {
-                let end = inner.find(']').ok_or_else(|| anyhow!("path {text:?}: `[` without `]`"))?;
+                let end = inner
+                    .find(']')
+                    .ok_or_else(|| anyhow!("path {text:?}: `[` without `]`"))?;
                 let (body, after) = inner.split_at(end);
                 segs.push(match body.split_once('=') {
-                    Some((key, value)) => Seg::Named { key: key.to_string(), value: value.to_string() },
-                    None => Seg::Index(body.parse().map_err(|_| anyhow!("path {text:?}: [{body}] is neither a position nor field=value"))?),
+                    Some((key, value)) => Seg::Named {
+                        key: key.to_string(),
+                        value: value.to_string(),
+                    },
+                    None => Seg::Index(body.parse().map_err(|_| {
+                        anyhow!("path {text:?}: [{body}] is neither a position nor field=value")
+                    })?),
                 });
                 rest = &after[1..];
             } else {
@@ -97,19 +104,32 @@ enum Child<'s> {
 fn locate<'s>(parent: &Value, seg: &'s Seg) -> Result<Child<'s>, String> {
     match (seg, parent) {
         (Seg::Key(k), Value::Object(map)) if map.contains_key(k) => Ok(Child::Key(k)),
-        (Seg::Key(k), Value::Object(map)) => {
-            Err(format!("no field `{k}` (fields: {})", map.keys().cloned().collect::<Vec<_>>().join(", ")))
-        }
+        (Seg::Key(k), Value::Object(map)) => Err(format!(
+            "no field `{k}` (fields: {})",
+            map.keys().cloned().collect::<Vec<_>>().join(", ")
+        )),
         (Seg::Index(i), Value::Array(items)) if *i < items.len() => Ok(Child::Index(*i)),
-        (Seg::Index(i), Value::Array(items)) => Err(format!("no item [{i}] in a list of {}", items.len())),
+        (Seg::Index(i), Value::Array(items)) => {
+            Err(format!("no item [{i}] in a list of {}", items.len()))
+        }
         (Seg::Named { key, value }, Value::Array(items)) => {
-            let matching: Vec<usize> =
-                items.iter().enumerate().filter(|(_, it)| it.get(key).and_then(Value::as_str) == Some(value)).map(|(i, _)| i).collect();
+            let matching: Vec<usize> = items
+                .iter()
+                .enumerate()
+                .filter(|(_, it)| it.get(key).and_then(Value::as_str) == Some(value))
+                .map(|(i, _)| i)
+                .collect();
             match matching.as_slice() {
                 [one] => Ok(Child::Index(*one)),
                 [] => {
-                    let have: Vec<&str> = items.iter().filter_map(|it| it.get(key).and_then(Value::as_str)).collect();
-                    Err(format!("no item with {key} = {value:?} (have: {})", have.join(", ")))
+                    let have: Vec<&str> = items
+                        .iter()
+                        .filter_map(|it| it.get(key).and_then(Value::as_str))
+                        .collect();
+                    Err(format!(
+                        "no item with {key} = {value:?} (have: {})",
+                        have.join(", ")
+                    ))
                 }
                 many => Err(format!("{} items with {key} = {value:?}", many.len())),
             }
@@ -167,7 +187,10 @@ pub fn walk<'v>(root: &'v Value, path: &KeyPath) -> Result<&'v Value, (KeyPath, 
 }
 
 /// [`walk`], for changing what is found.
-pub fn walk_mut<'v>(root: &'v mut Value, path: &KeyPath) -> Result<&'v mut Value, (KeyPath, String)> {
+pub fn walk_mut<'v>(
+    root: &'v mut Value,
+    path: &KeyPath,
+) -> Result<&'v mut Value, (KeyPath, String)> {
     let mut cur = root;
     for (i, seg) in path.0.iter().enumerate() {
         let c = locate(cur, seg).map_err(|why| failure(path, i, why))?;
@@ -186,7 +209,10 @@ pub fn replace(parent: &mut Value, last: &Seg, value: Value) -> Result<Value, St
 /// Adds field `last` to the object `parent`; it must not exist yet.
 pub fn insert(parent: &mut Value, last: &Seg, value: Value) -> Result<(), String> {
     let (Seg::Key(k), Value::Object(map)) = (last, &mut *parent) else {
-        return Err(format!("can only add a field to an object, found {} and step {last:?}", kind(parent)));
+        return Err(format!(
+            "can only add a field to an object, found {} and step {last:?}",
+            kind(parent)
+        ));
     };
     if map.contains_key(k) {
         return Err(format!("field `{k}` exists already (set it instead)"));
@@ -212,12 +238,26 @@ mod tests {
 
     #[test]
     fn parses_and_prints_paths() {
-        for text in ["a", "a.b", "a[0].b", "a[name=envoy.filters.http.wasm].typed_config", "a[1][2]", "@type"] {
+        for text in [
+            "a",
+            "a.b",
+            "a[0].b",
+            "a[name=envoy.filters.http.wasm].typed_config",
+            "a[1][2]",
+            "@type",
+        ] {
             assert_eq!(KeyPath::parse(text).unwrap().to_string(), text);
         }
         assert_eq!(
             KeyPath::parse("x[name=a.b].y").unwrap().segs(),
-            &[Seg::Key("x".into()), Seg::Named { key: "name".into(), value: "a.b".into() }, Seg::Key("y".into())]
+            &[
+                Seg::Key("x".into()),
+                Seg::Named {
+                    key: "name".into(),
+                    value: "a.b".into()
+                },
+                Seg::Key("y".into())
+            ]
         );
         for bad in ["a..b", "a.", ".a", "a[", "a[x]", "a.[0]"] {
             assert!(KeyPath::parse(bad).is_err(), "{bad:?}");
@@ -231,20 +271,41 @@ mod tests {
         assert_eq!(at("l[name=b].x"), Ok(json!(2)));
         assert_eq!(at("l[0].x"), Ok(json!(1)));
         let (where_, why) = at("l[name=c].x").unwrap_err();
-        assert_eq!((where_.to_string(), why.as_str()), ("l[name=c]".to_string(), "no item with name = \"c\" (have: a, b)"));
+        assert_eq!(
+            (where_.to_string(), why.as_str()),
+            (
+                "l[name=c]".to_string(),
+                "no item with name = \"c\" (have: a, b)"
+            )
+        );
         let (where_, why) = at("l.x").unwrap_err();
-        assert_eq!((where_.to_string(), why.as_str()), ("l.x".to_string(), "expected an object, found a list"));
+        assert_eq!(
+            (where_.to_string(), why.as_str()),
+            ("l.x".to_string(), "expected an object, found a list")
+        );
         assert_eq!(at("m").unwrap_err().1, "no field `m` (fields: l)");
     }
 
     #[test]
     fn replace_insert_and_remove_are_checked() {
         let mut v = json!({"o": {"k": 1}, "l": [{"name": "a"}, {"name": "b"}]});
-        assert_eq!(replace(&mut v["o"], &Seg::Key("k".into()), json!(2)), Ok(json!(1)));
+        assert_eq!(
+            replace(&mut v["o"], &Seg::Key("k".into()), json!(2)),
+            Ok(json!(1))
+        );
         assert!(replace(&mut v["o"], &Seg::Key("nope".into()), json!(2)).is_err());
         assert!(insert(&mut v["o"], &Seg::Key("k".into()), json!(3)).is_err());
         assert_eq!(insert(&mut v["o"], &Seg::Key("n".into()), json!(3)), Ok(()));
-        assert_eq!(remove(&mut v["l"], &Seg::Named { key: "name".into(), value: "a".into() }), Ok(json!({"name": "a"})));
+        assert_eq!(
+            remove(
+                &mut v["l"],
+                &Seg::Named {
+                    key: "name".into(),
+                    value: "a".into()
+                }
+            ),
+            Ok(json!({"name": "a"}))
+        );
         assert_eq!(v, json!({"o": {"k": 2, "n": 3}, "l": [{"name": "b"}]}));
     }
 }

@@ -25,7 +25,8 @@ impl Route<'_> {
         if self.get("response_headers_to_add").is_err() {
             self.insert("response_headers_to_add", json!([]))?;
         }
-        self.node("response_headers_to_add")?.push(json!({ "header": { "key": key, "value": value } }))?;
+        self.node("response_headers_to_add")?
+            .push(json!({ "header": { "key": key, "value": value } }))?;
         Ok(self)
     }
 }

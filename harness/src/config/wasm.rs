@@ -41,7 +41,9 @@ impl WasmFilter<'_> {
     }
 
     pub fn set_module_file(&mut self, file: &Path) -> Result<&mut Self> {
-        let text = file.to_str().ok_or_else(|| anyhow!("module path {} is not UTF-8", file.display()))?;
+        let text = file
+            .to_str()
+            .ok_or_else(|| anyhow!("module path {} is not UTF-8", file.display()))?;
         self.set(MODULE_FILE, text)?;
         Ok(self)
     }
@@ -63,16 +65,26 @@ pub fn resolve_module_paths(root: &mut Value, base: &Path) -> usize {
         Value::Object(map) => {
             let mut changed = 0;
             if map.get("@type").and_then(Value::as_str) == Some(WASM_TYPE) {
-                if let Some(Value::String(file)) = map.get_mut("config").and_then(|c| c.pointer_mut("/vm_config/code/local/filename")) {
+                if let Some(Value::String(file)) = map
+                    .get_mut("config")
+                    .and_then(|c| c.pointer_mut("/vm_config/code/local/filename"))
+                {
                     if Path::new(file.as_str()).is_relative() {
                         *file = base.join(&*file).to_string_lossy().into_owned();
                         changed += 1;
                     }
                 }
             }
-            changed + map.values_mut().map(|v| resolve_module_paths(v, base)).sum::<usize>()
+            changed
+                + map
+                    .values_mut()
+                    .map(|v| resolve_module_paths(v, base))
+                    .sum::<usize>()
         }
-        Value::Array(items) => items.iter_mut().map(|v| resolve_module_paths(v, base)).sum(),
+        Value::Array(items) => items
+            .iter_mut()
+            .map(|v| resolve_module_paths(v, base))
+            .sum(),
         _ => 0,
     }
 }
