@@ -1,14 +1,13 @@
 //! Every Kubernetes manifest shipped (envoy-config/istio/, envoy-config/envoy-gateway/) is valid
-//! against the real CRD of its kind and version: the `openAPIV3Schema` of
-//! ../shared/crds/ (copied unchanged from istio/istio and envoyproxy/gateway), checked by the
-//! `jsonschema` crate, with the API server's strict field validation (an undeclared field is an
-//! error). An unknown kind or version fails.
+//! against the real CRD of its kind and version, with the API server's strict field validation
+//! (an undeclared field is an error), checked by the `jsonschema` crate. An unknown kind or
+//! version fails.
 //!
-//! Two kinds we ship have no CRD in ../shared/crds: Istio's VirtualService and Envoy Gateway's
-//! ClientTrafficPolicy. They are validated against the CRDs in the istio/istio and
-//! envoyproxy/gateway snapshots when those are on this machine (under /work/.mirror, where the
-//! research fetched them; nothing from them is committed); without them, the test says on its
-//! output that it checked only their kind and version.
+//! The CRDs are the committed structural extract in tests/crds/ (field names, types, enums,
+//! required fields, patterns and bounds of the upstream `openAPIV3Schema`s; no descriptions),
+//! written by `cargo run -p ewma-harness --bin crd-extract -- FULL_CRDS_DIR` from the CRDs of
+//! istio/istio and envoyproxy/gateway. With `EWMA_LB_FULL_CRDS=DIR` set, a test also checks the
+//! extract is what those full CRDs give now.
 //!
 //! What no schema here checks: the CEL rules (`x-kubernetes-validations`, which only the API
 //! server evaluates) and the free-form `EnvoyFilter.spec.configPatches[].patch.value` (a
@@ -20,12 +19,11 @@
 
 mod shipped;
 
-use std::path::Path;
-use std::process::Command;
+use std::path::PathBuf;
 
-use harness::repo_root;
+use harness::{crds, repo_root};
 use serde_json::Value;
-use shipped::{manifests, yaml_text_docs, Manifest};
+use shipped::{manifests, Manifest};
 
 /// A CRD: its group, kind, and each served version's schema.
 struct Crd {
@@ -35,91 +33,70 @@ struct Crd {
     versions: Vec<(String, Value)>,
 }
 
-fn crds_of(origin: &str, text: &str) -> Vec<Crd> {
-    yaml_text_docs(origin, text)
-        .into_iter()
-        .filter(|d| d["kind"] == "CustomResourceDefinition")
-        .map(|d| Crd {
-            origin: origin.to_string(),
-            group: d["spec"]["group"].as_str().unwrap().to_string(),
-            kind: d["spec"]["names"]["kind"].as_str().unwrap().to_string(),
-            versions: d["spec"]["versions"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .filter(|v| v["served"] != false)
-                .map(|v| {
-                    (
-                        v["name"].as_str().unwrap().to_string(),
-                        v["schema"]["openAPIV3Schema"].clone(),
-                    )
-                })
-                .collect(),
-        })
-        .collect()
+/// The kinds the shipped manifests use, each of which must have a CRD in the extract.
+const KINDS: [&str; 7] = [
+    "WasmPlugin",
+    "EnvoyFilter",
+    "DestinationRule",
+    "VirtualService",
+    "EnvoyExtensionPolicy",
+    "BackendTrafficPolicy",
+    "ClientTrafficPolicy",
+];
+
+fn extract_dir() -> PathBuf {
+    repo_root().join("tests/crds")
 }
 
-/// ../shared/crds: the project's copies.
-fn shared_crds() -> Vec<Crd> {
-    let dir = repo_root().join("../shared/crds");
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e} (the CRDs beside the repository)", dir.display()))
-        .flatten()
-        .map(|e| e.path())
-        .collect();
-    files.sort();
-    files
-        .iter()
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
-        .flat_map(|p| {
-            crds_of(
-                &p.display().to_string(),
-                &std::fs::read_to_string(p).unwrap(),
+/// The committed extract, every file of tests/crds.
+fn committed_crds() -> Vec<Crd> {
+    let dir = extract_dir();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| {
+            panic!(
+                "{}: {e}: the CRD extract is missing (crd-extract writes it)",
+                dir.display()
             )
         })
-        .collect()
-}
-
-/// The kinds ../shared/crds lacks, from a repository snapshot when one is here: `(kind, repo
-/// snapshot, path in it)`.
-const SNAPSHOT_CRDS: &[(&str, &str, &str)] = &[
-    ("VirtualService", "/work/.mirror/istio+istio/repo", "manifests/charts/base/files/crd-all.gen.yaml"),
-    (
-        "ClientTrafficPolicy",
-        "/work/.mirror/envoyproxy+gateway/repo",
-        "charts/gateway-helm/charts/crds/crds/generated/gateway.envoyproxy.io_clienttrafficpolicies.yaml",
-    ),
-];
-
-/// The group/version each of those kinds exists in (istio/istio crd-all.gen.yaml;
-/// envoyproxy/gateway's generated CRD), for the check that remains without a snapshot.
-const KNOWN_WITHOUT_SCHEMA: &[(&str, &[&str])] = &[
-    (
-        "VirtualService",
-        &[
-            "networking.istio.io/v1",
-            "networking.istio.io/v1beta1",
-            "networking.istio.io/v1alpha3",
-        ],
-    ),
-    ("ClientTrafficPolicy", &["gateway.envoyproxy.io/v1alpha1"]),
-];
-
-fn snapshot_crds(kind: &str) -> Option<Vec<Crd>> {
-    let (_, repo, path) = SNAPSHOT_CRDS.iter().find(|(k, ..)| *k == kind)?;
-    if !Path::new(repo).exists() {
-        return None;
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    files.sort();
+    let mut out = Vec::new();
+    for path in files {
+        let origin = path.display().to_string();
+        let doc: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap())
+            .unwrap_or_else(|e| panic!("{origin}: {e}"));
+        for crd in doc
+            .as_array()
+            .unwrap_or_else(|| panic!("{origin}: not a list of CRDs"))
+        {
+            out.push(Crd {
+                origin: origin.clone(),
+                group: crd["group"].as_str().unwrap().to_string(),
+                kind: crd["kind"].as_str().unwrap().to_string(),
+                versions: crd["versions"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|v| v["served"] != false)
+                    .map(|v| (v["name"].as_str().unwrap().to_string(), v["schema"].clone()))
+                    .collect(),
+            });
+        }
     }
-    let out = Command::new("git")
-        .args(["--git-dir", repo, "show", &format!("HEAD:{path}")])
-        .output()
-        .ok()?;
-    out.status.success().then(|| {
-        crds_of(
-            &format!("{repo}:{path}"),
-            &String::from_utf8_lossy(&out.stdout),
-        )
-    })
+    let missing: Vec<&str> = KINDS
+        .iter()
+        .copied()
+        .filter(|k| !out.iter().any(|c| c.kind == *k))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{}: no CRD for {missing:?}",
+        dir.display()
+    );
+    out
 }
 
 /// The schema as the API server applies it under strict field validation (kubectl's default
@@ -190,60 +167,79 @@ fn check(m: &Manifest, crds: &[Crd]) -> Result<Vec<String>, String> {
 
 #[test]
 fn every_shipped_manifest_is_valid_against_its_crd() {
-    let shared = shared_crds();
-    assert!(
-        shared.len() >= 5,
-        "expected the five CRDs of ../shared/crds, found {}",
-        shared.len()
-    );
+    let crds = committed_crds();
     let all: Vec<Manifest> = manifests("envoy-config/istio")
         .into_iter()
         .chain(manifests("envoy-config/envoy-gateway"))
         .collect();
     assert!(all.len() >= 12, "found only {} manifests", all.len());
-    let mut problems = Vec::new();
-    let mut unchecked = Vec::new();
-    for m in &all {
-        let from_shared = shared.iter().any(|c| c.kind == m.kind());
-        let result = if from_shared {
-            check(m, &shared)
-        } else if let Some(crds) = snapshot_crds(m.kind()) {
-            check(m, &crds)
-        } else {
-            let known = KNOWN_WITHOUT_SCHEMA.iter().find(|(k, _)| *k == m.kind());
-            match known {
-                Some((_, versions))
-                    if versions.contains(&m.doc["apiVersion"].as_str().unwrap_or_default()) =>
-                {
-                    unchecked.push(format!("{} ({})", m.file, m.kind()));
-                    Ok(Vec::new())
-                }
-                Some(_) => Err(format!("unknown version {}", m.doc["apiVersion"])),
-                None => Err(format!("unknown kind {}", m.kind())),
-            }
-        };
-        match result {
-            Ok(errors) if errors.is_empty() => {}
-            Ok(errors) => problems.push(format!(
+    let problems: Vec<String> = all
+        .iter()
+        .filter_map(|m| match check(m, &crds) {
+            Ok(errors) if errors.is_empty() => None,
+            Ok(errors) => Some(format!(
                 "{}: {}:\n  {}",
                 m.file,
                 m.kind(),
                 errors.join("\n  ")
             )),
-            Err(why) => problems.push(format!("{}: {why}", m.file)),
-        }
-    }
-    if !unchecked.is_empty() {
-        eprintln!("not validated against a schema (no CRD snapshot on this machine; kind and version checked): {unchecked:?}");
-    }
+            Err(why) => Some(format!("{}: {why}", m.file)),
+        })
+        .collect();
     assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// The committed extract is what the full CRDs give, file for file, when they are here.
+#[test]
+fn the_extract_matches_the_full_crds_when_they_are_here() {
+    let Some(full) = std::env::var_os("EWMA_LB_FULL_CRDS") else {
+        eprintln!("EWMA_LB_FULL_CRDS not set: the extract's freshness is not checked");
+        return;
+    };
+    let full = PathBuf::from(full);
+    let mut sources: Vec<PathBuf> = std::fs::read_dir(&full)
+        .unwrap_or_else(|e| panic!("{}: {e}", full.display()))
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    sources.sort();
+    assert!(!sources.is_empty(), "{}: no CRD files", full.display());
+    let mut expected: Vec<String> = Vec::new();
+    for source in &sources {
+        let name = crds::extract_name(&source.file_name().unwrap().to_string_lossy());
+        let text = std::fs::read_to_string(source).unwrap();
+        let want = crds::render(&crds::extract(&source.display().to_string(), &text).unwrap());
+        let committed = extract_dir().join(&name);
+        let have = std::fs::read_to_string(&committed).unwrap_or_default();
+        assert!(
+            have == want,
+            "{} is stale against {}: run `cargo run -p ewma-harness --bin crd-extract -- {}`",
+            committed.display(),
+            source.display(),
+            full.display()
+        );
+        expected.push(name);
+    }
+    let mut committed: Vec<String> = std::fs::read_dir(extract_dir())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".json"))
+        .collect();
+    committed.sort();
+    expected.sort();
+    assert_eq!(
+        committed, expected,
+        "tests/crds holds extracts without a source, or lacks some"
+    );
 }
 
 /// The check fails where it should: an unknown kind, an unknown version, and a field the CRD
 /// does not have or a value it does not allow.
 #[test]
 fn the_check_rejects_what_the_crds_reject() {
-    let shared = shared_crds();
+    let crds = committed_crds();
     let wasm = manifests("envoy-config/istio")
         .into_iter()
         .find(|m| m.kind() == "WasmPlugin")
@@ -270,9 +266,9 @@ fn the_check_rejects_what_the_crds_reject() {
         ("bad sha256", with(&|d| d["spec"]["sha256"] = "abc".into())),
     ];
     for (what, m) in bad {
-        if let Ok(errors) = check(&m, &shared) {
+        if let Ok(errors) = check(&m, &crds) {
             assert!(!errors.is_empty(), "{what}: accepted");
         }
     }
-    assert_eq!(check(&wasm, &shared), Ok(Vec::new()));
+    assert_eq!(check(&wasm, &crds), Ok(Vec::new()));
 }

@@ -6,6 +6,7 @@
 
 pub mod backend;
 pub mod config;
+pub mod crds;
 pub mod eds;
 pub mod envoy;
 pub mod grpc;
