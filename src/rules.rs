@@ -10,10 +10,11 @@
 //!   since their duration says nothing about the host's speed.
 //!
 //! Paths are compared after normalisation (query dropped, percent-decoding, dot segments,
-//! repeated slashes, `;` parameters, case), so `/Actuator/./env;x` cannot slip past a rule.
+//! repeated slashes, `;` parameters, case), so `/Actuator/./env;x` cannot slip past a rule, and
+//! a prefix matches whole segments, so `/actuator/health` is not a prefix of `/actuator/healthdump`.
 //! The client writes the path, so normalising it is linear in its length whatever it holds, and
-//! a path whose meaning a backend could read differently (still encoded after a few decodings,
-//! a NUL) is guarded like a management path rather than guessed at.
+//! a path a backend could read as another one than the rules do (an encoded separator, a NUL,
+//! still encoded after a few decodings) is guarded like a management path rather than guessed at.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -26,7 +27,10 @@ use crate::config::ConfigError;
 use crate::json::quoted;
 use crate::json_struct;
 
-/// Paths by exact match or by prefix, as Envoy's route `path` and `prefix` matchers.
+/// Paths by exact match or by prefix. A prefix matches whole segments, as Envoy's route
+/// `path_separated_prefix` does: `/a` matches `/a` and `/a/b`, not `/ab`. Neither kind cares
+/// whether the request adds a trailing slash: backends (Spring's trailing-slash match, a
+/// directory index) serve `/a/` as `/a`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct PathSet {
     pub exact: Vec<String>,
@@ -109,7 +113,22 @@ struct CompiledSet {
 
 impl CompiledSet {
     fn matches(&self, path: &[u8]) -> bool {
-        self.exact.iter().any(|e| e == path) || self.prefix.iter().any(|p| path.starts_with(p))
+        self.matching(path).is_some()
+    }
+
+    /// Which rule matches `path`: its kind (`exact`, `prefix`) and index, the first that does.
+    fn matching(&self, path: &[u8]) -> Option<(&'static str, usize)> {
+        let exact =
+            |e: &Vec<u8>| path == e.as_slice() || path.strip_suffix(b"/") == Some(e.as_slice());
+        let prefix = |p: &Vec<u8>| {
+            path.strip_prefix(p.as_slice())
+                .is_some_and(|rest| p.ends_with(b"/") || rest.is_empty() || rest.starts_with(b"/"))
+        };
+        self.exact
+            .iter()
+            .position(exact)
+            .map(|i| ("exact", i))
+            .or_else(|| self.prefix.iter().position(prefix).map(|i| ("prefix", i)))
     }
 }
 
@@ -133,16 +152,29 @@ impl Rules {
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
-        Ok(Rules {
+        let rules = Rules {
             health: compile_set("health_paths", health)?,
             management: compile_set("management.paths", &management.paths)?,
             excluded: compile_set("excluded_paths", excluded)?,
             allowed,
-        })
+        };
+        check_guarded_paths(&rules.management, &management.paths)?;
+        Ok(rules)
+    }
+
+    /// The `health_paths` rule that makes `path` a probe: its kind (`exact` or `prefix`) and
+    /// index. `None` when `path` is ambiguous or no health rule matches it.
+    pub fn health_rule(&self, path: &str) -> Option<(&'static str, usize)> {
+        let normal = normalize(path);
+        if normal.is_ambiguous() {
+            return None;
+        }
+        self.health.matching(normal.as_bytes())
     }
 
     /// Classifies a request by its `:path`. Health wins over management, so the default
-    /// `/actuator/health` stays a probe while the rest of `/actuator/` is guarded.
+    /// `/actuator/health` stays a probe while the rest of `/actuator` is guarded: safe only
+    /// because both match whole segments and an ambiguous path is guarded first.
     pub fn classify(&self, raw_path: &str) -> PathClass {
         self.classify_bytes(raw_path.as_bytes())
     }
@@ -193,7 +225,7 @@ fn compile_set(field: &str, set: &PathSet) -> Result<CompiledSet, ConfigError> {
                 if normal.is_ambiguous() {
                     // It could never match: an ambiguous request path is guarded before any rule.
                     return Err(error(format!(
-                        "must not decode to a control byte or stay percent-encoded after {MAX_DECODINGS} decodings, got {}",
+                        "must not hold a backslash, an encoded separator or dot segment, a control byte, or an escape left after {MAX_DECODINGS} decodings, got {}",
                         quoted(p)
                     )));
                 }
@@ -208,6 +240,37 @@ fn compile_set(field: &str, set: &PathSet) -> Result<CompiledSet, ConfigError> {
 }
 
 const MAX_RULE_PATH: usize = 1024;
+
+/// A guarded path with a trailing slash guards what lies under it but not itself: a prefix
+/// `/actuator/` leaves `/actuator`, which Spring answers with the list of every endpoint.
+fn check_guarded_paths(compiled: &CompiledSet, written: &PathSet) -> Result<(), ConfigError> {
+    let kinds = [
+        ("exact", &compiled.exact, &written.exact),
+        ("prefix", &compiled.prefix, &written.prefix),
+    ];
+    for (kind, normal, raw) in kinds {
+        for (i, (path, p)) in normal.iter().zip(raw).enumerate() {
+            let Some(bare) = path.strip_suffix(b"/").filter(|b| !b.is_empty()) else {
+                continue;
+            };
+            let bare = String::from_utf8_lossy(bare);
+            let covers = match kind {
+                "exact" => "an exact path matches with or without a trailing slash",
+                _ => "a prefix matches whole segments, so it covers everything under it",
+            };
+            return Err(ConfigError {
+                field: format!("management.paths.{kind}[{i}]"),
+                message: format!(
+                    "must not end in '/', which would leave {} itself unguarded (write {}: {covers}), got {}",
+                    quoted(&bare),
+                    quoted(&bare),
+                    quoted(p)
+                ),
+            });
+        }
+    }
+    Ok(())
+}
 
 fn parse_network(s: &str) -> Option<IpNet> {
     s.parse::<IpNet>()
@@ -255,10 +318,22 @@ impl<'a> NormalPath<'a> {
         &self.bytes
     }
 
-    /// The backend may read this path otherwise than the rules do: it still holds a percent
-    /// escape after `MAX_DECODINGS` rounds, or decodes to a control byte (a C backend stops at
-    /// NUL, so `/actuator/env%00/../../health` is a probe to the rules and `/actuator/env` to it)
-    /// or to an overlong UTF-8 form that lenient decoders read as ASCII (`%c0%ae` as `.`).
+    /// The backend may read this path as another one than the rules do. Backends disagree on
+    /// what a separator or a dot segment is once it is encoded: nginx and Go's `net/http`
+    /// decode `%2F` into a segment break and resolve `..` across it, Tomcat refuses it or passes
+    /// it through as data, Express matches the raw path. So `/actuator/env/..%2F..%2Fhealth` is
+    /// `/health` to nginx and an argument of `/actuator/env/{name}` to a Spring application
+    /// whose Tomcat passes `%2F` through. Ambiguous:
+    /// - a separator that came from decoding (`%2F`, `%5C`, `%252F`, ...), or any backslash,
+    ///   which IIS and Windows file APIs read as a separator and most others as a byte;
+    /// - a dot segment spelt with an escape (`%2e%2e` is a name to Express; Envoy's
+    ///   `normalize_path` resolves it but leaves `%252e` for the backend to decode or not), or
+    ///   one only once its `;` parameters are dropped (`..;x`: Tomcat resolves it, Go does not);
+    /// - an escape left after `MAX_DECODINGS` rounds;
+    /// - a control byte (a C backend stops at NUL, so `/actuator/env%00/../../health` is a probe
+    ///   to the rules and `/actuator/env` to it) or overlong UTF-8 that lenient decoders read
+    ///   as ASCII (`%c0%ae` as `.`).
+    ///
     /// Such a path is classified as management, whatever the rules say.
     pub fn is_ambiguous(&self) -> bool {
         self.ambiguous
@@ -302,7 +377,8 @@ impl fmt::Debug for NormalPath<'_> {
 /// The form paths are compared in: no query or fragment; percent-decoded at most
 /// `MAX_DECODINGS` times, with `%3F` and `%23` kept encoded; backslashes as slashes; `;`
 /// parameters dropped; no empty or `.` segments; `..` resolved; ASCII lower case; a trailing
-/// slash kept. Linear in the path's length; a path that is already normal is borrowed.
+/// slash kept. Linear in the path's length; a path that is already normal is borrowed. Whether
+/// a backend could read it otherwise is `NormalPath::is_ambiguous`.
 pub fn normalize(raw: &str) -> NormalPath<'_> {
     normalize_bytes(raw.as_bytes())
 }
@@ -326,12 +402,12 @@ pub fn normalize_counting(raw: &[u8]) -> (NormalPath<'_>, usize) {
             scanned,
         );
     }
-    let (decoded, still_encoded) = decode(path, &mut scanned);
-    let (bytes, odd_byte) = resolve_segments(&decoded, &mut scanned);
+    let (decoded, found) = decode(path, &mut scanned);
+    let (bytes, odd) = resolve_segments(&decoded, found.dot, &mut scanned);
     (
         NormalPath {
             bytes: Cow::Owned(bytes),
-            ambiguous: still_encoded || odd_byte,
+            ambiguous: found.still_encoded || found.separator || odd,
         },
         scanned,
     )
@@ -379,22 +455,34 @@ fn is_normal(path: &[u8], scanned: &mut usize) -> bool {
         .is_some_and(|last| last.is_empty() || proper_segment(last))
 }
 
+/// What decoding turned up that a backend may read otherwise.
+#[derive(Clone, Copy, Default)]
+struct Decoded {
+    /// An escape became `/` or `\`.
+    separator: bool,
+    /// An escape became `.`.
+    dot: bool,
+    /// An escape is left after the last round.
+    still_encoded: bool,
+}
+
 /// Percent-decodes `path` up to `MAX_DECODINGS` times, stopping at the first round that finds
-/// nothing to decode; and says whether an escape is left after the last round.
-fn decode<'p>(path: &'p [u8], scanned: &mut usize) -> (Cow<'p, [u8]>, bool) {
+/// nothing to decode; and says what the escapes it decoded, or left, were.
+fn decode<'p>(path: &'p [u8], scanned: &mut usize) -> (Cow<'p, [u8]>, Decoded) {
     let mut current = Cow::Borrowed(path);
+    let mut found = Decoded::default();
     for _ in 0..MAX_DECODINGS {
-        match decode_once(&current, scanned) {
+        match decode_once(&current, scanned, &mut found) {
             Some(next) => current = Cow::Owned(next),
-            None => return (current, false),
+            None => return (current, found),
         }
     }
-    let still_encoded = first_escape(&current, scanned).is_some();
-    (current, still_encoded)
+    found.still_encoded = first_escape(&current, scanned).is_some();
+    (current, found)
 }
 
 /// One round: every escape becomes its byte, whatever that byte is. `None` if there was none.
-fn decode_once(input: &[u8], scanned: &mut usize) -> Option<Vec<u8>> {
+fn decode_once(input: &[u8], scanned: &mut usize, found: &mut Decoded) -> Option<Vec<u8>> {
     let first = first_escape(input, scanned)?;
     let (unchanged, mut rest) = input.split_at_checked(first)?;
     *scanned += input.len();
@@ -405,6 +493,10 @@ fn decode_once(input: &[u8], scanned: &mut usize) -> Option<Vec<u8>> {
         let (plain, from_percent) = rest.split_at_checked(at)?;
         out.extend_from_slice(plain);
         let (byte, width) = escaped_byte(from_percent, 0).map_or((b'%', 1), |v| (v, 3));
+        if width == 3 {
+            found.separator |= matches!(byte, b'/' | b'\\');
+            found.dot |= byte == b'.';
+        }
         out.push(byte);
         rest = from_percent.get(width..)?;
     }
@@ -464,9 +556,10 @@ fn escaped_byte(input: &[u8], i: usize) -> Option<u8> {
 }
 
 /// Backslashes as slashes, `;` parameters dropped, empty and `.` segments removed, `..`
-/// resolved, ASCII lower case, a trailing slash kept. Also says whether a byte makes the path
-/// ambiguous (see `NormalPath::is_ambiguous`).
-fn resolve_segments(decoded: &[u8], scanned: &mut usize) -> (Vec<u8>, bool) {
+/// resolved, ASCII lower case, a trailing slash kept. Also says whether a byte or a segment
+/// makes the path ambiguous (see `NormalPath::is_ambiguous`); `decoded_dot` says an escape
+/// became a `.` somewhere, so that any dot segment may be spelt with one.
+fn resolve_segments(decoded: &[u8], decoded_dot: bool, scanned: &mut usize) -> (Vec<u8>, bool) {
     let mut out = Vec::with_capacity(decoded.len() + 1);
     // Where each kept segment's slash is in `out`: `..` drops the last one in constant time.
     let mut kept: Vec<usize> = Vec::new();
@@ -481,7 +574,9 @@ fn resolve_segments(decoded: &[u8], scanned: &mut usize) -> (Vec<u8>, bool) {
         previous = b;
         match b {
             b'/' | b'\\' => {
-                close_segment(&mut out, &mut kept, segment_start);
+                ambiguous |= b == b'\\';
+                let dot = close_segment(&mut out, &mut kept, segment_start);
+                ambiguous |= dot && (decoded_dot || in_parameters);
                 segment_start = out.len();
                 out.push(b'/');
                 in_parameters = false;
@@ -491,7 +586,8 @@ fn resolve_segments(decoded: &[u8], scanned: &mut usize) -> (Vec<u8>, bool) {
             _ => {}
         }
     }
-    close_segment(&mut out, &mut kept, segment_start);
+    let dot = close_segment(&mut out, &mut kept, segment_start);
+    ambiguous |= dot && (decoded_dot || in_parameters);
     if out.is_empty() || matches!(decoded.last(), Some(b'/' | b'\\')) {
         out.push(b'/');
     }
@@ -499,12 +595,25 @@ fn resolve_segments(decoded: &[u8], scanned: &mut usize) -> (Vec<u8>, bool) {
 }
 
 /// Ends the segment whose slash is at `start` in `out`: keeps it, drops it, or drops it and
-/// the one kept before it.
-fn close_segment(out: &mut Vec<u8>, kept: &mut Vec<usize>, start: usize) {
+/// the one kept before it. True when it was a dot segment.
+fn close_segment(out: &mut Vec<u8>, kept: &mut Vec<usize>, start: usize) -> bool {
     match out.get(start + 1..) {
-        Some(b"..") => out.truncate(kept.pop().unwrap_or(start)),
-        Some(b"" | b".") | None => out.truncate(start),
-        Some(_) => kept.push(start),
+        Some(b"..") => {
+            out.truncate(kept.pop().unwrap_or(start));
+            true
+        }
+        Some(b".") => {
+            out.truncate(start);
+            true
+        }
+        Some(b"") | None => {
+            out.truncate(start);
+            false
+        }
+        Some(_) => {
+            kept.push(start);
+            false
+        }
     }
 }
 

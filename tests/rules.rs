@@ -33,7 +33,6 @@ fn paths_are_compared_normalised() {
         ("/x/../actuator/./env", "/actuator/env"),
         ("/../../actuator", "/actuator"),
         ("/actuator;jsessionid=1/env", "/actuator/env"),
-        ("\\actuator\\env", "/actuator/env"),
         ("/actuator/", "/actuator/"),
         ("/bad%zzescape", "/bad%zzescape"),
         ("/%", "/%"),
@@ -41,8 +40,10 @@ fn paths_are_compared_normalised() {
         ("/100%25", "/100%"),
         ("/%253F/x", "/%3f/x"),
         ("/%2523", "/%23"),
-        ("/a%2Fb/..%5Cc", "/a/c"),
         ("/a%3Bv=1/b", "/a/b"),
+        ("/a%2Eb/c.%2e", "/a.b/c.."),
+        ("/a/.../b", "/a/.../b"),
+        ("/a;x/..", "/"),
         ("//", "/"),
         ("/a/", "/a/"),
         ("/a//", "/a/"),
@@ -65,11 +66,32 @@ fn paths_are_compared_normalised() {
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn paths_are_decoded_as_bytes_and_the_ambiguous_ones_flagged() {
-    let cases: [(&[u8], &[u8], bool); 19] = [
+    let cases: [(&[u8], &[u8], bool); 37] = [
         // One escape that is not UTF-8 no longer keeps the others encoded.
         (b"/%ff%fe", b"/\xff\xfe", false),
         (b"/%2561ctuator/env%FF", b"/actuator/env\xff", false),
-        (b"/actuator/health%FF/..%2Fenv", b"/actuator/env", false),
+        (b"/actuator/health%FF/..%2Fenv", b"/actuator/env", true),
+        // A separator that came from decoding, at any level, or any backslash: nginx and Go read
+        // a segment break where Tomcat and Express read a byte.
+        (b"/a%2Fb", b"/a/b", true),
+        (b"/a%2fb", b"/a/b", true),
+        (b"/a%5Cb", b"/a/b", true),
+        (b"/a%5cb", b"/a/b", true),
+        (b"/a%252Fb", b"/a/b", true),
+        (b"/a%25252fb", b"/a/b", true),
+        (b"/a%252525252F", b"/a%2f", true),
+        (b"/a%2Fb/..%5Cc", b"/a/c", true),
+        (b"\\actuator\\env", b"/actuator/env", true),
+        (b"/a\\", b"/a/", true),
+        // A dot segment spelt with an escape, or one only once its parameters are dropped.
+        (b"/a/%2e%2e/b", b"/b", true),
+        (b"/a/.%2E/b", b"/b", true),
+        (b"/a/%2e/b", b"/a/b", true),
+        (b"/a/%252e%252e/b", b"/b", true),
+        (b"/a/..;/b", b"/b", true),
+        (b"/a/..;x=1/b", b"/b", true),
+        (b"/a/.;/b", b"/a/b", true),
+        (b"/a/..%3B/b", b"/b", true),
         (b"/x/\xff/y?\xff", b"/x/\xff/y", false),
         (b"/caf%C3%A9", "/caf\u{e9}".as_bytes(), false),
         // MAX_DECODINGS levels decode; one more is left encoded, and flagged.
@@ -156,7 +178,9 @@ fn default_rules_classify_the_seed_paths() {
         ("/%25252561ctuator/health", PathClass::Health),
         ("/%2525252561ctuator/health", PathClass::Management),
         ("/%2525252561pi/orders", PathClass::Management),
-        ("/api/%2e%2e/health", PathClass::Health),
+        // An encoded dot segment is read as one by some backends only: guarded.
+        ("/api/%2e%2e/health", PathClass::Management),
+        ("/api/../health", PathClass::Health),
         ("/api/orders/%E2%82%AC", PathClass::Business),
         ("/api/orders/%ff", PathClass::Business),
         ("/healthy-orders", PathClass::Business),
@@ -171,6 +195,126 @@ fn default_rules_classify_the_seed_paths() {
     let nested = format!("/%{}61", "25".repeat(20_000));
     assert_eq!(r.classify(&nested), PathClass::Management);
     assert_eq!(r.classify_bytes(b"/api/\xff/orders"), PathClass::Business);
+}
+
+/// Issue 22: with the shipped rules (management prefix `/actuator`, health prefix
+/// `/actuator/health`) each of these reached a backend that reads it as a management path
+/// (Spring's `/actuator/env/{name}`, a handler for everything under `/actuator`), because the
+/// rules read an encoded separator or dot as structure, or matched a health prefix inside a
+/// segment. Each family beside its benign neighbours, which keep their class.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn encoded_separators_and_partial_segments_do_not_bypass_the_guard() {
+    use PathClass::{Business, Health, Management};
+    let r = rules("{}");
+    let cases = [
+        // `..` across an encoded slash: `/health` to nginx or Go, under `/actuator` to Tomcat.
+        ("/actuator/..%2Fhealth", Management),
+        ("/actuator/env/..%2F..%2Fhealth", Management),
+        ("/actuator/env%2F..%2F..%2Fhealth", Management),
+        ("/actuator/env/..%2f..%2fhealth", Management),
+        ("/actuator/health/..%2F..%2Fenv", Management),
+        // Encoded backslashes, and plain ones (Windows backends split on them).
+        ("/actuator/env/..%5C..%5Chealth", Management),
+        ("/actuator/env/..%5c..%5chealth", Management),
+        ("/actuator/env\\..\\..\\health", Management),
+        ("\\health", Management),
+        // Encoded more than once: Envoy leaves `%25`, each layer behind it may decode once more.
+        ("/actuator/env/..%252F..%252Fhealth", Management),
+        ("/actuator/env%252f..%252f..%252fhealth", Management),
+        ("/actuator/env/..%25252F..%25252Fhealth", Management),
+        ("/actuator/env/..%25255C..%25255Chealth", Management),
+        (
+            "/actuator/env/..%2525252525252F..%2525252525252Fhealth",
+            Management,
+        ),
+        // Dot segments a backend reads as data, or that only Tomcat resolves.
+        ("/actuator/env/%2e%2e/%2e%2e/health", Management),
+        ("/actuator/env/%252e%252e/%252e%252e/health", Management),
+        ("/actuator/env/.%2E/.%2e/health", Management),
+        ("/actuator/env/..;/..;/health", Management),
+        ("/actuator/env/..;x=1/..%3B/health", Management),
+        // A separator anywhere is ambiguous, so a business path holding one is guarded too.
+        ("/api/projects/group%2Fproject", Management),
+        ("/api/files/a%5Cb", Management),
+        // Prefixes match whole segments.
+        ("/actuator/healthdump", Management),
+        ("/actuator/health-dump", Management),
+        ("/actuator/healthz", Management),
+        ("/actuator/health.json", Management),
+        ("/actuator", Management),
+        ("/actuator/", Management),
+        ("/actuator/env/", Management),
+        ("/actuatorx", Business),
+        ("/actuator-ui/index.html", Business),
+        ("/actuator.json", Business),
+        // Exact paths match with or without a trailing slash, nothing longer.
+        ("/status/", Health),
+        ("/statusx", Business),
+        ("/status/x", Business),
+        ("/healthz", Health),
+        ("/healthz/", Health),
+        ("/healthzz", Business),
+        // Benign neighbours: the encoding is in the query, or is not a separator or dot segment.
+        ("/api/orders?next=%2Fapi%2Forders%3Fpage%3D2", Business),
+        ("/search?q=a%5Cb&r=..%2F..%2F", Business),
+        ("/actuator/health?probe=..%2F..%2Fenv", Health),
+        ("/actuator/health/liveness", Health),
+        ("/actuator/health/readiness/", Health),
+        ("/actuator/health", Health),
+        ("/api/v1/../v2/orders", Business),
+        ("/api/report%2Ev2.pdf", Business),
+        ("/api/a/.../b", Business),
+        ("/api;v=1/orders", Business),
+        ("/api/caf%C3%A9", Business),
+    ];
+    let wrong: Vec<String> = cases
+        .iter()
+        .filter(|(path, want)| r.classify(path) != *want)
+        .map(|(path, want)| format!("{path}: {:?}, want {want:?}", r.classify(path)))
+        .collect();
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// Segment matching with rules of the operator's own, health inside management as in the
+/// default.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn prefixes_match_whole_segments() {
+    use PathClass::{Business, Excluded, Health, Management};
+    let r = rules(
+        r#"{"health_paths": {"exact": ["/admin/ping"], "prefix": ["/admin/health"]},
+            "management": {"paths": {"exact": ["/debug"], "prefix": ["/admin", "/internal/x"]}},
+            "excluded_paths": {"prefix": ["/stream", "/events.v1.Stream/"]}}"#,
+    );
+    let cases = [
+        ("/admin", Management),
+        ("/admin/", Management),
+        ("/admin/users", Management),
+        ("/administrator", Business),
+        ("/admin/ping", Health),
+        ("/admin/ping/", Health),
+        ("/admin/ping/x", Management),
+        ("/admin/pingx", Management),
+        ("/admin/health", Health),
+        ("/admin/health/db", Health),
+        ("/admin/healthy", Management),
+        ("/debug", Management),
+        ("/debug/", Management),
+        ("/debug/x", Business),
+        ("/internal/x", Management),
+        ("/internal/x/y", Management),
+        ("/internal/xy", Business),
+        ("/internal", Business),
+        ("/stream", Excluded),
+        ("/stream/1", Excluded),
+        ("/streams", Business),
+        ("/events.v1.Stream/Watch", Excluded),
+        ("/events.v1.Stream", Business),
+    ];
+    for (path, want) in cases {
+        assert_eq!(r.classify(path), want, "{path}");
+    }
 }
 
 #[test]
@@ -217,7 +361,7 @@ fn the_allowlist_checks_envoys_client_address() {
 fn custom_rules_and_their_errors() {
     let r = rules(
         r#"{"health_paths": {"exact": ["/ping"]}, "excluded_paths": {"prefix": ["/upload"]},
-                     "management": {"paths": {"prefix": ["/admin/"]}, "allowed_cidrs": ["192.0.2.10"]}}"#,
+                     "management": {"paths": {"prefix": ["/admin"]}, "allowed_cidrs": ["192.0.2.10"]}}"#,
     );
     assert_eq!(r.classify("/ping"), PathClass::Health);
     assert_eq!(
@@ -233,8 +377,14 @@ fn custom_rules_and_their_errors() {
         (r#"{"management": {"allowed_cidrs": ["10.0.0/8"]}}"#, "management.allowed_cidrs[0]: must be a CIDR such as 10.0.0.0/8 or an IP address, got \"10.0.0/8\""),
         (r#"{"health_paths": {"exact": ["health"]}}"#, "health_paths.exact[0]: must start with '/' and be at most 1024 bytes, got \"health\""),
         (r#"{"excluded_paths": {"prefix": ["/ok", "nope"]}}"#, "excluded_paths.prefix[1]: must start with '/' and be at most 1024 bytes, got \"nope\""),
-        (r#"{"health_paths": {"exact": ["/ok%00"]}}"#, "health_paths.exact[0]: must not decode to a control byte or stay percent-encoded after 4 decodings, got \"/ok%00\""),
-        (r#"{"management": {"paths": {"prefix": ["/%2525252561"]}}}"#, "management.paths.prefix[0]: must not decode to a control byte or stay percent-encoded after 4 decodings, got \"/%2525252561\""),
+        (r#"{"health_paths": {"exact": ["/ok%00"]}}"#, "health_paths.exact[0]: must not hold a backslash, an encoded separator or dot segment, a control byte, or an escape left after 4 decodings, got \"/ok%00\""),
+        (r#"{"management": {"paths": {"prefix": ["/%2525252561"]}}}"#, "management.paths.prefix[0]: must not hold a backslash, an encoded separator or dot segment, a control byte, or an escape left after 4 decodings, got \"/%2525252561\""),
+        (r#"{"excluded_paths": {"prefix": ["/files/a%2Fb"]}}"#, "excluded_paths.prefix[0]: must not hold a backslash, an encoded separator or dot segment, a control byte, or an escape left after 4 decodings, got \"/files/a%2Fb\""),
+        (r#"{"health_paths": {"prefix": ["/a\\b"]}}"#, "health_paths.prefix[0]: must not hold a backslash, an encoded separator or dot segment, a control byte, or an escape left after 4 decodings, got \"/a\\\\b\""),
+        // A guarded path ending in a slash leaves the path itself open.
+        (r#"{"management": {"paths": {"prefix": ["/actuator/"]}}}"#, "management.paths.prefix[0]: must not end in '/', which would leave \"/actuator\" itself unguarded (write \"/actuator\": a prefix matches whole segments, so it covers everything under it), got \"/actuator/\""),
+        (r#"{"management": {"paths": {"prefix": ["/x", "/Admin//"]}}}"#, "management.paths.prefix[1]: must not end in '/', which would leave \"/admin\" itself unguarded (write \"/admin\": a prefix matches whole segments, so it covers everything under it), got \"/Admin//\""),
+        (r#"{"management": {"paths": {"exact": ["/actuator/env/"]}}}"#, "management.paths.exact[0]: must not end in '/', which would leave \"/actuator/env\" itself unguarded (write \"/actuator/env\": an exact path matches with or without a trailing slash), got \"/actuator/env/\""),
         (r#"{"management": {"paths": {"regex": ".*"}}}"#, "management.paths.regex: unknown field `regex`, expected `exact` or `prefix`"),
         (r#"{"management": {"trusted_hops": 1}}"#, "management.trusted_hops: unknown field `trusted_hops`, expected `paths` or `allowed_cidrs`"),
     ];
@@ -254,7 +404,8 @@ fn custom_rules_and_their_errors() {
 #[cfg(not(target_arch = "wasm32"))]
 mod properties {
     use ewma_lb::rules::{
-        normalize_bytes, normalize_counting, PathClass, Rules, MAX_DECODINGS, MAX_SCANNED_PER_BYTE,
+        normalize_bytes, normalize_counting, ManagementConfig, PathClass, PathSet, Rules,
+        MAX_DECODINGS, MAX_SCANNED_PER_BYTE,
     };
     use proptest::prelude::*;
 
@@ -293,9 +444,18 @@ mod properties {
         b"A/",
     ];
 
-    /// Health everywhere: a path classified otherwise was guarded before any rule.
+    /// Health everywhere: a path classified otherwise was guarded before any rule. Compiled
+    /// without a `Config`, which refuses rules that leave its status page unreachable.
     fn everything_is_health() -> Rules {
-        super::rules(r#"{"health_paths": {"prefix": ["/"]}}"#)
+        let health = PathSet {
+            exact: vec![],
+            prefix: vec!["/".into()],
+        };
+        let management = ManagementConfig {
+            paths: PathSet::default(),
+            allowed_cidrs: vec![],
+        };
+        Rules::compile(&health, &management, &PathSet::default()).unwrap()
     }
 
     /// `pieces` (index, repeats) concatenated in turn until `len` bytes.
@@ -317,15 +477,20 @@ mod properties {
     }
 
     /// `path` percent-encoded `levels` times: level one encodes the bytes `mask` picks and the
-    /// first (so something is encoded), every later level encodes each `%` again. Decoding it
-    /// `levels` times gives back `path`.
-    fn encode(path: &[u8], levels: usize, mask: &[bool]) -> Vec<u8> {
+    /// first one it may (so something is encoded), every later level encodes each `%` again.
+    /// Decoding it `levels` times gives back `path`. Unless `structure`, separators and dots
+    /// stay as they are: encoded, they make the path ambiguous.
+    fn encode(path: &[u8], levels: usize, mask: &[bool], structure: bool) -> Vec<u8> {
+        let may = |b: u8| structure || !matches!(b, b'/' | b'\\' | b'.');
+        let first = path.iter().position(|&b| may(b));
         let mut current = path.to_vec();
         for level in 0..levels {
             let mut next = Vec::with_capacity(current.len() * 3);
             for (i, &b) in current.iter().enumerate() {
                 let picked = level == 0
-                    && (i == 0 || mask.get(i % mask.len().max(1)).copied().unwrap_or(false));
+                    && may(b)
+                    && (Some(i) == first
+                        || mask.get(i % mask.len().max(1)).copied().unwrap_or(false));
                 if b == b'%' || picked {
                     next.extend_from_slice(format!("%{b:02X}").as_bytes());
                 } else {
@@ -408,12 +573,37 @@ mod properties {
             levels in 1usize..=MAX_DECODINGS,
             mask in prop::collection::vec(any::<bool>(), 1..8),
         ) {
-            let encoded = encode(path.as_bytes(), levels, &mask);
+            let encoded = encode(path.as_bytes(), levels, &mask, false);
             let normal = normalize_bytes(&encoded);
-            prop_assert!(!normal.is_ambiguous(), "{}", encoded.escape_ascii());
             let plain = normalize_bytes(path.as_bytes());
             prop_assert_eq!(normal.as_bytes(), plain.as_bytes());
+            prop_assert_eq!(normal.is_ambiguous(), plain.is_ambiguous(), "{}", encoded.escape_ascii());
             check_bounded(&encoded)?;
+        }
+
+        #[test]
+        fn an_encoded_separator_is_always_guarded(
+            before in "[/a-zA-Z0-9._;~-]{0,20}",
+            after in "[/a-zA-Z0-9._;~-]{0,20}",
+            separator in prop::sample::select(vec!["2F", "2f", "5C", "5c"]),
+            nesting in 0usize..=MAX_DECODINGS + 2,
+            query in prop::sample::select(vec!["", "?a=%2F", "#%5C"]),
+        ) {
+            let raw = format!("/{before}%{}{separator}{after}{query}", "25".repeat(nesting));
+            prop_assert!(normalize_bytes(raw.as_bytes()).is_ambiguous(), "{}", raw);
+            prop_assert_eq!(everything_is_health().classify(&raw), PathClass::Management);
+            check_bounded(raw.as_bytes())?;
+        }
+
+        #[test]
+        fn an_encoded_separator_in_the_query_changes_nothing(
+            path in "/[/a-zA-Z0-9_~-]{0,30}",
+            query in "[a-zA-Z0-9=&]{0,10}(%2F|%5C|%252F|\\.\\.%2F){1,3}[a-zA-Z0-9=&]{0,10}",
+        ) {
+            let with_query = format!("{path}?{query}");
+            let (normal, plain) = (normalize_bytes(with_query.as_bytes()), normalize_bytes(path.as_bytes()));
+            prop_assert_eq!(normal.as_bytes(), plain.as_bytes());
+            prop_assert_eq!(normal.is_ambiguous(), plain.is_ambiguous());
         }
 
         #[test]
@@ -422,7 +612,7 @@ mod properties {
             extra in 1usize..=8,
             mask in prop::collection::vec(any::<bool>(), 1..8),
         ) {
-            let encoded = encode(path.as_bytes(), MAX_DECODINGS + extra, &mask);
+            let encoded = encode(path.as_bytes(), MAX_DECODINGS + extra, &mask, true);
             prop_assert!(normalize_bytes(&encoded).is_ambiguous());
             prop_assert_eq!(everything_is_health().classify_bytes(&encoded), PathClass::Management);
             prop_assert_eq!(super::rules("{}").classify_bytes(&encoded), PathClass::Management);
