@@ -428,6 +428,15 @@ impl PluginConfig {
                 ),
             ));
         }
+        if is_reserved_header(&header) {
+            return Err(err(
+                "override_header",
+                format!(
+                    "must be a header of its own, not one HTTP or Envoy gives a meaning to (the plugin removes the client's copy from every request), got {}",
+                    quoted(&header)
+                ),
+            ));
+        }
         let tick_period_ms = in_range("tick_period_ms", self.tick_period_ms, 10, 60_000)?;
         let refresh_interval_ms = in_range(
             "refresh_interval_ms",
@@ -437,8 +446,9 @@ impl PluginConfig {
         )?;
         let smoother = check_smoother(self.smoothing)?;
         let weights = self.weights.compile()?;
+        // Zero would let a host that fails fast look fast, the one thing the penalty is for.
         let failure_penalty_ms =
-            in_range("failure_penalty_ms", self.failure_penalty_ms, 0, 600_000)?;
+            in_range("failure_penalty_ms", self.failure_penalty_ms, 1, 600_000)?;
         let grpc_failures = compile_grpc_codes(&self.grpc_failure_status_codes)?;
         let exploration_share = in_range("exploration_share", self.exploration_share, 0.0, 0.5)?;
         let host_ttl_ms = in_range(
@@ -457,17 +467,8 @@ impl PluginConfig {
         let locality = self.locality.compile()?;
         let steered = SteeredClusters::compile(&self.steered_clusters)?;
         let static_endpoints = compile_clusters(self.clusters, max_hosts, &steered)?;
-        let status_path = self.status_path;
-        if !status_path.starts_with('/') || normalize(&status_path) != status_path {
-            return Err(err(
-                "status_path",
-                format!(
-                    "must be a normalised absolute path such as /ewma-lb/status, got {}",
-                    quoted(&status_path)
-                ),
-            ));
-        }
         let rules = Rules::compile(&self.health_paths, &self.management, &self.excluded_paths)?;
+        let status_path = check_status_path(self.status_path, &rules, &self.health_paths)?;
         Ok(Config {
             override_header: header,
             tick_period: Duration::from_millis(tick_period_ms),
@@ -491,6 +492,83 @@ impl PluginConfig {
             shadow: self.shadow,
         })
     }
+}
+
+/// Headers whose meaning HTTP or Envoy fixes. The plugin removes the client's copy of
+/// `override_header` from every request and Envoy reads the plugin's as an address list, so
+/// naming one of these would strip it from all traffic (credentials, cookies, the body's length)
+/// or hand Envoy's own instructions to the plugin. The list keeps to the names that define the
+/// message and its connection, carry the client's identity, or belong to a proxy; prefixes cover
+/// the namespaces Envoy and gRPC reserve. Pseudo-headers (`:authority`) fail the name check.
+const RESERVED_HEADERS: &[&str] = &[
+    // The message and its connection (RFC 9110, RFC 9112): Envoy's codecs own them.
+    "host",
+    "content-length",
+    "content-type",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "upgrade",
+    "expect",
+    // Who the client is, for the backend.
+    "authorization",
+    "proxy-authorization",
+    "cookie",
+    // What proxies report about the client; Envoy reads, appends or generates them.
+    "forwarded",
+    "via",
+    "x-request-id",
+];
+const RESERVED_HEADER_PREFIXES: &[&str] = &["x-envoy-", "x-forwarded-", "grpc-"];
+
+fn is_reserved_header(name: &str) -> bool {
+    RESERVED_HEADERS.contains(&name) || RESERVED_HEADER_PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
+/// The status page must be a path of its own: the root would answer every client's `/` with a
+/// 403, and a probe path is passed to the backend before the plugin would serve it.
+fn check_status_path(
+    status_path: String,
+    rules: &Rules,
+    health: &PathSet,
+) -> Result<String, ConfigError> {
+    let normal = normalize(&status_path);
+    if !status_path.starts_with('/') || normal != status_path || normal.is_ambiguous() {
+        return Err(err(
+            "status_path",
+            format!(
+                "must be a normalised absolute path such as /ewma-lb/status, got {}",
+                quoted(&status_path)
+            ),
+        ));
+    }
+    if status_path == "/" {
+        return Err(err(
+            "status_path",
+            "must not be the root: every request for / from outside the allowlist would get a 403, got \"/\"",
+        ));
+    }
+    if let Some((kind, i)) = rules.health_rule(&status_path) {
+        let list = if kind == "exact" {
+            &health.exact
+        } else {
+            &health.prefix
+        };
+        let written = list
+            .get(i)
+            .map_or_else(String::new, |p| format!(" {}", quoted(p)));
+        return Err(err(
+            "status_path",
+            format!(
+                "must not be a health path: health_paths.{kind}[{i}]{written} matches it, and probes pass to the backend, so the page would be unreachable, got {}",
+                quoted(&status_path)
+            ),
+        ));
+    }
+    Ok(status_path)
 }
 
 impl WeightsConfig {

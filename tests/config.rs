@@ -121,6 +121,17 @@ fn invalid_configurations_name_the_field_and_the_value() {
         (r#"{"pick": "fastest"}"#, "pick: unknown variant `fastest`, expected one of `weighted_random`, `weighted_p2c`, `lowest_latency`"),
         (r#"{"override_header": "X-Host"}"#, "override_header: must be a lowercase HTTP header name, got \"X-Host\""),
         (r#"{"override_header": ""}"#, "override_header: must be a lowercase HTTP header name, got \"\""),
+        (r#"{"override_header": ":authority"}"#, "override_header: must be a lowercase HTTP header name, got \":authority\""),
+        // Headers HTTP or Envoy gives a meaning to: the plugin strips the client's copy of it.
+        (r#"{"override_header": "authorization"}"#, "override_header: must be a header of its own, not one HTTP or Envoy gives a meaning to (the plugin removes the client's copy from every request), got \"authorization\""),
+        (r#"{"override_header": "host"}"#, "override_header: must be a header of its own, not one HTTP or Envoy gives a meaning to (the plugin removes the client's copy from every request), got \"host\""),
+        (r#"{"override_header": "content-length"}"#, "override_header: must be a header of its own, not one HTTP or Envoy gives a meaning to (the plugin removes the client's copy from every request), got \"content-length\""),
+        (r#"{"override_header": "transfer-encoding"}"#, "override_header: must be a header of its own, not one HTTP or Envoy gives a meaning to (the plugin removes the client's copy from every request), got \"transfer-encoding\""),
+        (r#"{"override_header": "cookie"}"#, "override_header: must be a header of its own, not one HTTP or Envoy gives a meaning to (the plugin removes the client's copy from every request), got \"cookie\""),
+        (r#"{"override_header": "x-forwarded-for"}"#, "override_header: must be a header of its own, not one HTTP or Envoy gives a meaning to (the plugin removes the client's copy from every request), got \"x-forwarded-for\""),
+        (r#"{"override_header": "x-envoy-original-dst-host"}"#, "override_header: must be a header of its own, not one HTTP or Envoy gives a meaning to (the plugin removes the client's copy from every request), got \"x-envoy-original-dst-host\""),
+        (r#"{"override_header": "grpc-timeout"}"#, "override_header: must be a header of its own, not one HTTP or Envoy gives a meaning to (the plugin removes the client's copy from every request), got \"grpc-timeout\""),
+        (r#"{"failure_penalty_ms": 0}"#, "failure_penalty_ms: must be in [1, 600000], got 0"),
         (r#"{"tick_period_ms": 5}"#, "tick_period_ms: must be in [10, 60000], got 5"),
         (r#"{"tick_period_ms": 500, "refresh_interval_ms": 100}"#, "refresh_interval_ms: must be in [500, 600000], got 100"),
         (r#"{"exploration_share": 0.6}"#, "exploration_share: must be in [0, 0.5], got 0.6"),
@@ -140,6 +151,13 @@ fn invalid_configurations_name_the_field_and_the_value() {
         (r#"{"steered_clusters": ["other"], "clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}}"#, "clusters.backend: has static endpoints but is not in steered_clusters: the plugin would never steer it"),
         (r#"{"status_path": "status"}"#, "status_path: must be a normalised absolute path such as /ewma-lb/status, got \"status\""),
         (r#"{"status_path": "/Status//x"}"#, "status_path: must be a normalised absolute path such as /ewma-lb/status, got \"/Status//x\""),
+        (r#"{"status_path": "/"}"#, "status_path: must not be the root: every request for / from outside the allowlist would get a 403, got \"/\""),
+        (r#"{"status_path": "/ewma%2Fstatus"}"#, "status_path: must be a normalised absolute path such as /ewma-lb/status, got \"/ewma%2Fstatus\""),
+        // Under a health path, the page could never be served: probes pass to the backend.
+        (r#"{"status_path": "/actuator/health/lb"}"#, "status_path: must not be a health path: health_paths.prefix[0] \"/actuator/health\" matches it, and probes pass to the backend, so the page would be unreachable, got \"/actuator/health/lb\""),
+        (r#"{"status_path": "/healthz/"}"#, "status_path: must not be a health path: health_paths.exact[1] \"/healthz\" matches it, and probes pass to the backend, so the page would be unreachable, got \"/healthz/\""),
+        (r#"{"status_path": "/lb/status", "health_paths": {"prefix": ["/LB"]}}"#, "status_path: must not be a health path: health_paths.prefix[0] \"/LB\" matches it, and probes pass to the backend, so the page would be unreachable, got \"/lb/status\""),
+        (r#"{"management": {"paths": {"prefix": ["/actuator/"]}}}"#, "management.paths.prefix[0]: must not end in '/', which would leave \"/actuator\" itself unguarded (write \"/actuator\": a prefix matches whole segments, so it covers everything under it), got \"/actuator/\""),
         (r#"{"grpc_failure_status_codes": ["resource-exhausted"]}"#, "grpc_failure_status_codes[0]: must be a gRPC status code name (write it as RESOURCE_EXHAUSTED), got \"resource-exhausted\""),
         (r#"{"grpc_failure_status_codes": ["UNAVAILABLE", "BROKEN"]}"#, "grpc_failure_status_codes[1]: must be a gRPC status code name (one of OK, CANCELLED, UNKNOWN, INVALID_ARGUMENT, DEADLINE_EXCEEDED, NOT_FOUND, ALREADY_EXISTS, PERMISSION_DENIED, RESOURCE_EXHAUSTED, FAILED_PRECONDITION, ABORTED, OUT_OF_RANGE, UNIMPLEMENTED, INTERNAL, UNAVAILABLE, DATA_LOSS, UNAUTHENTICATED), got \"BROKEN\""),
         (r#"{"grpc_failure_status_codes": ["CANCELLED"]}"#, "grpc_failure_status_codes[0]: CANCELLED is never a sample: the call was abandoned, most often by the client"),
@@ -165,6 +183,31 @@ fn invalid_configurations_name_the_field_and_the_value() {
         })
         .collect();
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// The neighbours of the configurations refused above: each is fine and accepted.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn the_neighbours_of_refused_configurations_are_accepted() {
+    for json in [
+        r#"{"override_header": "x-lb-host"}"#,
+        r#"{"override_header": "x-envoy"}"#,
+        r#"{"override_header": "hosts"}"#,
+        r#"{"failure_penalty_ms": 1}"#,
+        r#"{"status_path": "/actuator/healthdump"}"#,
+        r#"{"status_path": "/healthz/lb"}"#,
+        r#"{"status_path": "/a"}"#,
+        r#"{"management": {"paths": {"prefix": ["/"]}}}"#,
+        r#"{"management": {"paths": {"prefix": ["/actuator"], "exact": ["/debug/vars"]}}}"#,
+        r#"{"excluded_paths": {"prefix": ["/events.v1.Stream/"]}}"#,
+        r#"{"health_paths": {"prefix": ["/actuator/health/"]}}"#,
+    ] {
+        assert!(
+            Config::from_json(json.as_bytes()).is_ok(),
+            "{json}: {:?}",
+            Config::from_json(json.as_bytes()).err()
+        );
+    }
 }
 
 #[test]
