@@ -1,6 +1,7 @@
 //! End to end, issue 8: clients nobody trusts. A request's path costs the plugin work linear in
 //! its length (no worker is held behind one), no byte an HTTP/2 client can send panics the VM, and
 //! the override header decides nothing a client wrote, even while the plugin is not running.
+//! Issue 22: no path a backend could read as a management one gets past the guard.
 //! Real Envoy, real plugin, real backends on 127.0.0.1; assertions on what backends saw and what
 //! came back on the wire.
 
@@ -17,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use common::share;
 use harness::backend::{BackendSpec, OVERRIDE_HEADER, SEEN_OVERRIDE_HEADER};
+use harness::config::LISTENER;
 use harness::{http, repo_root, Latency, Stack};
 
 fn three(spec: &str) -> Vec<BackendSpec> {
@@ -309,5 +311,116 @@ fn without_the_plugin_a_forged_header_decides_nothing() {
     assert!(
         share(&served, "a") < 0.6,
         "the forged header was obeyed: {served:?}"
+    );
+}
+
+/// Paths that reached a backend from outside the allowlist before issue 22, with the shipped
+/// rules (management prefix `/actuator`, health prefix `/actuator/health`): each was a probe to
+/// the plugin, and may be a management path to the backend behind it (Spring's
+/// `/actuator/env/{name}` when Tomcat passes `%2F` through, a handler for all of `/actuator`).
+/// Only paths Envoy's `normalize_path` leaves as they are: the ones it resolves itself (a plain
+/// `..`, `..;`, `%2e%2e`, a backslash) reach backend and plugin alike.
+const BYPASSES: &[&str] = &[
+    "/actuator/..%2Fhealth",
+    "/actuator/env/..%2F..%2Fhealth",
+    "/actuator/env%2F..%2F..%2Fhealth",
+    "/actuator/env/..%5C..%5Chealth",
+    "/actuator/healthdump",
+    "/actuator/healthz",
+    "/actuator/env/..%2f..%2fhealth",
+    "/actuator/env/..%5c..%5chealth",
+    "/actuator/env/..%252F..%252Fhealth",
+    "/actuator/env%252f..%252f..%252fhealth",
+    "/actuator/env/..%255C..%255Chealth",
+    "/actuator/env/%252e%252e/%252e%252e/health",
+    "/actuator/env/..%3B/..%3B/health",
+];
+
+/// Their benign neighbours, which a client outside the allowlist still reaches.
+const NEIGHBOURS: &[&str] = &[
+    "/actuator/health",
+    "/actuator/health/liveness",
+    "/healthz",
+    "/api/orders?next=%2Fapi%2Forders%3Fpage%3D2",
+    "/actuator/health?probe=..%2F..%2Fenv",
+    "/actuatorx",
+];
+
+/// What it observes: what the backends served, counted by path. One trusted proxy in front
+/// (`xff_num_trusted_hops: 1`), so the client address is the X-Forwarded-For entry it adds:
+/// 203.0.113.9 is outside the allowlist (10.0.0.0/8), 10.1.2.3 inside. Each bypass path from
+/// outside must be answered by the plugin (403, its body) and reach no backend at all. The same
+/// paths from inside must each reach a backend once: so each is routable and counted, and only
+/// the guard kept it away. The neighbours from outside reach a backend.
+#[test]
+fn encoded_separators_and_partial_segments_reach_no_backend() {
+    let stack = Stack::start_with(three("fixed:1"), |config| {
+        config
+            .plugin()?
+            .set_plugin_config(r#"{"management": {"allowed_cidrs": ["10.0.0.0/8"]}}"#)?;
+        config
+            .listener(LISTENER)?
+            .http()?
+            .set_xff_num_trusted_hops(1)?;
+        Ok(())
+    })
+    .unwrap();
+    let outside = [("x-forwarded-for", "203.0.113.9")];
+    let inside = [("x-forwarded-for", "10.1.2.3")];
+    let get = |path: &str, from: &[(&str, &str)]| {
+        http::get(&format!("{}{path}", stack.url), from).unwrap()
+    };
+    let served = || -> Vec<(String, u64)> {
+        let mut all: Vec<(String, u64)> = stack
+            .backends
+            .iter()
+            .flat_map(|b| b.path_counts())
+            .collect();
+        all.sort();
+        all
+    };
+
+    stack.reset_counts();
+    let answered: Vec<(&str, u16, String)> = BYPASSES
+        .iter()
+        .map(|path| {
+            let r = get(path, &outside);
+            (*path, r.status, r.body)
+        })
+        .collect();
+    let reached = served();
+    eprintln!("from outside: {answered:?}; backends served {reached:?}");
+    assert!(
+        reached.is_empty(),
+        "from outside the allowlist, backends served {reached:?}"
+    );
+    for (path, status, body) in &answered {
+        assert_eq!(
+            (*status, body.as_str()),
+            (403, "forbidden: management endpoint\n"),
+            "{path} from outside"
+        );
+    }
+
+    for path in BYPASSES {
+        assert_eq!(get(path, &inside).status, 200, "{path} from inside");
+    }
+    let reached = served();
+    eprintln!("from inside: backends served {reached:?}");
+    assert_eq!(
+        reached.iter().map(|(_, n)| n).sum::<u64>(),
+        BYPASSES.len() as u64,
+        "each path from inside the allowlist reaches a backend once: {reached:?}"
+    );
+
+    stack.reset_counts();
+    for path in NEIGHBOURS {
+        assert_eq!(get(path, &outside).status, 200, "{path} from outside");
+    }
+    let reached = served();
+    assert_eq!(
+        reached.iter().map(|(_, n)| n).sum::<u64>(),
+        NEIGHBOURS.len() as u64,
+        "each neighbour reaches a backend once: {reached:?}"
     );
 }
