@@ -18,10 +18,14 @@ for component in rustfmt clippy; do
   rustup component list --installed | grep -q "^$component" || rustup component add "$component"
 done
 # binaryen (wasm-opt, which wasm-build.sh requires for a reproducible module), docker-compose checks the compose file, DejaVu is the
-# font the benchmark plots use.
+# font the benchmark plots use. docker-registry and skopeo: tests/release.rs pushes the release's OCI
+# image to a real registry on 127.0.0.1 and pulls it back, the way Istio and Envoy Gateway fetch it,
+# with no Docker engine.
 missing=()
 command -v wasm-opt >/dev/null 2>&1 || missing+=(binaryen)
 command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
+command -v docker-registry >/dev/null 2>&1 || missing+=(docker-registry)
+command -v skopeo >/dev/null 2>&1 || missing+=(skopeo)
 [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || missing+=(fonts-dejavu-core)
 if [ ${#missing[@]} -gt 0 ]; then
   sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
