@@ -7,6 +7,7 @@
 #                                        pull: one gzip layer holding plugin.wasm, the manifest
 #                                        annotation module.wasm.image/variant=compat, tag VERSION
 #   ewma-lb-VERSION.tar.gz               the manifests (envoy-config/istio, envoy-config/envoy-gateway,
+#                                        their kustomize overlays in envoy-config/kustomize,
 #                                        envoy-config/envoy.yaml, the module, LICENSE) with the image
 #                                        reference and its digest stamped in
 #   release.json, SHA256SUMS             what was built, for scripts and for people
@@ -132,7 +133,7 @@ printf '{"imageLayoutVersion":"1.0.0"}' > "$layout/oci-layout"
 # === the bundle: the manifests, stamped ===
 top=ewma-lb-$version
 stage=$work/bundle/$top
-shipped=(envoy-config/istio envoy-config/envoy-gateway envoy-config/envoy.yaml LICENSE)
+shipped=(envoy-config/istio envoy-config/envoy-gateway envoy-config/kustomize envoy-config/envoy.yaml LICENSE)
 if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
   files=$(git ls-files -co --exclude-standard -- "${shipped[@]}")
 else

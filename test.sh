@@ -20,7 +20,9 @@ done
 # binaryen (wasm-opt, which wasm-build.sh requires for a reproducible module), docker-compose checks the compose file, DejaVu is the
 # font the benchmark plots use. docker-registry and skopeo: tests/release.rs pushes the release's OCI
 # image to a real registry on 127.0.0.1 and pulls it back, the way Istio and Envoy Gateway fetch it,
-# with no Docker engine.
+# with no Docker engine. kubectl is not installed here: tests/adoption.rs renders the kustomize overlays
+# with its built-in kustomize, which needs kubectl 1.27 or newer (the machine's; Debian 12's
+# kubernetes-client is 1.20, whose kustomize has no replacements).
 missing=()
 command -v wasm-opt >/dev/null 2>&1 || missing+=(binaryen)
 command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)

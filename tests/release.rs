@@ -545,16 +545,41 @@ fn tree(dir: &Path) -> BTreeMap<String, Vec<u8>> {
     out
 }
 
-/// `(file, url, sha256)` of every OCI module source in the bundle's manifests: the Istio
-/// WasmPlugins' `url`/`sha256` and the EnvoyExtensionPolicy's `code.image`.
-fn stamped_images(bundle_root: &Path) -> Vec<(String, String, String)> {
+/// The YAML documents of the bundle's manifest files, and of what its kustomize overlays render
+/// (`kubectl kustomize`, run inside the unpacked bundle): `(origin, document)`.
+fn bundle_documents(bundle_root: &Path) -> Vec<(String, Value)> {
     let mut out = Vec::new();
     for (rel, bytes) in tree(&bundle_root.join("envoy-config")) {
-        if !(rel.ends_with(".yaml") || rel.ends_with(".yml")) {
-            continue;
+        if rel.ends_with(".yaml") || rel.ends_with(".yml") {
+            let text = String::from_utf8(bytes).unwrap();
+            for doc in shipped::yaml_text_docs(&rel, &text) {
+                out.push((rel.clone(), doc));
+            }
         }
-        let text = String::from_utf8(bytes).unwrap();
-        for doc in shipped::yaml_text_docs(&rel, &text) {
+    }
+    let kubectl = tool("kubectl", "kubectl");
+    for overlay in ["istio", "envoy-gateway"] {
+        let rendered = run(
+            "kubectl kustomize",
+            Command::new(&kubectl)
+                .arg("kustomize")
+                .arg(bundle_root.join("envoy-config/kustomize").join(overlay)),
+        );
+        let origin = format!("kubectl kustomize kustomize/{overlay}");
+        for doc in shipped::yaml_text_docs(&origin, &String::from_utf8_lossy(&rendered)) {
+            out.push((origin.clone(), doc));
+        }
+    }
+    out
+}
+
+/// `(origin, url, sha256)` of every OCI module source in the bundle: the Istio WasmPlugins'
+/// `url`/`sha256` and the EnvoyExtensionPolicies' `code.image`, in the files and in what the
+/// overlays render.
+fn stamped_images(bundle_root: &Path) -> Vec<(String, String, String)> {
+    let mut out = Vec::new();
+    for (rel, doc) in bundle_documents(bundle_root) {
+        {
             let spec = &doc["spec"];
             match doc["kind"].as_str() {
                 Some("WasmPlugin") => {
@@ -699,6 +724,8 @@ fn the_release_image_round_trips_through_a_real_registry() {
         "istio/wasmplugin.yaml",
         "istio/gateway/wasmplugin.yaml",
         "envoy-gateway/envoyextensionpolicy.yaml",
+        "kubectl kustomize kustomize/istio",
+        "kubectl kustomize kustomize/envoy-gateway",
     ] {
         assert!(files.contains(&want), "{want} is not stamped: {stamped:?}");
     }
