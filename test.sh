@@ -28,6 +28,9 @@ command -v wasm-opt >/dev/null 2>&1 || missing+=(binaryen)
 command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
 command -v docker-registry >/dev/null 2>&1 || missing+=(docker-registry)
 command -v skopeo >/dev/null 2>&1 || missing+=(skopeo)
+# jq: envoy-config/envoy-gateway/check-header-removal.sh reads the policies' status with it, and
+# tests/envoy_gateway.rs runs that script.
+command -v jq >/dev/null 2>&1 || missing+=(jq)
 [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || missing+=(fonts-dejavu-core)
 if [ ${#missing[@]} -gt 0 ]; then
   sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
