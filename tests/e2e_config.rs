@@ -143,7 +143,8 @@ fn http_filter_chains(v: &Value, out: &mut Vec<Vec<Value>>) {
 #[test]
 fn the_dry_run_names_the_plugins_reason_and_the_module_path_follows_the_working_directory() {
     plugin_wasm().unwrap(); // envoy.yaml loads it
-    let bin = harness::envoy::envoy_binary().expect("no envoy binary: see test.sh");
+    let bin =
+        harness::envoy::envoy_binary().unwrap_or_else(|| panic!("no envoy binary: see test.sh"));
     let dir = tempfile::tempdir().unwrap();
     let validate = |config: &std::path::Path, cwd: &std::path::Path| {
         let out = std::process::Command::new(&bin)

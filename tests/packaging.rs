@@ -1031,7 +1031,9 @@ fn docker_compose_builds_the_plugin_and_runs_the_tested_envoy_config() {
         .filter_map(Value::as_str)
         .collect();
     assert_eq!(copy[..2], ["cp", "/src/dist/ewma_lb.wasm"]);
-    let (volume, built_at) = named_volumes(plugin).pop().expect("plugin mounts a volume");
+    let (volume, built_at) = named_volumes(plugin)
+        .pop()
+        .unwrap_or_else(|| panic!("plugin mounts no volume"));
     let module_in_volume = copy[2]
         .strip_prefix(&format!("{built_at}/"))
         .unwrap_or_else(|| panic!("{} is not in the volume at {built_at}", copy[2]));
