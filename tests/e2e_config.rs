@@ -136,3 +136,56 @@ fn http_filter_chains(v: &Value, out: &mut Vec<Vec<Value>>) {
         _ => {}
     }
 }
+
+/// What docs/troubleshooting.md tells users: `envoy --mode validate` is a dry run of the plugin
+/// configuration (it loads the module and stops with the plugin's reason), and envoy.yaml's
+/// relative module path is resolved against Envoy's working directory, not the config's.
+#[test]
+fn the_dry_run_names_the_plugins_reason_and_the_module_path_follows_the_working_directory() {
+    plugin_wasm().unwrap(); // envoy.yaml loads it
+    let bin =
+        harness::envoy::envoy_binary().unwrap_or_else(|| panic!("no envoy binary: see test.sh"));
+    let dir = tempfile::tempdir().unwrap();
+    let validate = |config: &std::path::Path, cwd: &std::path::Path| {
+        let out = std::process::Command::new(&bin)
+            .args(["--mode", "validate", "-c"])
+            .arg(config)
+            .current_dir(cwd)
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    };
+    let shipped = repo_root().join("envoy-config/envoy.yaml");
+    let (ok, log) = validate(&shipped, &repo_root());
+    assert!(ok && log.contains("OK"), "from the repository root:\n{log}");
+    let (ok, log) = validate(&shipped, dir.path());
+    assert!(
+        !ok,
+        "from elsewhere the relative module path must not resolve:\n{log}"
+    );
+    assert!(log.contains("Invalid path: dist/ewma_lb.wasm"), "{log}");
+
+    let mut bad = EnvoyConfig::shipped().unwrap();
+    bad.plugin()
+        .unwrap()
+        .set_plugin_config(r#"{"weights": {"min_share": 0.9}}"#)
+        .unwrap();
+    let bad_file = dir.path().join("bad.yaml");
+    std::fs::write(&bad_file, bad.to_yaml().unwrap()).unwrap();
+    let (ok, log) = validate(&bad_file, &repo_root());
+    assert!(
+        !ok,
+        "the dry run accepted a configuration the plugin refuses:\n{log}"
+    );
+    assert!(
+        log.contains(
+            "ewma-lb: invalid plugin configuration: weights.min_share: must be in [0, 0.5], got 0.9"
+        ),
+        "{log}"
+    );
+}

@@ -343,3 +343,177 @@ fn the_translation_validates() {
             .unwrap_or_else(|e| panic!("{e:#}"));
     }
 }
+
+// === check-header-removal.sh =================================================================
+
+/// A ClientTrafficPolicy as the API server returns it: `removes` in its early header removal,
+/// targeting Gateway `eg` (or one of its listeners), with the Accepted condition Envoy Gateway
+/// wrote (`None`: no status yet). The status has the shape Envoy Gateway gives it
+/// (internal/gatewayapi/status/policy.go: one ancestor per targeted Gateway or section).
+fn client_policy(
+    name: &str,
+    section: Option<&str>,
+    removes: &[&str],
+    accepted: Option<(bool, &str)>,
+) -> Value {
+    let mut target = json!({"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "eg"});
+    let mut ancestor = json!({"group": "gateway.networking.k8s.io", "kind": "Gateway", "name": "eg", "namespace": "default"});
+    if let Some(s) = section {
+        target["sectionName"] = s.into();
+        ancestor["sectionName"] = s.into();
+    }
+    let mut policy = json!({
+        "apiVersion": "gateway.envoyproxy.io/v1alpha1",
+        "kind": "ClientTrafficPolicy",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"targetRefs": [target], "headers": {"earlyRequestHeaders": {"remove": removes}}},
+    });
+    if let Some((ok, reason)) = accepted {
+        policy["status"] = json!({"ancestors": [{
+            "ancestorRef": ancestor,
+            "controllerName": "gateway.envoyproxy.io/gatewayclass-controller",
+            "conditions": [{"type": "Accepted", "status": if ok { "True" } else { "False" },
+                            "reason": reason, "message": format!("{reason} (test)")}],
+        }]});
+    }
+    policy
+}
+
+/// Runs the shipped script against a stand-in kubectl that answers with `policies` and a
+/// Gateway `eg` with listeners `http` and `https`: its exit code and report.
+fn check_header_removal(policies: Vec<Value>) -> (i32, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let gateway = json!({
+        "apiVersion": "gateway.networking.k8s.io/v1", "kind": "Gateway",
+        "metadata": {"name": "eg", "namespace": "default"},
+        "spec": {"gatewayClassName": "eg", "listeners": [
+            {"name": "http", "protocol": "HTTP", "port": 80},
+            {"name": "https", "protocol": "HTTPS", "port": 443}]},
+    });
+    std::fs::write(dir.path().join("gateway.json"), gateway.to_string()).unwrap();
+    std::fs::write(
+        dir.path().join("policies.json"),
+        json!({"apiVersion": "v1", "kind": "List", "items": policies}).to_string(),
+    )
+    .unwrap();
+    // Answers exactly the two reads the script makes, and fails on anything else.
+    let kubectl = dir.path().join("kubectl");
+    std::fs::write(
+        &kubectl,
+        format!(
+            "#!/bin/sh\ncase \"$*\" in\n  'get gateways.gateway.networking.k8s.io eg -n default -o json') cat {0}/gateway.json ;;\n  'get clienttrafficpolicies.gateway.envoyproxy.io -n default -o json') cat {0}/policies.json ;;\n  *) echo \"unexpected: kubectl $*\" >&2; exit 1 ;;\nesac\n",
+            dir.path().display()
+        ),
+    )
+    .unwrap();
+    std::process::Command::new("chmod")
+        .arg("+x")
+        .arg(&kubectl)
+        .status()
+        .unwrap();
+    let path = format!(
+        "{}:{}",
+        dir.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = std::process::Command::new("bash")
+        .arg(harness::repo_root().join(format!("{DIR}/check-header-removal.sh")))
+        .env("PATH", path)
+        .output()
+        .unwrap();
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code().unwrap_or(-1), report)
+}
+
+/// The check a user runs on a real cluster: it reads what Envoy Gateway accepted and fails when
+/// the header removal was dropped (a Conflicted policy, a listener's own policy without it, no
+/// status), and passes when it is in force, ours or merged into an existing policy.
+#[test]
+fn the_header_removal_check_says_when_the_gateway_does_not_remove_the_header() {
+    let shipped = policy("ClientTrafficPolicy");
+    let header = shipped.spec()["headers"]["earlyRequestHeaders"]["remove"][0]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let ours = |accepted| {
+        let mut p = client_policy("ewma-lb", None, &[&header], accepted);
+        p["spec"] = shipped.spec().clone();
+        p
+    };
+    let upper = header.to_uppercase();
+    let cases: Vec<(&str, Vec<Value>, i32, Vec<&str>)> = vec![
+        (
+            "ours, accepted",
+            vec![ours(Some((true, "Accepted")))],
+            0,
+            vec!["ok      listener http", "ok      listener https"],
+        ),
+        (
+            "ours conflicted by an older policy without the removal",
+            vec![
+                client_policy("corp", None, &["x-debug"], Some((true, "Accepted"))),
+                ours(Some((false, "Conflicted"))),
+            ],
+            1,
+            vec![
+                "MISSING listener http: ClientTrafficPolicy corp is in force and does not remove",
+                "note    ClientTrafficPolicy ewma-lb is not applied: Conflicted",
+            ],
+        ),
+        (
+            "merged into the existing policy, in any case",
+            vec![client_policy(
+                "corp",
+                None,
+                &["x-debug", &upper],
+                Some((true, "Accepted")),
+            )],
+            0,
+            vec!["ok      listener https: ClientTrafficPolicy corp removes"],
+        ),
+        (
+            "a listener's own policy overrides ours there",
+            vec![
+                ours(Some((true, "Accepted"))),
+                client_policy("tls", Some("https"), &[], Some((true, "Accepted"))),
+            ],
+            1,
+            vec![
+                "ok      listener http: ClientTrafficPolicy ewma-lb removes",
+                "MISSING listener https: ClientTrafficPolicy tls is in force",
+            ],
+        ),
+        (
+            "not reconciled yet",
+            vec![ours(None)],
+            1,
+            vec![
+                "no status from Envoy Gateway yet",
+                "MISSING listener http: no accepted",
+            ],
+        ),
+        ("no policy", vec![], 1, vec!["MISSING listener https"]),
+        (
+            "a policy selecting Gateways by labels",
+            vec![{
+                let mut p = ours(Some((true, "Accepted")));
+                p["spec"]["targetSelectors"] =
+                    json!([{"kind": "Gateway", "matchLabels": {"team": "a"}}]);
+                p
+            }],
+            2,
+            vec!["UNKNOWN ClientTrafficPolicy ewma-lb selects Gateways by labels"],
+        ),
+    ];
+    for (what, policies, code, lines) in cases {
+        let (got, report) = check_header_removal(policies);
+        assert_eq!(got, code, "{what}: exit code\n{report}");
+        for line in lines {
+            assert!(report.contains(line), "{what}: no {line:?} in\n{report}");
+        }
+    }
+}

@@ -499,11 +499,223 @@ fn every_plugin_configuration_in_the_manifests_is_valid() {
         .iter()
         .find(|(f, _)| f == "envoy-config/istio/wasmplugin.yaml")
         .unwrap_or_else(|| panic!("no envoy-config/istio/wasmplugin.yaml"));
-    assert_eq!(
-        keys(full),
-        keys(&default_json()),
-        "the OCI WasmPlugin's pluginConfig should list every field"
+    let missing: Vec<String> = leaves(&default_json())
+        .into_iter()
+        .map(|(path, _)| path)
+        .filter(|path| at(full, path).is_none())
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "the OCI WasmPlugin's pluginConfig should spell out every field; it lacks {missing:?}"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// (b') every shipped plugin configuration, field by field: the parser's default, or an override
+// stated here
+
+/// What each shipped plugin configuration sets on purpose, by dotted field path: every other
+/// field a file spells out must be what the parser fills in by itself, so a default that moves
+/// in src/config.rs shows up here as a file to update, never as a stale example.
+const OVERRIDES: &[(&str, &[&str])] = &[
+    // Steers the one static cluster of the file; nothing else.
+    ("envoy-config/envoy.yaml", &["steered_clusters"]),
+    // The compose stack's Envoy: the same, plus the compose network, from which the host's
+    // curl reaches the status page through a published port.
+    (
+        "envoy-config/compose/envoy.yaml",
+        &["steered_clusters", "management.allowed_cidrs"],
+    ),
+    // Istio sidecars: only the subset's cluster is steered, and the status page is queried from
+    // the client pod itself, whose IP is not loopback.
+    (
+        "envoy-config/istio/wasmplugin.yaml",
+        &["steered_clusters", "management.allowed_cidrs"],
+    ),
+    (
+        "envoy-config/istio/wasmplugin-file.yaml",
+        &["steered_clusters", "management.allowed_cidrs"],
+    ),
+    // The ingress gateway: its subset's cluster; clients are outside, loopback is enough.
+    (
+        "envoy-config/istio/gateway/wasmplugin.yaml",
+        &["steered_clusters"],
+    ),
+    // Envoy Gateway: the route's clusters.
+    (
+        "envoy-config/envoy-gateway/envoyextensionpolicy.yaml",
+        &["steered_clusters"],
+    ),
+];
+
+/// `(path, value)` of every leaf of a configuration: objects are walked, arrays and scalars are
+/// values (a list is set as a whole).
+fn leaves(v: &Value) -> Vec<(String, Value)> {
+    fn walk(v: &Value, path: &str, out: &mut Vec<(String, Value)>) {
+        match v {
+            Value::Object(map) if !map.is_empty() => {
+                for (k, c) in map {
+                    let p = if path.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{path}.{k}")
+                    };
+                    walk(c, &p, out);
+                }
+            }
+            other => out.push((path.to_string(), other.clone())),
+        }
+    }
+    let mut out = Vec::new();
+    walk(v, "", &mut out);
+    out
+}
+
+fn at<'a>(v: &'a Value, path: &str) -> Option<&'a Value> {
+    path.split('.').try_fold(v, |v, k| v.get(k))
+}
+
+fn set(v: &mut Value, path: &str, value: Value) {
+    let mut node = v;
+    for k in path.split('.') {
+        if !node.is_object() {
+            *node = json!({});
+        }
+        node = node
+            .as_object_mut()
+            .unwrap()
+            .entry(k.to_string())
+            .or_insert(Value::Null);
+    }
+    *node = value;
+}
+
+/// The configuration the parser makes of `config`, every field filled in, as JSON.
+fn effective(what: &str, config: &Value) -> Value {
+    let parsed = PluginConfig::from_json(config.to_string().as_bytes())
+        .unwrap_or_else(|e| panic!("{what}: the parser rejects {config}: {e}"));
+    serde_json::to_value(parsed).unwrap()
+}
+
+/// Every plugin configuration shipped: envoy.yaml's wasm filters, the compose stack's, and the
+/// manifests'.
+fn shipped_plugin_configs() -> Vec<(String, Value)> {
+    let mut out = Vec::new();
+    for file in ["envoy-config/envoy.yaml", "envoy-config/compose/envoy.yaml"] {
+        let mut filters = Vec::new();
+        wasm_filters(&yaml(file), &mut filters);
+        assert!(!filters.is_empty(), "{file}: no wasm filter");
+        for f in filters {
+            let text = f["config"]["configuration"]["value"]
+                .as_str()
+                .unwrap_or_default();
+            let config = if text.trim().is_empty() {
+                json!({})
+            } else {
+                serde_json::from_str(text).unwrap_or_else(|e| panic!("{file}: {e}"))
+            };
+            out.push((file.to_string(), config));
+        }
+    }
+    out.extend(manifest_plugin_configs());
+    out
+}
+
+/// The problems of one shipped configuration against the parser's defaults and its stated
+/// overrides; empty when it agrees.
+fn drift(file: &str, config: &Value, overrides: &[&str]) -> Vec<String> {
+    let mut problems = Vec::new();
+    let defaults = effective("defaults", &json!({}));
+    // What the file should amount to: the parser's defaults with only the stated overrides
+    // taken from it (an override of smoothing.algorithm brings that algorithm's own defaults).
+    let mut only = json!({});
+    // A smoothing parameter exists only under its algorithm: the file's comes along.
+    if overrides.iter().any(|p| p.starts_with("smoothing.")) {
+        if let Some(algorithm) = at(config, "smoothing.algorithm") {
+            set(&mut only, "smoothing.algorithm", algorithm.clone());
+        }
+    }
+    for path in overrides {
+        match at(config, path) {
+            Some(v) => set(&mut only, path, v.clone()),
+            None => problems.push(format!(
+                "{file}: {path} is stated as an override but the file does not set it"
+            )),
+        }
+    }
+    let expected = effective(file, &only);
+    for path in overrides {
+        if at(&expected, path) == at(&defaults, path) {
+            problems.push(format!(
+                "{file}: {path} is stated as an override but is the parser's default {}: drop it",
+                at(&defaults, path).unwrap_or(&Value::Null)
+            ));
+        }
+    }
+    let actual = effective(file, config);
+    for (path, value) in leaves(&actual) {
+        let want = at(&expected, &path).cloned().unwrap_or(Value::Null);
+        if value != want {
+            problems.push(format!(
+                "{file}: {path} is {value}, the parser's default is {want}: update the file, or \
+                 state the override in tests/packaging.rs OVERRIDES"
+            ));
+        }
+    }
+    problems
+}
+
+#[test]
+fn every_shipped_plugin_configuration_is_the_defaults_plus_stated_overrides() {
+    let configs = shipped_plugin_configs();
+    let mut problems = Vec::new();
+    for (file, config) in &configs {
+        let overrides = OVERRIDES
+            .iter()
+            .find(|(f, _)| f == file)
+            .map(|(_, o)| *o)
+            .unwrap_or_else(|| {
+                panic!("{file}: a shipped plugin configuration without an entry in OVERRIDES")
+            });
+        problems.extend(drift(file, config, overrides));
+    }
+    for (file, _) in OVERRIDES {
+        assert!(
+            configs.iter().any(|(f, _)| f == file),
+            "OVERRIDES names {file}, which ships no plugin configuration"
+        );
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// The check finds what it should: a spelled-out default that moved, an unstated override, an
+/// override that is the default, and one the file does not set.
+#[test]
+fn the_drift_check_finds_stale_fields() {
+    let defaults = default_json();
+    let tau = defaults["smoothing"]["tau_ms"].as_u64().unwrap();
+    let stale = json!({"smoothing": {"algorithm": "peak_ewma", "tau_ms": tau + 1}});
+    assert_eq!(
+        drift("t", &stale, &[]).len(),
+        1,
+        "{:?}",
+        drift("t", &stale, &[])
+    );
+    assert!(drift(
+        "t",
+        &json!({"smoothing": {"algorithm": "peak_ewma", "tau_ms": tau}}),
+        &[]
+    )
+    .is_empty());
+    assert!(drift("t", &stale, &["smoothing.tau_ms"]).is_empty());
+    let unstated = json!({"shadow": true});
+    assert_eq!(drift("t", &unstated, &[]).len(), 1);
+    assert!(drift("t", &unstated, &["shadow"]).is_empty());
+    assert_eq!(drift("t", &json!({"shadow": false}), &["shadow"]).len(), 1);
+    assert_eq!(drift("t", &json!({}), &["shadow"]).len(), 2);
+    // Another algorithm brings its own parameter defaults, not peak_ewma's.
+    let sma = json!({"smoothing": {"algorithm": "sma"}});
+    assert!(drift("t", &sma, &["smoothing.algorithm"]).is_empty());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -525,8 +737,29 @@ fn normalize(p: &Path) -> PathBuf {
 }
 
 /// `(host path, container path)` of each bind mount of a compose service, host paths resolved
-/// against the compose file's directory.
+/// against the compose file's directory; named volumes are left out ([`named_volumes`]).
 fn mounts(service: &Value) -> Vec<(PathBuf, String)> {
+    volumes(service)
+        .into_iter()
+        .filter(|(host, _)| host.starts_with('.') || host.starts_with('/'))
+        .map(|(host, container)| {
+            (
+                normalize(&repo_root().join("envoy-config").join(host)),
+                container,
+            )
+        })
+        .collect()
+}
+
+/// `(volume name, container path)` of each named volume a compose service mounts.
+fn named_volumes(service: &Value) -> Vec<(String, String)> {
+    volumes(service)
+        .into_iter()
+        .filter(|(host, _)| !(host.starts_with('.') || host.starts_with('/')))
+        .collect()
+}
+
+fn volumes(service: &Value) -> Vec<(String, String)> {
     service["volumes"]
         .as_array()
         .into_iter()
@@ -534,12 +767,9 @@ fn mounts(service: &Value) -> Vec<(PathBuf, String)> {
         .filter_map(Value::as_str)
         .map(|v| {
             let mut parts = v.split(':');
-            let host = parts.next().unwrap_or_default();
+            let host = parts.next().unwrap_or_default().to_string();
             let container = parts.next().unwrap_or_default().to_string();
-            (
-                normalize(&repo_root().join("envoy-config").join(host)),
-                container,
-            )
+            (host, container)
         })
         .collect()
 }
@@ -566,34 +796,206 @@ fn local_envoy_version() -> String {
         .to_string()
 }
 
+/// `(path, left, right)` of every leaf where two trees differ.
+fn differences(a: &Value, b: &Value, path: &str, out: &mut Vec<(String, Value, Value)>) {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            let keys: BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+            for k in keys {
+                let (l, r) = (
+                    x.get(k).unwrap_or(&Value::Null),
+                    y.get(k).unwrap_or(&Value::Null),
+                );
+                differences(l, r, &format!("{path}.{k}"), out);
+            }
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
+            for (i, (l, r)) in x.iter().zip(y).enumerate() {
+                differences(l, r, &format!("{path}[{i}]"), out);
+            }
+        }
+        (l, r) if l != r => out.push((path.to_string(), l.clone(), r.clone())),
+        _ => {}
+    }
+}
+
+/// The plugin configuration of a bootstrap's one wasm filter, parsed.
+fn plugin_config_of(bootstrap: &Value) -> Value {
+    let mut filters = Vec::new();
+    wasm_filters(bootstrap, &mut filters);
+    assert_eq!(filters.len(), 1);
+    serde_json::from_str(
+        filters[0]["config"]["configuration"]["value"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap()
+}
+
+/// The compose stack's Envoy config is envoy.yaml but for where it binds and the management
+/// allowlist, which names the compose network.
 #[test]
-fn docker_compose_runs_the_tested_envoy_config_and_plugin() {
+fn the_compose_envoy_config_is_envoy_yaml_bound_for_published_ports() {
+    let (shipped, compose) = (
+        yaml("envoy-config/envoy.yaml"),
+        yaml("envoy-config/compose/envoy.yaml"),
+    );
+    let mut diffs = Vec::new();
+    differences(&shipped, &compose, "", &mut diffs);
+    let paths: Vec<&str> = diffs.iter().map(|(p, _, _)| p.as_str()).collect();
+    let value_path = ".static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http_filters[1].typed_config.config.configuration.value";
+    assert_eq!(
+        paths,
+        [
+            ".admin.address.socket_address.address",
+            ".static_resources.listeners[0].address.socket_address.address",
+            value_path,
+        ],
+        "compose/envoy.yaml differs from envoy.yaml elsewhere: {diffs:?}"
+    );
+    for (path, _, bound) in &diffs[..2] {
+        assert_eq!(bound, "0.0.0.0", "{path}");
+    }
+    let (ours, theirs) = (plugin_config_of(&shipped), plugin_config_of(&compose));
+    let mut plugin_diffs = Vec::new();
+    differences(&ours, &theirs, "", &mut plugin_diffs);
+    assert_eq!(
+        plugin_diffs
+            .iter()
+            .map(|(p, _, _)| p.as_str())
+            .collect::<Vec<_>>(),
+        [".management"],
+        "{plugin_diffs:?}"
+    );
+    let subnet = yaml("envoy-config/docker-compose.yml")["networks"]["demo"]["ipam"]["config"][0]
+        ["subnet"]
+        .clone();
+    let allowed = theirs["management"]["allowed_cidrs"].as_array().unwrap();
+    assert!(
+        allowed.contains(&subnet),
+        "compose/envoy.yaml's management allowlist {allowed:?} lacks the compose network {subnet}"
+    );
+    let defaults = default_json()["management"]["allowed_cidrs"].clone();
+    for cidr in defaults.as_array().unwrap() {
+        assert!(allowed.contains(cidr), "the loopback default {cidr} stays");
+    }
+}
+
+/// The compose stack's Envoy config, run by a real Envoy with the real plugin: only the
+/// addresses are the harness's (free loopback ports, its backends), as compose's are the
+/// container's. Requests are served and steered, and the status page answers from loopback.
+#[test]
+fn the_compose_envoy_config_runs_in_a_real_envoy() {
+    use harness::{BackendSpec, EnvoyConfig, Latency, Stack};
+    let stack = Stack::start_with(
+        vec![
+            BackendSpec::new("fast", Latency::Fixed(2)),
+            BackendSpec::new("slow", Latency::Fixed(60)),
+        ],
+        |local| {
+            let mut compose =
+                EnvoyConfig::load(&repo_root().join("envoy-config/compose/envoy.yaml"))?;
+            compose.resolve_module_paths(&repo_root());
+            for path in [
+                "admin.address.socket_address",
+                "static_resources.listeners[0].address.socket_address",
+                "static_resources.clusters[name=backend].load_assignment",
+            ] {
+                let here = local.get(path)?.clone();
+                compose.set(path, here)?;
+            }
+            *local = compose;
+            Ok(())
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    let records = stack.load(100.0, 4).unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(!records.is_empty());
+    let failed = records.iter().filter(|r| r.status != 200).count();
+    assert_eq!(failed, 0, "{failed} of {} requests failed", records.len());
+    let status = stack.status().unwrap_or_else(|e| panic!("{e:#}"));
+    assert_eq!(status["clusters"][0]["cluster"], "backend", "{status}");
+    let steered = stack
+        .prometheus("ewma_lb_steered_requests_total{cluster_name=\"backend\"}")
+        .unwrap_or(0.0);
+    assert!(
+        steered > 0.0,
+        "the plugin steered nothing:\n{}",
+        stack.envoy.log()
+    );
+    let served = stack.served();
+    let (fast, slow) = (
+        served.iter().find(|(n, _)| n == "fast").unwrap().1,
+        served.iter().find(|(n, _)| n == "slow").unwrap().1,
+    );
+    assert!(fast > slow, "fast {fast} slow {slow}");
+}
+
+#[test]
+fn docker_compose_builds_the_plugin_and_runs_the_tested_envoy_config() {
     let compose = yaml("envoy-config/docker-compose.yml");
     let services = compose["services"].as_object().unwrap();
+
+    // One bridge network, no host networking: `backends` owns the namespace, the others join it
+    // (envoy.yaml's 127.0.0.1 then means the same in every container), and only 127.0.0.1 of the
+    // host gets published ports.
+    let owner = "backends";
     for (name, service) in services {
-        assert_eq!(
+        assert_ne!(
             service["network_mode"], "host",
-            "service {name}: envoy.yaml's 127.0.0.1 addresses need the host network"
+            "service {name}: host networking exists only on Linux"
         );
+        match name.as_str() {
+            "backends" => {
+                assert!(service["network_mode"].is_null());
+                assert_eq!(service["networks"], json!(["demo"]));
+            }
+            "plugin" => assert_eq!(
+                service["network_mode"], "none",
+                "the build needs no network"
+            ),
+            _ => assert_eq!(
+                service["network_mode"],
+                format!("service:{owner}"),
+                "service {name} must share {owner}'s network namespace"
+            ),
+        }
+        if name != owner {
+            assert!(
+                service["ports"].is_null(),
+                "{name}: ports are published by {owner}"
+            );
+        }
     }
+    let published: BTreeSet<u16> = compose["services"][owner]["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            let p = p.as_str().unwrap();
+            let (host, rest) = p.split_once(':').unwrap();
+            assert_eq!(
+                host, "127.0.0.1",
+                "{p}: publish on the host's loopback only"
+            );
+            let (outside, inside) = rest.split_once(':').unwrap();
+            assert_eq!(outside, inside, "{p}");
+            inside.parse().unwrap()
+        })
+        .collect();
+
     let envoy = &compose["services"]["envoy"];
     assert_eq!(
         envoy["image"],
         format!("envoyproxy/envoy:v{}", local_envoy_version()),
         "the compose Envoy must be the release the tests run"
     );
-
     let envoy_mounts = mounts(envoy);
-    let find = |host: &str| {
-        let want = repo_root().join(host);
-        envoy_mounts
-            .iter()
-            .find(|(h, _)| *h == want)
-            .map(|(_, c)| c.clone())
-            .unwrap_or_else(|| panic!("envoy does not mount {host}: {envoy_mounts:?}"))
-    };
-    let config_in_container = find("envoy-config/envoy.yaml");
-    let plugin_in_container = find("dist/ewma_lb.wasm");
+    let config_in_container = envoy_mounts
+        .iter()
+        .find(|(h, _)| *h == repo_root().join("envoy-config/compose/envoy.yaml"))
+        .map(|(_, c)| c.clone())
+        .unwrap_or_else(|| panic!("envoy does not mount compose/envoy.yaml: {envoy_mounts:?}"));
     let command: Vec<&str> = envoy["command"]
         .as_array()
         .unwrap()
@@ -607,26 +1009,64 @@ fn docker_compose_runs_the_tested_envoy_config_and_plugin() {
     assert_eq!(
         command[c + 1],
         config_in_container,
-        "envoy must run the mounted envoy.yaml"
+        "envoy must run the mounted compose/envoy.yaml"
     );
 
-    // envoy.yaml's relative plugin path, from the container's working directory, is the mount.
+    // The module: built by the Dockerfile's build stage (./wasm-build.sh, which leaves it at
+    // /src/dist/ewma_lb.wasm), copied into a volume, which Envoy mounts where compose/envoy.yaml's
+    // relative path, from Envoy's working directory, points.
+    let plugin = &compose["services"]["plugin"];
+    assert_eq!(plugin["build"]["dockerfile"], "Dockerfile");
+    assert_eq!(plugin["build"]["context"], "..");
+    let stages = read("Dockerfile");
+    let target = plugin["build"]["target"].as_str().unwrap();
+    assert!(
+        stages
+            .lines()
+            .any(|l| l.starts_with("FROM ") && l.ends_with(&format!(" AS {target}"))),
+        "the Dockerfile has no stage {target}"
+    );
+    assert!(
+        stages.contains("WORKDIR /src") && read("wasm-build.sh").contains("out=dist/ewma_lb.wasm")
+    );
+    let copy: Vec<&str> = plugin["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(copy[..2], ["cp", "/src/dist/ewma_lb.wasm"]);
+    let (volume, built_at) = named_volumes(plugin)
+        .pop()
+        .unwrap_or_else(|| panic!("plugin mounts no volume"));
+    let module_in_volume = copy[2]
+        .strip_prefix(&format!("{built_at}/"))
+        .unwrap_or_else(|| panic!("{} is not in the volume at {built_at}", copy[2]));
+    let (_, envoy_sees_it_at) = named_volumes(envoy)
+        .into_iter()
+        .find(|(v, _)| *v == volume)
+        .unwrap_or_else(|| panic!("envoy does not mount the volume {volume}"));
+    assert!(compose["volumes"].get(&volume).is_some());
+    assert_eq!(
+        envoy["depends_on"]["plugin"]["condition"], "service_completed_successfully",
+        "Envoy starts once the module is in the volume"
+    );
+    let compose_envoy = yaml("envoy-config/compose/envoy.yaml");
     let mut filters = Vec::new();
-    let envoy_yaml = yaml("envoy-config/envoy.yaml");
-    wasm_filters(&envoy_yaml, &mut filters);
+    wasm_filters(&compose_envoy, &mut filters);
     let filename = filters[0]["config"]["vm_config"]["code"]["local"]["filename"]
         .as_str()
         .unwrap();
     let working_dir = envoy["working_dir"].as_str().unwrap_or("/");
     assert_eq!(
         normalize(&Path::new(working_dir).join(filename)),
-        PathBuf::from(&plugin_in_container),
-        "working_dir + {filename} must be the mounted plugin"
+        Path::new(&envoy_sees_it_at).join(module_in_volume),
+        "working_dir + {filename} must be the module in the volume"
     );
 
-    // The backends listen where envoy.yaml's cluster sends traffic.
+    // The backends listen where the cluster sends traffic.
     let mut endpoints = BTreeSet::new();
-    for cluster in envoy_yaml["static_resources"]["clusters"]
+    for cluster in compose_envoy["static_resources"]["clusters"]
         .as_array()
         .unwrap()
     {
@@ -655,22 +1095,25 @@ fn docker_compose_runs_the_tested_envoy_config_and_plugin() {
         .collect();
     assert_eq!(
         backends, endpoints,
-        "backends (left) must be envoy.yaml's endpoints (right)"
+        "backends (left) must be the Envoy config's endpoints (right)"
     );
 
-    // Prometheus scrapes envoy.yaml's admin address.
-    let admin = &envoy_yaml["admin"]["address"]["socket_address"];
-    let admin = format!(
-        "{}:{}",
-        admin["address"].as_str().unwrap(),
-        admin["port_value"]
-    );
+    // The listener and admin are published; Prometheus scrapes the admin in the shared namespace.
+    let admin = &compose_envoy["admin"]["address"]["socket_address"];
+    let listener = &compose_envoy["static_resources"]["listeners"][0]["address"]["socket_address"];
+    for port in [&admin["port_value"], &listener["port_value"]] {
+        let port = port.as_u64().unwrap() as u16;
+        assert!(
+            published.contains(&port),
+            "port {port} is not published: {published:?}"
+        );
+    }
     let prometheus = yaml("envoy-config/prometheus.yml");
     let job = &prometheus["scrape_configs"][0];
     assert_eq!(job["metrics_path"], "/stats/prometheus");
     assert_eq!(
         job["static_configs"][0]["targets"][0],
-        admin.as_str(),
+        format!("127.0.0.1:{}", admin["port_value"]).as_str(),
         "Prometheus must scrape Envoy's admin"
     );
     let prom_mounts = mounts(&compose["services"]["prometheus"]);
@@ -686,6 +1129,9 @@ fn docker_compose_runs_the_tested_envoy_config_and_plugin() {
             "grafana mounts {} which does not exist",
             host.display()
         );
+    }
+    for port in [9090, 3000] {
+        assert!(published.contains(&port), "port {port} is not published");
     }
 
     // The compose tool itself accepts the file.

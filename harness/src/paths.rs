@@ -29,3 +29,22 @@ pub fn plugin_wasm() -> Result<PathBuf> {
     }
     Ok(path)
 }
+
+/// A command-line tool the tests run: the one ./test.sh installed into the repository's `.venv`
+/// (a pinned version) when it is there, else the first on `PATH`; an error that says how to get
+/// it when neither has it.
+pub fn tool(name: &str, install: &str) -> Result<PathBuf> {
+    let local = repo_root().join(".venv/bin").join(name);
+    if local.is_file() {
+        return Ok(local);
+    }
+    let on_path = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join(name))
+            .find(|p| p.is_file())
+    });
+    match on_path {
+        Some(path) => Ok(path),
+        None => bail!("{name} is not installed: {install} (./test.sh does)"),
+    }
+}

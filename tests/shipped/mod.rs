@@ -3,6 +3,8 @@
 
 #![allow(dead_code)] // each test binary uses its own part
 
+pub mod crds;
+
 use std::path::{Path, PathBuf};
 
 use harness::repo_root;
@@ -69,8 +71,15 @@ fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// kustomize's own files (kustomization.yaml) and objects it reads but never renders
+/// (`config.kubernetes.io/local-config`): nothing a cluster is given.
+fn is_kustomize_input(path: &Path, doc: &Value) -> bool {
+    path.file_name().is_some_and(|n| n == "kustomization.yaml")
+        || doc["metadata"]["annotations"]["config.kubernetes.io/local-config"] == "true"
+}
+
 /// Every object in the YAML files under `dir` (a path from the repository root), recursively, in
-/// path order.
+/// path order; kustomize's own files are not objects of a cluster and are left out.
 pub fn manifests(dir: &str) -> Vec<Manifest> {
     let mut files = Vec::new();
     yaml_files(&repo_root().join(dir), &mut files);
@@ -83,10 +92,13 @@ pub fn manifests(dir: &str) -> Vec<Manifest> {
                 .unwrap_or(p)
                 .to_string_lossy()
                 .to_string();
-            yaml_docs(&rel).into_iter().map(move |doc| Manifest {
-                file: rel.clone(),
-                doc,
-            })
+            yaml_docs(&rel)
+                .into_iter()
+                .filter(|doc| !is_kustomize_input(p, doc))
+                .map(move |doc| Manifest {
+                    file: rel.clone(),
+                    doc,
+                })
         })
         .collect()
 }
