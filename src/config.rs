@@ -45,6 +45,13 @@ pub struct PluginConfig {
     pub weights: WeightsConfig,
     /// Latency a failed request counts as at least, so a host that fails fast never looks fast.
     pub failure_penalty_ms: u64,
+    /// Latency a sample counts as at most: one request cannot move a host's score without bound.
+    pub latency_ceiling_ms: u64,
+    /// How long a rise beyond a host's usual spread must last before its score follows it.
+    pub persistence_ms: u64,
+    /// How long each worker lets a host go without a request before it probes it, for a host
+    /// as fast as the table's traffic; slower hosts wait longer (`probe`).
+    pub probe_interval_ms: u64,
     pub pick: PickAlgorithm,
     /// Share of requests left to the cluster's fallback policy, which finds endpoints the table
     /// does not know yet (EDS, Kubernetes).
@@ -147,6 +154,9 @@ impl Default for PluginConfig {
             smoothing: Smoother::default(),
             weights: WeightsConfig::default(),
             failure_penalty_ms: 1_000,
+            latency_ceiling_ms: 10_000,
+            persistence_ms: 1_000,
+            probe_interval_ms: 1_000,
             pick: PickAlgorithm::default(),
             exploration_share: 0.002,
             host_ttl_ms: 60_000,
@@ -204,6 +214,9 @@ json_struct!(PluginConfig {
     smoothing,
     weights,
     failure_penalty_ms,
+    latency_ceiling_ms,
+    persistence_ms,
+    probe_interval_ms,
     pick,
     exploration_share,
     host_ttl_ms,
@@ -251,6 +264,7 @@ pub struct Config {
     tick_period: Duration,
     policy: Policy,
     failure_penalty_ms: f64,
+    latency_ceiling_ms: f64,
     grpc_failures: GrpcCodes,
     pick: PickAlgorithm,
     exploration_share: f64,
@@ -285,6 +299,11 @@ impl Config {
     /// Latency a failed request counts as at least.
     pub fn failure_penalty_ms(&self) -> f64 {
         self.failure_penalty_ms
+    }
+
+    /// Latency a sample counts as at most.
+    pub fn latency_ceiling_ms(&self) -> f64 {
+        self.latency_ceiling_ms
     }
 
     /// gRPC codes that are the serving host's failure.
@@ -449,6 +468,14 @@ impl PluginConfig {
         // Zero would let a host that fails fast look fast, the one thing the penalty is for.
         let failure_penalty_ms =
             in_range("failure_penalty_ms", self.failure_penalty_ms, 1, 600_000)?;
+        let latency_ceiling_ms = in_range(
+            "latency_ceiling_ms",
+            self.latency_ceiling_ms,
+            failure_penalty_ms,
+            3_600_000,
+        )?;
+        let persistence_ms = in_range("persistence_ms", self.persistence_ms, 0, 60_000)?;
+        let probe_interval_ms = in_range("probe_interval_ms", self.probe_interval_ms, 10, 60_000)?;
         let grpc_failures = compile_grpc_codes(&self.grpc_failure_status_codes)?;
         let exploration_share = in_range("exploration_share", self.exploration_share, 0.0, 0.5)?;
         let host_ttl_ms = in_range(
@@ -480,8 +507,11 @@ impl PluginConfig {
                 refresh_interval_ns: ms_to_ns(refresh_interval_ms),
                 host_ttl_ns: ms_to_ns(host_ttl_ms),
                 max_hosts,
+                persistence_ns: ms_to_ns(persistence_ms),
+                probe_interval_ns: ms_to_ns(probe_interval_ms),
             },
             failure_penalty_ms: failure_penalty_ms as f64,
+            latency_ceiling_ms: latency_ceiling_ms as f64,
             grpc_failures,
             pick: self.pick,
             exploration_share,
