@@ -309,6 +309,11 @@ impl Config {
         self.steered.contains(cluster)
     }
 
+    /// `steered_clusters` as configured, in its order: for the start-up log and the status page.
+    pub fn steered_clusters(&self) -> &[String] {
+        &self.steered.listed
+    }
+
     /// Static endpoints of `cluster`, empty when it has none.
     pub fn static_endpoints(&self, cluster: &str) -> &[String] {
         self.static_endpoints
@@ -641,6 +646,8 @@ pub const ANY_CLUSTER: &str = "*";
 pub struct SteeredClusters {
     exact: Set<String>,
     prefixes: Vec<String>,
+    /// Every entry as configured, in order, without repeats.
+    listed: Vec<String>,
 }
 
 impl SteeredClusters {
@@ -674,6 +681,9 @@ impl SteeredClusters {
                 set.prefixes.push(name.to_owned());
             } else {
                 set.exact.insert(name.to_owned());
+            }
+            if !set.listed.contains(entry) {
+                set.listed.push(entry.clone());
             }
         }
         Ok(set)

@@ -627,6 +627,7 @@ impl Worker {
         let status = Status {
             build: crate::telemetry::BUILD,
             shadow: self.config.shadow(),
+            steered_clusters: self.config.steered_clusters(),
             local_zone: self.local_zone(),
             clusters,
         };

@@ -53,12 +53,13 @@ impl RootContext for Root {
         }
         let policy = config.policy();
         info!(
-            "ewma-lb {} ({}): configured: smoothing {}, pick {}, refresh every {} ms{}",
+            "ewma-lb {} ({}): configured: smoothing {}, pick {}, refresh every {} ms, steered clusters: {}{}",
             BUILD.version,
             BUILD.commit,
             policy.smoother.name(),
             config.pick().name(),
             ns_to_whole_ms(policy.refresh_interval_ns),
+            config.steered_clusters().join(", "),
             if config.shadow() {
                 ", shadow mode (never overrides)"
             } else {
