@@ -10,6 +10,7 @@ use std::rc::Rc;
 
 use crate::clock::{RecordClock, VmClock};
 use crate::config::Config;
+use crate::diagnose::{HonourWatch, Warning};
 use crate::map::Map;
 use crate::outcome::{GrpcCode, Outcome};
 use crate::pick::PickTable;
@@ -221,6 +222,8 @@ struct LocalCluster {
     last_used_ns: u64,
     /// Reported that the stored record could not be read (reported once).
     reported_bad_record: bool,
+    /// Whether Envoy honours this VM's picks (`diagnose`).
+    honour: HonourWatch,
 }
 
 impl LocalCluster {
@@ -249,6 +252,8 @@ struct Counts {
     cross_zone: u64,
     /// Stored records that could not be read and were rebuilt.
     bad_records: u64,
+    /// Picks Envoy served by another host on the first attempt.
+    not_honoured: u64,
 }
 
 /// One VM's balancer.
@@ -463,16 +468,24 @@ impl Worker {
             count.now = count.now.saturating_sub(1);
         }
         if let (Some(picked), Some(served_by)) = (done.picked, done.served_by) {
+            let honoured = served_by == picked || done.attempts > 1;
+            local.honour.record(honoured);
             if served_by != picked {
                 // The route retries only failed connections and resets before the request: a
                 // retried request that ended elsewhere means our pick failed, though Envoy
                 // reports the last host. On the first attempt, Envoy did not honour the pick at
-                // all: the host is not (or no longer healthy) in the cluster.
+                // all: the host is not (or no longer healthy) in the cluster, or the cluster
+                // does not read the header (`diagnose`).
                 if let Some(acc) = local.host_batch(picked) {
-                    if done.attempts > 1 {
+                    if honoured {
                         acc.record(penalty_ms, true, penalty_ms);
                     } else {
                         acc.not_honoured = acc.not_honoured.saturating_add(1);
+                    }
+                }
+                if !honoured {
+                    if let Some(c) = counts_entry(&mut self.counts, cluster) {
+                        c.not_honoured += 1;
                     }
                 }
             }
@@ -572,6 +585,13 @@ impl Worker {
                 Err(e) => report.errors.push((name.clone(), e)),
             }
             in_flight_updates(name, local, &mut report.metrics);
+            if let Some(window) = local.honour.check(steady_ns) {
+                report.warnings.push(Warning::NotHonoured {
+                    cluster: name.clone(),
+                    window,
+                    header: self.config.override_header().to_owned(),
+                });
+            }
         }
         for (cluster, counts) in &mut self.counts {
             count_updates(cluster, counts, &mut report.metrics);
@@ -838,6 +858,7 @@ fn count_updates(cluster: &str, counts: &mut Counts, out: &mut Vec<Update>) {
         (Metric::ManagementDeniedRequests, counts.denied),
         (Metric::CrossZoneRequests, counts.cross_zone),
         (Metric::SharedRecordErrors, counts.bad_records),
+        (Metric::PicksNotHonoured, counts.not_honoured),
     ];
     for (metric, n) in plain.into_iter().filter(|(_, n)| *n > 0) {
         out.push(update(metric, cluster, None, Change::Add(n as i64)));
@@ -868,4 +889,6 @@ pub struct TickReport {
     pub bad_records: Vec<(String, DecodeError)>,
     /// What the metrics should say now.
     pub metrics: Vec<Update>,
+    /// Misconfigurations to log (`diagnose`), each rate-limited already.
+    pub warnings: Vec<Warning>,
 }

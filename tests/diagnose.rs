@@ -1,4 +1,6 @@
-//! Misconfigurations that say so (issue 21): the plugin shows which clusters it steers.
+//! Misconfigurations that say so (issue 21): picks Envoy does not honour are counted and, when
+//! they are most of a window's, warned of at most once a minute per cluster; the plugin shows
+//! which clusters it steers.
 
 #![allow(clippy::panic, clippy::indexing_slicing, clippy::unwrap_used)] // tests fail by panicking
 
@@ -7,8 +9,381 @@ use wasm_bindgen_test::wasm_bindgen_test;
 
 mod store;
 
-use ewma_lb::worker::Worker;
-use store::config;
+use ewma_lb::diagnose::{
+    HonourWatch, Unhonoured, Warning, MAX_WINDOW_NS, MIN_PICKS, NOT_HONOURED_EVERY_NS, WINDOW_NS,
+};
+use ewma_lb::outcome::Outcome;
+use ewma_lb::telemetry::{Change, Metric};
+use ewma_lb::worker::{Decision, Finished, Request, TickReport, Worker};
+use store::{config, Shared, CLUSTER, MS, SEC};
+
+// === HonourWatch: the threshold and the rate limit ===
+
+/// A watch whose window opened at 0 and holds `picks` picks, `not_honoured` of them unhonoured.
+fn window(picks: u32, not_honoured: u32) -> HonourWatch {
+    let mut watch = HonourWatch::default();
+    assert_eq!(
+        watch.check(0),
+        None,
+        "the first check only opens the window"
+    );
+    for i in 0..picks {
+        watch.record(i >= not_honoured);
+    }
+    watch
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn most_of_at_least_twenty_picks_in_five_seconds_warns() {
+    // (picks, not honoured, checked at, warns)
+    let cases: [(u32, u32, u64, bool); 12] = [
+        (0, 0, WINDOW_NS, false),
+        (MIN_PICKS - 1, MIN_PICKS - 1, WINDOW_NS, false), // too few picks to judge
+        (MIN_PICKS, MIN_PICKS / 2, WINDOW_NS, false),     // half is not most
+        (MIN_PICKS, MIN_PICKS / 2 + 1, WINDOW_NS, true),
+        (MIN_PICKS, MIN_PICKS, WINDOW_NS, true),
+        (1000, 500, WINDOW_NS, false),
+        (1000, 501, WINDOW_NS, true),
+        (1000, 0, WINDOW_NS, false),
+        // An endpoint that left: its picks went unhonoured for a tick or two.
+        (2500, 75, WINDOW_NS, false),
+        (1000, 1000, WINDOW_NS - 1, false), // the window is not over yet
+        (1000, 1000, 3 * WINDOW_NS, true),  // a longer window (ticks came late)
+        (MIN_PICKS - 1, MIN_PICKS - 1, MAX_WINDOW_NS, false),
+    ];
+    for (picks, not_honoured, at, warns) in cases {
+        let mut watch = window(picks, not_honoured);
+        let got = watch.check(at);
+        let want = warns.then_some(Unhonoured {
+            picks,
+            not_honoured,
+            window_ns: at,
+        });
+        assert_eq!(
+            got, want,
+            "{not_honoured} of {picks} picks, checked at {at} ns"
+        );
+    }
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_window_too_thin_to_judge_grows_then_starts_over() {
+    // 10 unhonoured picks by 5 s: too few, the window stays open; 10 more by 20 s: judged.
+    let mut watch = window(10, 10);
+    assert_eq!(watch.check(WINDOW_NS), None);
+    (0..10).for_each(|_| watch.record(false));
+    assert_eq!(
+        watch.check(20 * SEC),
+        Some(Unhonoured {
+            picks: 20,
+            not_honoured: 20,
+            window_ns: 20 * SEC
+        })
+    );
+    // 19 by the longest window: dropped, and the next window starts empty.
+    let mut watch = window(19, 19);
+    assert_eq!(watch.check(MAX_WINDOW_NS), None);
+    watch.record(false);
+    assert_eq!(watch.check(MAX_WINDOW_NS + WINDOW_NS), None, "1 pick");
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn at_most_one_warning_a_minute_and_each_about_a_recent_window() {
+    // A check every 5 s over 200 s. Each row: from when on (ms) every pick is unhonoured (before
+    // it, every pick is honoured), and when (s) warnings come.
+    let cases: [(u64, &[u64]); 3] = [
+        (0, &[5, 65, 125, 185]),
+        // Misconfigured from 62.5 s on: the window 60-65 s is half bad (20 of 40), not most.
+        (62_500, &[70, 130, 190]),
+        // Never: a window of honoured picks warns of nothing, however long it runs.
+        (u64::MAX, &[]),
+    ];
+    for (bad_from_ms, want) in cases {
+        let mut watch = HonourWatch::default();
+        watch.check(0);
+        let mut warned = Vec::new();
+        for t in (1..=40).map(|i| i * 5) {
+            // 8 picks a second, the last 5 s of them.
+            for i in 0..40 {
+                let at_ms = (t - 5) * 1000 + i * 125;
+                watch.record(at_ms < bad_from_ms);
+            }
+            if watch.check(t * SEC).is_some() {
+                warned.push(t);
+            }
+        }
+        assert_eq!(warned, want, "unhonoured from {bad_from_ms} ms");
+    }
+    assert_eq!(NOT_HONOURED_EVERY_NS, 60 * SEC);
+}
+
+// === The worker: what counts, what warns ===
+
+/// Steered requests to `cluster`: Envoy's first attempt goes where `serve` says (given the
+/// plugin's pick), and `attempts` says how many the request took. Returns the picks Envoy served
+/// elsewhere on the first attempt.
+fn requests(
+    w: &mut Worker,
+    cluster: &str,
+    n: usize,
+    attempts: u32,
+    mut serve: impl FnMut(&str) -> String,
+) -> u64 {
+    let mut unhonoured = 0;
+    for _ in 0..n {
+        let decision = w.route(
+            &Request {
+                path: b"/work",
+                cluster: Some(cluster),
+            },
+            || None,
+        );
+        let Decision::Override(pick) = decision else {
+            panic!("not steered: {decision}")
+        };
+        let served = serve(&pick.host);
+        unhonoured += u64::from(served != *pick.host && attempts == 1);
+        w.finish(
+            cluster,
+            &Finished {
+                picked: Some(&pick.host),
+                served_by: Some(&served),
+                attempts,
+                latency_ms: 10.0,
+                outcome: Some(Outcome::Success),
+                ..Finished::default()
+            },
+        );
+    }
+    unhonoured
+}
+
+/// What a tick added to `ewma_lb_picks_not_honoured_total` of `cluster`.
+fn not_honoured(report: &TickReport, cluster: &str) -> u64 {
+    report
+        .metrics
+        .iter()
+        .filter(|u| u.metric == Metric::PicksNotHonoured && u.cluster == cluster)
+        .map(|u| match u.change {
+            Change::Add(n) => u64::try_from(n).unwrap(),
+            Change::Set(_) => panic!("a counter set: {u:?}"),
+        })
+        .sum()
+}
+
+fn not_honoured_warnings(report: &TickReport) -> Vec<(String, Unhonoured, String)> {
+    report
+        .warnings
+        .iter()
+        .map(|w| match w {
+            Warning::NotHonoured {
+                cluster,
+                window,
+                header,
+            } => (cluster.clone(), *window, header.clone()),
+        })
+        .collect()
+}
+
+const HOSTS: [&str; 3] = ["10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80"];
+
+/// A worker with `cfg` that has ticked once, at 0.1 s, so its static endpoints form a table.
+fn started(cfg: &str, seed: u64) -> (Shared, Worker) {
+    let store = Shared::default();
+    let mut w = Worker::new(config(cfg), seed);
+    w.tick(100 * MS, &mut store.clone());
+    (store, w)
+}
+
+/// Envoy's own policy, deaf to the header: round robin over `hosts`, whatever the pick (with as
+/// many requests a tick as hosts, each host serves in every tick and stays in the table).
+fn round_robin<'a>(hosts: &'a [&'a str]) -> impl FnMut(&str) -> String + 'a {
+    let mut next = 0;
+    move |_| {
+        next = (next + 1) % hosts.len();
+        hosts[next].to_owned()
+    }
+}
+
+fn static_config(extra: &str, hosts: &[&str]) -> String {
+    format!(
+        r#"{{"exploration_share": 0, {extra} "clusters": {{"{CLUSTER}": {{"endpoints": {hosts:?}}}}}}}"#
+    )
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_pick_served_elsewhere_on_the_first_attempt_is_not_honoured() {
+    // (Envoy serves, attempts, counted): a pick that failed over to another host on a retry was
+    // honoured (the pick failed); one served elsewhere on the first attempt was not.
+    let cases: [(&str, u32, bool); 3] = [
+        ("the pick", 1, false),
+        ("another host", 1, true),
+        ("another host", 2, false),
+    ];
+    for (serves, attempts, counted) in cases {
+        let store = Shared::default();
+        let mut w = Worker::new(config(&static_config("", &HOSTS[..2])), 1);
+        w.tick(SEC, &mut store.clone());
+        let other = |pick: &str| {
+            if serves == "the pick" {
+                pick.to_owned()
+            } else {
+                HOSTS[..2].iter().find(|h| **h != pick).unwrap().to_string()
+            }
+        };
+        let mut total = 0;
+        let mut warnings = Vec::new();
+        for t in 2..=8 {
+            requests(&mut w, CLUSTER, 20, attempts, other);
+            let report = w.tick(t * SEC, &mut store.clone());
+            total += not_honoured(&report, CLUSTER);
+            warnings.extend(not_honoured_warnings(&report));
+        }
+        let want = if counted { 7 * 20 } else { 0 };
+        assert_eq!(total, want, "{serves}, {attempts} attempts: counted");
+        assert_eq!(
+            warnings.len(),
+            usize::from(counted),
+            "{serves}, {attempts} attempts: {warnings:?}"
+        );
+    }
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn picks_the_cluster_ignores_are_counted_and_warned_of_once_a_minute() {
+    // The cluster does not read the header: Envoy's fallback chooses, whatever the pick.
+    let cfg = static_config(r#""override_header": "x-lb-pick","#, &HOSTS);
+    let (store, mut w) = started(&cfg, 7);
+    let mut fallback = round_robin(&HOSTS);
+    let (mut sent, mut counted) = (0, 0);
+    let mut warned_at = Vec::new();
+    for t in (2..=1300u64).map(|i| i * 100 * MS) {
+        sent += requests(&mut w, CLUSTER, 6, 1, &mut fallback);
+        let report = w.tick(t, &mut store.clone());
+        counted += not_honoured(&report, CLUSTER);
+        for (cluster, window, header) in not_honoured_warnings(&report) {
+            assert_eq!((cluster.as_str(), header.as_str()), (CLUSTER, "x-lb-pick"));
+            assert!(
+                window.not_honoured * 2 > window.picks && window.picks >= MIN_PICKS,
+                "{window:?}"
+            );
+            warned_at.push(t / (100 * MS));
+        }
+    }
+    assert!(
+        (4_500..6_000).contains(&sent),
+        "about two thirds of 7,794 picks: {sent}"
+    );
+    assert_eq!(counted, sent, "ewma_lb_picks_not_honoured_total");
+    // The window opens at the first tick (0.1 s) and is judged at 5.1 s; then once a minute.
+    assert_eq!(warned_at, [51, 651, 1251], "tick numbers of the warnings");
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn each_cluster_is_warned_of_on_its_own() {
+    let hosts =
+        |net: u8| -> Vec<String> { (1..=3).map(|i| format!("10.0.{net}.{i}:80")).collect() };
+    let (a, b, c) = (hosts(0), hosts(1), hosts(2));
+    let cfg = format!(
+        r#"{{"exploration_share": 0, "steered_clusters": ["a", "b", "c"], "clusters": {{"a": {{"endpoints": {a:?}}}, "b": {{"endpoints": {b:?}}}, "c": {{"endpoints": {c:?}}}}}}}"#
+    );
+    let (a, c): (Vec<&str>, Vec<&str>) = (
+        a.iter().map(String::as_str).collect(),
+        c.iter().map(String::as_str).collect(),
+    );
+    let (store, mut w) = started(&cfg, 2);
+    let (mut deaf_a, mut deaf_c) = (round_robin(&a), round_robin(&c));
+    let mut warned: Vec<(u64, String)> = Vec::new();
+    for t in (2..=130u64).map(|i| i * 100 * MS) {
+        // a: every pick ignored; b: every pick honoured; c: honoured until 3 s, then ignored.
+        requests(&mut w, "a", 3, 1, &mut deaf_a);
+        requests(&mut w, "b", 3, 1, str::to_owned);
+        requests(&mut w, "c", 3, 1, |p| {
+            if t < 3 * SEC {
+                p.to_owned()
+            } else {
+                deaf_c(p)
+            }
+        });
+        let report = w.tick(t, &mut store.clone());
+        warned.extend(
+            not_honoured_warnings(&report)
+                .into_iter()
+                .map(|(c, ..)| (t / (100 * MS), c)),
+        );
+    }
+    // a's first window (0.1-5.1 s) is judged at tick 51; c's first is under half ignored (from
+    // 3 s on, two thirds of the picks), its second (5.1-10.1 s) warns.
+    assert_eq!(warned, [(51, "a".to_owned()), (101, "c".to_owned())]);
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn an_endpoint_leaving_the_cluster_is_counted_but_not_warned_of() {
+    // The worst case: two hosts, one leaves, and its picks (half of them) go unhonoured until
+    // the table drops it, a tick later.
+    let (store, mut w) = started(&static_config("", &HOSTS[..2]), 5);
+    let (gone, stays) = (HOSTS[1], HOSTS[0]);
+    let (mut counted, mut unhonoured, mut warnings) = (0, 0, Vec::new());
+    for t in (2..=300u64).map(|i| i * 100 * MS) {
+        let left = t > 10 * SEC;
+        unhonoured += requests(&mut w, CLUSTER, 25, 1, |p| {
+            if left && p == gone { stays } else { p }.to_owned()
+        });
+        let report = w.tick(t, &mut store.clone());
+        counted += not_honoured(&report, CLUSTER);
+        warnings.extend(not_honoured_warnings(&report));
+    }
+    assert!(
+        (1..=50).contains(&unhonoured),
+        "the departed host's picks until the table dropped it: {unhonoured}"
+    );
+    assert_eq!(counted, unhonoured);
+    assert_eq!(warnings, [], "an endpoint leaving is no misconfiguration");
+    let status: serde_json::Value = serde_json::from_str(&w.status_json()).unwrap();
+    let host = |a: &str| {
+        status["clusters"][0]["hosts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|h| h["host"] == a)
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(host(gone)["state"], "absent", "{status}");
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn the_warning_names_the_likely_causes() {
+    let not_honoured = Warning::NotHonoured {
+        cluster: "backend".into(),
+        window: Unhonoured {
+            picks: 40,
+            not_honoured: 30,
+            window_ns: 5 * SEC + 100 * MS,
+        },
+        header: "x-lb-pick".into(),
+    }
+    .to_string();
+    for needle in [
+        "did not honour 30 of 40 picks for cluster backend in the last 5 s",
+        "ewma_lb_picks_not_honoured_total",
+        "override_host policy reads another header than the plugin's override_header \"x-lb-pick\"",
+        "no override_host load_balancing_policy",
+    ] {
+        assert!(
+            not_honoured.contains(needle),
+            "{needle:?} in {not_honoured}"
+        );
+    }
+}
 
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]

@@ -101,6 +101,9 @@ impl RootContext for Root {
         for (cluster, e) in &report.errors {
             warn!("ewma-lb: samples for cluster {cluster} kept for the next tick: {e}");
         }
+        for warning in &report.warnings {
+            warn!("ewma-lb: {warning}");
+        }
         metrics.flush();
     }
 
