@@ -314,6 +314,16 @@ impl Config {
         &self.steered.listed
     }
 
+    /// The exact names of `steered_clusters` (not the prefixes), in configured order: the ones a
+    /// typo can hide in (`diagnose::SteeredWatch`).
+    pub fn steered_names(&self) -> impl Iterator<Item = &str> {
+        self.steered
+            .listed
+            .iter()
+            .map(String::as_str)
+            .filter(|e| !e.ends_with('*'))
+    }
+
     /// Static endpoints of `cluster`, empty when it has none.
     pub fn static_endpoints(&self, cluster: &str) -> &[String] {
         self.static_endpoints

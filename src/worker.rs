@@ -10,7 +10,7 @@ use std::rc::Rc;
 
 use crate::clock::{RecordClock, VmClock};
 use crate::config::Config;
-use crate::diagnose::{HonourWatch, Warning};
+use crate::diagnose::{HonourWatch, SteeredWatch, Warning};
 use crate::map::Map;
 use crate::outcome::{GrpcCode, Outcome};
 use crate::pick::PickTable;
@@ -268,6 +268,8 @@ pub struct Worker {
     clusters: Map<String, LocalCluster>,
     /// By `cluster_name` label; bounded like `clusters`, plus [`NO_CLUSTER`].
     counts: Map<String, Counts>,
+    /// The names of `steered_clusters` no request carried yet (`diagnose`).
+    steered_watch: SteeredWatch,
 }
 
 impl Worker {
@@ -275,6 +277,7 @@ impl Worker {
         let max_gap_ns = u64::try_from(config.tick_period().as_nanos())
             .unwrap_or(u64::MAX)
             .saturating_mul(2);
+        let steered_watch = SteeredWatch::new(config.steered_names());
         let mut worker = Worker {
             namespace: sync::namespace(config.policy()),
             clock: VmClock::new(max_gap_ns.max(MIN_CLOCK_GAP_NS)),
@@ -283,6 +286,7 @@ impl Worker {
             local_zone: None,
             clusters: Map::default(),
             counts: Map::default(),
+            steered_watch,
         };
         // The main-thread VM never sees a request; configured clusters still get refreshed.
         let names: Vec<String> = worker.config.static_clusters().map(str::to_owned).collect();
@@ -596,7 +600,40 @@ impl Worker {
         for (cluster, counts) in &mut self.counts {
             count_updates(cluster, counts, &mut report.metrics);
         }
+        self.watch_steered(steady_ns, &*store, &mut report.warnings);
         report
+    }
+
+    /// Warns of names in `steered_clusters` no request carried (`diagnose::SteeredWatch`). A
+    /// name is seen when this VM counted a request to it; before warning, also when another VM
+    /// did (its record shows traffic). Only a VM that saw requests warns, listing their clusters:
+    /// the main thread's VM, or a worker without traffic, knows nothing to compare with.
+    fn watch_steered(&mut self, steady_ns: u64, store: &dyn SharedStore, out: &mut Vec<Warning>) {
+        let Worker {
+            steered_watch: watch,
+            counts,
+            namespace,
+            config,
+            ..
+        } = self;
+        watch.observe(|name| counts.contains_key(name));
+        if !watch.due(steady_ns) || counts.keys().all(|c| c == NO_CLUSTER) {
+            return;
+        }
+        watch.warned(steady_ns);
+        let max_hosts = config.policy().max_hosts;
+        watch.observe(|name| record_shows_traffic(store, &sync::key(namespace, name), max_hosts));
+        if watch.unseen().is_empty() {
+            return;
+        }
+        out.push(Warning::unseen_clusters(
+            watch.unseen(),
+            watch.running_ns(steady_ns),
+            counts
+                .keys()
+                .map(String::as_str)
+                .filter(|c| *c != NO_CLUSTER),
+        ));
     }
 
     /// Forgets clusters this VM has not used for `host_ttl` (nothing in flight, not configured),
@@ -708,6 +745,17 @@ fn local_entry<'a>(
         clusters.insert(cluster.to_owned(), LocalCluster::default());
     }
     clusters.get_mut(cluster)
+}
+
+/// Whether the stored record at `key` shows requests: an endpoint count or a host with samples,
+/// which only finished requests give (a cluster's static hosts alone are no traffic).
+fn record_shows_traffic(store: &dyn SharedStore, key: &str, max_hosts: usize) -> bool {
+    let Ok((Some(bytes), _)) = store.get(key) else {
+        return false;
+    };
+    sync::decode(&bytes, max_hosts).is_ok_and(|state| {
+        state.num_endpoints > 0 || state.hosts.iter().any(|h| h.latency.samples() > 0)
+    })
 }
 
 /// Rebuilds this VM's pick table from a new version of the record, with the weights' floor as

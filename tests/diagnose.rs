@@ -1,6 +1,6 @@
 //! Misconfigurations that say so (issue 21): picks Envoy does not honour are counted and, when
-//! they are most of a window's, warned of at most once a minute per cluster; the plugin shows
-//! which clusters it steers.
+//! they are most of a window's, warned of at most once a minute per cluster; a name in
+//! `steered_clusters` no request carries is warned of after 30 s, then every 5 minutes.
 
 #![allow(clippy::panic, clippy::indexing_slicing, clippy::unwrap_used)] // tests fail by panicking
 
@@ -10,7 +10,8 @@ use wasm_bindgen_test::wasm_bindgen_test;
 mod store;
 
 use ewma_lb::diagnose::{
-    HonourWatch, Unhonoured, Warning, MAX_WINDOW_NS, MIN_PICKS, NOT_HONOURED_EVERY_NS, WINDOW_NS,
+    HonourWatch, SteeredWatch, Unhonoured, Warning, MAX_WINDOW_NS, MIN_PICKS,
+    NOT_HONOURED_EVERY_NS, UNSEEN_AFTER_NS, UNSEEN_EVERY_NS, WINDOW_NS,
 };
 use ewma_lb::outcome::Outcome;
 use ewma_lb::telemetry::{Change, Metric};
@@ -178,12 +179,13 @@ fn not_honoured_warnings(report: &TickReport) -> Vec<(String, Unhonoured, String
     report
         .warnings
         .iter()
-        .map(|w| match w {
+        .filter_map(|w| match w {
             Warning::NotHonoured {
                 cluster,
                 window,
                 header,
-            } => (cluster.clone(), *window, header.clone()),
+            } => Some((cluster.clone(), *window, header.clone())),
+            Warning::UnseenClusters { .. } => None,
         })
         .collect()
 }
@@ -359,9 +361,196 @@ fn an_endpoint_leaving_the_cluster_is_counted_but_not_warned_of() {
     assert_eq!(host(gone)["state"], "absent", "{status}");
 }
 
+// === steered_clusters no request carries ===
+
+/// A request of `cluster` through `w` (any decision), finished on `host` when it was sampled.
+fn request_to(w: &mut Worker, cluster: Option<&str>, host: &str) {
+    let decision = w.route(
+        &Request {
+            path: b"/work",
+            cluster,
+        },
+        || None,
+    );
+    if let (true, Some(cluster)) = (decision.is_sampled(), cluster) {
+        let picked = match &decision {
+            Decision::Override(pick) => Some(pick.host.to_string()),
+            _ => None,
+        };
+        w.finish(
+            cluster,
+            &Finished {
+                picked: picked.as_deref(),
+                served_by: Some(host),
+                attempts: 1,
+                latency_ms: 10.0,
+                outcome: Some(Outcome::Success),
+                ..Finished::default()
+            },
+        );
+    }
+}
+
+/// Unseen-cluster warnings as `(second, names, clusters seen)`.
+type Unseen = Vec<(u64, Vec<String>, Vec<String>)>;
+
+/// The unseen-cluster warnings of one worker over `until_s` seconds, a tick a second, as
+/// `(second, names, clusters seen)`. Each second it gets a request of each of `here`; another
+/// worker over the same store gets a request of each of `elsewhere`.
+fn unseen_warnings(cfg: &str, here: &[Option<&str>], elsewhere: &[&str], until_s: u64) -> Unseen {
+    let store = Shared::default();
+    let mut w = Worker::new(config(cfg), 1);
+    let mut other = Worker::new(config(cfg), 2);
+    let mut out = Vec::new();
+    for s in 1..=until_s {
+        for cluster in here {
+            request_to(&mut w, *cluster, "10.0.0.1:80");
+        }
+        for cluster in elsewhere {
+            request_to(&mut other, Some(cluster), "10.0.0.1:80");
+        }
+        other.tick(s * SEC, &mut store.clone());
+        for warning in w.tick(s * SEC, &mut store.clone()).warnings {
+            if let Warning::UnseenClusters {
+                names,
+                after_ns,
+                seen,
+                more,
+            } = warning
+            {
+                assert_eq!(after_ns, (s - 1) * SEC, "the time since the first tick");
+                assert_eq!(more, 0);
+                out.push((s, names, seen));
+            }
+        }
+    }
+    out
+}
+
+fn strings(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
-fn the_warning_names_the_likely_causes() {
+fn a_steered_cluster_no_request_carries_is_named_after_thirty_seconds() {
+    let backend = Some("backend");
+    let typo = vec![(31, strings(&["bakend"]), strings(&["backend"]))];
+    // (configuration, requests here, requests to another worker, warnings in 60 s)
+    let cases = vec![
+        // The issue's typo: the real cluster is unlisted, the listed one never comes.
+        (
+            r#"{"steered_clusters": ["bakend"]}"#,
+            vec![backend],
+            vec![],
+            typo.clone(),
+        ),
+        (
+            r#"{"steered_clusters": ["backend"]}"#,
+            vec![backend],
+            vec![],
+            vec![],
+        ),
+        (r#"{}"#, vec![backend], vec![], vec![]), // "*": nothing to mistype
+        // Prefixes are not checked; every cluster seen is listed, sorted; `none` is no cluster.
+        (
+            r#"{"steered_clusters": ["backend", "bakend", "api-*"]}"#,
+            vec![Some("zeta"), backend, None],
+            vec![],
+            vec![(31, strings(&["bakend"]), strings(&["backend", "zeta"]))],
+        ),
+        // Two typos, one line.
+        (
+            r#"{"steered_clusters": ["bakend", "backedn"]}"#,
+            vec![backend],
+            vec![],
+            vec![(31, strings(&["bakend", "backedn"]), strings(&["backend"]))],
+        ),
+        // No request with a cluster here (the main thread's VM): nothing to compare with.
+        (
+            r#"{"steered_clusters": ["bakend"]}"#,
+            vec![],
+            vec!["backend"],
+            vec![],
+        ),
+        (
+            r#"{"steered_clusters": ["bakend"]}"#,
+            vec![None],
+            vec![],
+            vec![],
+        ),
+        // Another worker served the listed cluster: its record shows the traffic.
+        (
+            r#"{"steered_clusters": ["backend", "other"]}"#,
+            vec![backend],
+            vec!["other"],
+            vec![],
+        ),
+        // Static endpoints make a record, but no traffic.
+        (
+            r#"{"steered_clusters": ["backend", "bakend"], "clusters": {"bakend": {"endpoints": ["10.0.0.9:80"]}}}"#,
+            vec![backend],
+            vec![],
+            vec![(31, strings(&["bakend"]), strings(&["backend"]))],
+        ),
+    ];
+    for (cfg, here, elsewhere, want) in cases {
+        assert_eq!(
+            unseen_warnings(cfg, &here, &elsewhere, 60),
+            want,
+            "{cfg}, requests here {here:?}, elsewhere {elsewhere:?}"
+        );
+    }
+    assert_eq!(UNSEEN_AFTER_NS, 30 * SEC);
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn the_unseen_cluster_warning_repeats_every_five_minutes_until_it_is_seen() {
+    let got = unseen_warnings(
+        r#"{"steered_clusters": ["backend", "late"]}"#,
+        &[Some("backend")],
+        &[],
+        700,
+    );
+    let when: Vec<u64> = got.iter().map(|(s, ..)| *s).collect();
+    assert_eq!(when, [31, 331, 631]);
+    assert_eq!(UNSEEN_EVERY_NS, 300 * SEC);
+
+    // Seen once, never named again.
+    let store = Shared::default();
+    let mut w = Worker::new(config(r#"{"steered_clusters": ["backend", "late"]}"#), 1);
+    let mut warned = Vec::new();
+    for s in 1..=1000 {
+        request_to(&mut w, Some("backend"), "10.0.0.1:80");
+        if s == 400 {
+            request_to(&mut w, Some("late"), "10.0.0.1:80");
+        }
+        if !w.tick(s * SEC, &mut store.clone()).warnings.is_empty() {
+            warned.push(s);
+        }
+    }
+    assert_eq!(warned, [31, 331]);
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn the_watch_starts_at_its_first_check_and_forgets_seen_names() {
+    let mut watch = SteeredWatch::new(["a", "b"]);
+    assert!(!watch.due(1000 * SEC), "the first check starts the clock");
+    assert!(!watch.due(1000 * SEC + UNSEEN_AFTER_NS - 1));
+    assert!(watch.due(1000 * SEC + UNSEEN_AFTER_NS));
+    watch.observe(|n| n == "a");
+    assert_eq!(watch.unseen(), ["b"]);
+    watch.observe(|_| true);
+    assert!(!watch.due(2000 * SEC), "nothing left to warn of");
+    let mut none = SteeredWatch::new([] as [&str; 0]);
+    assert!(!none.due(0) && !none.due(1000 * SEC));
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn the_warnings_name_the_likely_causes() {
     let not_honoured = Warning::NotHonoured {
         cluster: "backend".into(),
         window: Unhonoured {
@@ -382,6 +571,21 @@ fn the_warning_names_the_likely_causes() {
             not_honoured.contains(needle),
             "{needle:?} in {not_honoured}"
         );
+    }
+    let many: Vec<String> = (0..25).map(|i| format!("c{i:02}")).collect();
+    let unseen = Warning::unseen_clusters(
+        &strings(&["bakend"]),
+        31 * SEC,
+        many.iter().map(String::as_str),
+    )
+    .to_string();
+    for needle in [
+        "steered_clusters names \"bakend\" but no request went to such a cluster in 31 s: a typo?",
+        "reason=\"unlisted_cluster\"",
+        "saw requests for: c00, c01,",
+        "c19 and 5 more",
+    ] {
+        assert!(unseen.contains(needle), "{needle:?} in {unseen}");
     }
 }
 
