@@ -328,6 +328,21 @@ impl Config {
         self.steered.contains(cluster)
     }
 
+    /// `steered_clusters` as configured, in its order: for the start-up log and the status page.
+    pub fn steered_clusters(&self) -> &[String] {
+        &self.steered.listed
+    }
+
+    /// The exact names of `steered_clusters` (not the prefixes), in configured order: the ones a
+    /// typo can hide in (`diagnose::SteeredWatch`).
+    pub fn steered_names(&self) -> impl Iterator<Item = &str> {
+        self.steered
+            .listed
+            .iter()
+            .map(String::as_str)
+            .filter(|e| !e.ends_with('*'))
+    }
+
     /// Static endpoints of `cluster`, empty when it has none.
     pub fn static_endpoints(&self, cluster: &str) -> &[String] {
         self.static_endpoints
@@ -671,6 +686,8 @@ pub const ANY_CLUSTER: &str = "*";
 pub struct SteeredClusters {
     exact: Set<String>,
     prefixes: Vec<String>,
+    /// Every entry as configured, in order, without repeats.
+    listed: Vec<String>,
 }
 
 impl SteeredClusters {
@@ -704,6 +721,9 @@ impl SteeredClusters {
                 set.prefixes.push(name.to_owned());
             } else {
                 set.exact.insert(name.to_owned());
+            }
+            if !set.listed.contains(entry) {
+                set.listed.push(entry.clone());
             }
         }
         Ok(set)

@@ -7,6 +7,7 @@
 
 pub mod clock;
 pub mod config;
+pub mod diagnose;
 pub mod json;
 pub mod locality;
 pub mod map;

@@ -10,6 +10,7 @@ use std::rc::Rc;
 
 use crate::clock::{RecordClock, VmClock};
 use crate::config::Config;
+use crate::diagnose::{HonourWatch, SteeredWatch, Warning};
 use crate::map::Map;
 use crate::outcome::{GrpcCode, Outcome};
 use crate::pick::PickTable;
@@ -232,6 +233,8 @@ struct LocalCluster {
     last_used_ns: u64,
     /// Reported that the stored record could not be read (reported once).
     reported_bad_record: bool,
+    /// Whether Envoy honours this VM's picks (`diagnose`).
+    honour: HonourWatch,
 }
 
 impl LocalCluster {
@@ -260,6 +263,8 @@ struct Counts {
     cross_zone: u64,
     /// Stored records that could not be read and were rebuilt.
     bad_records: u64,
+    /// Picks Envoy served by another host on the first attempt.
+    not_honoured: u64,
 }
 
 /// One VM's balancer.
@@ -276,6 +281,8 @@ pub struct Worker {
     clusters: Map<String, LocalCluster>,
     /// By `cluster_name` label; bounded like `clusters`, plus [`NO_CLUSTER`].
     counts: Map<String, Counts>,
+    /// The names of `steered_clusters` no request carried yet (`diagnose`).
+    steered_watch: SteeredWatch,
 }
 
 impl Worker {
@@ -285,6 +292,7 @@ impl Worker {
             .saturating_mul(2);
         let mut rng = fastrand::Rng::with_seed(seed);
         let id = rng.u64(..);
+        let steered_watch = SteeredWatch::new(config.steered_names());
         let mut worker = Worker {
             id,
             namespace: sync::namespace(config.policy()),
@@ -294,6 +302,7 @@ impl Worker {
             local_zone: None,
             clusters: Map::default(),
             counts: Map::default(),
+            steered_watch,
         };
         // The main-thread VM never sees a request; configured clusters still get refreshed.
         let names: Vec<String> = worker.config.static_clusters().map(str::to_owned).collect();
@@ -390,7 +399,7 @@ impl Worker {
 
     /// Chooses where a request to `cluster` arriving at `now_ns` goes: a host due a probe, or
     /// the pick. Per request: local data only.
-    pub fn pick(&mut self, cluster: &str, now_ns: u64) -> Decision {
+    fn pick(&mut self, cluster: &str, now_ns: u64) -> Decision {
         let Worker {
             id,
             config,
@@ -523,16 +532,24 @@ impl Worker {
             count.now = count.now.saturating_sub(1);
         }
         if let (Some(picked), Some(served_by)) = (done.picked, done.served_by) {
+            let honoured = served_by == picked || done.attempts > 1;
+            local.honour.record(honoured);
             if served_by != picked {
                 // The route retries only failed connections and resets before the request: a
                 // retried request that ended elsewhere means our pick failed, though Envoy
                 // reports the last host. On the first attempt, Envoy did not honour the pick at
-                // all: the host is not (or no longer healthy) in the cluster.
+                // all: the host is not (or no longer healthy) in the cluster, or the cluster
+                // does not read the header (`diagnose`).
                 if let Some(acc) = local.host_batch(picked) {
-                    if done.attempts > 1 {
+                    if honoured {
                         acc.record(penalty_ms, true, penalty_ms);
                     } else {
                         acc.not_honoured = acc.not_honoured.saturating_add(1);
+                    }
+                }
+                if !honoured {
+                    if let Some(c) = counts_entry(&mut self.counts, cluster) {
+                        c.not_honoured += 1;
                     }
                 }
             }
@@ -633,11 +650,51 @@ impl Worker {
                 Err(e) => report.errors.push((name.clone(), e)),
             }
             in_flight_updates(name, local, &mut report.metrics);
+            if let Some(window) = local.honour.check(steady_ns) {
+                report.warnings.push(Warning::NotHonoured {
+                    cluster: name.clone(),
+                    window,
+                    header: self.config.override_header().to_owned(),
+                });
+            }
         }
         for (cluster, counts) in &mut self.counts {
             count_updates(cluster, counts, &mut report.metrics);
         }
+        self.watch_steered(steady_ns, &*store, &mut report.warnings);
         report
+    }
+
+    /// Warns of names in `steered_clusters` no request carried (`diagnose::SteeredWatch`). A
+    /// name is seen when this VM counted a request to it; before warning, also when another VM
+    /// did (its record shows traffic). Only a VM that saw requests warns, listing their clusters:
+    /// the main thread's VM, or a worker without traffic, knows nothing to compare with.
+    fn watch_steered(&mut self, steady_ns: u64, store: &dyn SharedStore, out: &mut Vec<Warning>) {
+        let Worker {
+            steered_watch: watch,
+            counts,
+            namespace,
+            config,
+            ..
+        } = self;
+        watch.observe(|name| counts.contains_key(name));
+        if !watch.due(steady_ns) || counts.keys().all(|c| c == NO_CLUSTER) {
+            return;
+        }
+        watch.warned(steady_ns);
+        let max_hosts = config.policy().max_hosts;
+        watch.observe(|name| record_shows_traffic(store, &sync::key(namespace, name), max_hosts));
+        if watch.unseen().is_empty() {
+            return;
+        }
+        out.push(Warning::unseen_clusters(
+            watch.unseen(),
+            watch.running_ns(steady_ns),
+            counts
+                .keys()
+                .map(String::as_str)
+                .filter(|c| *c != NO_CLUSTER),
+        ));
     }
 
     /// Forgets clusters this VM has not used for `host_ttl` (nothing in flight, not configured),
@@ -688,6 +745,7 @@ impl Worker {
         let status = Status {
             build: crate::telemetry::BUILD,
             shadow: self.config.shadow(),
+            steered_clusters: self.config.steered_clusters(),
             local_zone: self.local_zone(),
             clusters,
         };
@@ -751,6 +809,17 @@ fn local_entry<'a>(
         clusters.insert(cluster.to_owned(), local);
     }
     clusters.get_mut(cluster)
+}
+
+/// Whether the stored record at `key` shows requests: an endpoint count or a host with samples,
+/// which only finished requests give (a cluster's static hosts alone are no traffic).
+fn record_shows_traffic(store: &dyn SharedStore, key: &str, max_hosts: usize) -> bool {
+    let Ok((Some(bytes), _)) = store.get(key) else {
+        return false;
+    };
+    sync::decode(&bytes, max_hosts).is_ok_and(|state| {
+        state.num_endpoints > 0 || state.hosts.iter().any(|h| h.latency.samples() > 0)
+    })
 }
 
 /// Rebuilds this VM's pick table from a new version of the record, with the weights' floor (the
@@ -922,6 +991,7 @@ fn count_updates(cluster: &str, counts: &mut Counts, out: &mut Vec<Update>) {
         (Metric::ManagementDeniedRequests, counts.denied),
         (Metric::CrossZoneRequests, counts.cross_zone),
         (Metric::SharedRecordErrors, counts.bad_records),
+        (Metric::PicksNotHonoured, counts.not_honoured),
     ];
     for (metric, n) in plain.into_iter().filter(|(_, n)| *n > 0) {
         out.push(update(metric, cluster, None, Change::Add(n as i64)));
@@ -952,4 +1022,6 @@ pub struct TickReport {
     pub bad_records: Vec<(String, DecodeError)>,
     /// What the metrics should say now.
     pub metrics: Vec<Update>,
+    /// Misconfigurations to log (`diagnose`), each rate-limited already.
+    pub warnings: Vec<Warning>,
 }

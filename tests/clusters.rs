@@ -19,7 +19,7 @@ use ewma_lb::status::HostPhase;
 use ewma_lb::sync;
 use ewma_lb::telemetry::{Change, Metric};
 use ewma_lb::worker::{Decision, Finished, Worker, LEARNING_SHARE, LEARNING_WINDOW_NS};
-use store::{config, defaults, Shared, CLUSTER, MS, SEC};
+use store::{config, defaults, steer, Shared, CLUSTER, MS, SEC};
 
 fn served(w: &mut Worker, host: &str, ms: f64, endpoints: u32) {
     w.finish(
@@ -43,7 +43,7 @@ fn host(i: usize) -> String {
 fn picks(w: &mut Worker, n: usize) -> BTreeMap<String, usize> {
     let mut out = BTreeMap::new();
     for _ in 0..n {
-        let key = match w.pick(CLUSTER, 0) {
+        let key = match steer(w) {
             Decision::Override(p) => p.host.to_string(),
             Decision::Fallback(reason) => reason.label().to_string(),
             other => format!("{other:?}"),
@@ -587,7 +587,7 @@ fn large_cluster_run(config_json: &str, ticks: u64, slow: (u64, f64)) -> Vec<usi
     let mut slow_left = true;
     for tick in 0..ticks {
         for _ in 0..50 {
-            let Decision::Override(pick) = w.pick(CLUSTER, 0) else {
+            let Decision::Override(pick) = steer(&mut w) else {
                 continue;
             };
             let mut ms = 50.0;

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use ewma_lb::outcome::Outcome;
 use ewma_lb::telemetry::{Change, Metric, Update};
 use ewma_lb::worker::{Decision, FallbackReason, Finished, Pick, Request, Worker};
-use store::{config, defaults, ticked, Shared, CLUSTER, MS, SEC};
+use store::{config, defaults, steer, ticked, Shared, CLUSTER, MS, SEC};
 
 fn header_value(pick: &Pick) -> String {
     let mut out = String::new();
@@ -93,10 +93,7 @@ fn every_worker_adopts_the_same_table() {
     let mut workers: Vec<Worker> = (0..2).map(|i| Worker::new(defaults(), i)).collect();
     // Both see a first request before any table exists.
     for w in &mut workers {
-        assert_eq!(
-            w.pick(CLUSTER, 0),
-            Decision::Fallback(FallbackReason::TableNotReady)
-        );
+        assert_eq!(steer(w), Decision::Fallback(FallbackReason::TableNotReady));
     }
     for t in 1..=30u64 {
         finish_ok(&mut workers[0], "10.0.0.1:80", 50.0);
@@ -108,7 +105,7 @@ fn every_worker_adopts_the_same_table() {
     // Worker 1 never served a request but steers from the table worker 0's samples built.
     let mut counts: HashMap<String, u32> = HashMap::new();
     for _ in 0..2000 {
-        if let Decision::Override(pick) = workers[1].pick(CLUSTER, 0) {
+        if let Decision::Override(pick) = steer(&mut workers[1]) {
             *counts.entry(pick.host.to_string()).or_default() += 1;
         }
     }
@@ -136,7 +133,7 @@ fn in_flight_counts_go_up_on_pick_and_down_once_on_finish() {
         1,
     );
     w.tick(SEC, &mut store.clone());
-    let Decision::Override(pick) = w.pick(CLUSTER, 0) else {
+    let Decision::Override(pick) = steer(&mut w) else {
         panic!("no table")
     };
     assert_eq!(
@@ -144,7 +141,7 @@ fn in_flight_counts_go_up_on_pick_and_down_once_on_finish() {
         ("10.0.0.1:80", "10.0.0.1:80")
     );
     let host = pick.host.to_string();
-    w.pick(CLUSTER, 0);
+    steer(&mut w);
     assert_eq!(w.in_flight(CLUSTER, &host), 2);
     let reset = Finished {
         picked: Some(&host),
@@ -183,7 +180,7 @@ fn the_header_names_a_different_host_for_the_retry() {
     let cfg = r#"{"exploration_share": 0, "clusters": {"backend": {"endpoints": ["10.0.0.1:80", "10.0.0.2:80"]}}}"#;
     let (_, mut w) = ticked(cfg, 1);
     for _ in 0..100 {
-        let Decision::Override(pick) = w.pick(CLUSTER, 0) else {
+        let Decision::Override(pick) = steer(&mut w) else {
             panic!("no table")
         };
         let value = header_value(&pick);
@@ -201,7 +198,7 @@ fn the_exploration_share_is_left_to_the_fallback() {
         r#"{"exploration_share": 0.2, "clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}}"#;
     let (_, mut w) = ticked(cfg, 9);
     let explored = (0..10_000)
-        .filter(|_| w.pick(CLUSTER, 0) == Decision::Fallback(FallbackReason::Exploring))
+        .filter(|_| steer(&mut w) == Decision::Fallback(FallbackReason::Exploring))
         .count();
     assert!((1800..2200).contains(&explored), "{explored}");
 }
@@ -565,8 +562,8 @@ fn the_in_flight_gauge_moves_by_this_workers_change_since_the_last_tick() {
             .map(|(_, _, c)| c)
             .collect()
     };
-    w.pick(CLUSTER, 0);
-    w.pick(CLUSTER, 0);
+    steer(&mut w);
+    steer(&mut w);
     assert_eq!(
         in_flight(&w.tick(2 * SEC, &mut store.clone())),
         vec![Change::Add(2)]
@@ -748,7 +745,7 @@ fn nothing_is_explored_once_every_endpoint_is_known() {
     let (store, mut w) = ticked(cfg, 9);
     let explored = |w: &mut Worker| {
         (0..2_000)
-            .filter(|_| w.pick(CLUSTER, 0) == Decision::Fallback(FallbackReason::Exploring))
+            .filter(|_| steer(w) == Decision::Fallback(FallbackReason::Exploring))
             .count()
     };
     // Envoy has not said how many endpoints there are: the configured share.
@@ -800,6 +797,7 @@ fn a_host_out_of_favour_is_probed_by_time_shared_by_the_workers() {
                 }
                 let done = Finished {
                     picked: Some(&pick.host),
+                    in_flight: true,
                     served_by: Some(&pick.host),
                     attempts: 1,
                     latency_ms: if slow { 400.0 } else { 4.0 },
