@@ -106,6 +106,8 @@ pub struct HostState {
     /// a host that needs none (`active_for_ns`).
     pub active_since_ns: u64,
     pub latency: Estimate,
+    /// Samples merged for the host, taken into the estimate or held out of it (`persistence`).
+    pub samples: u64,
     /// How far a batch's mean usually lies from the estimate: the smoothed |ln(mean / estimate)|
     /// of the batches taken in (`persistence`).
     pub spread: f64,
@@ -275,6 +277,7 @@ impl ClusterState {
                 host.zone = zone.to_owned();
             }
             let dt_ns = now_ns.saturating_sub(host.latency.updated_ns());
+            host.samples = host.samples.saturating_add(u64::from(acc.latency.count));
             if persistence::admits(host, acc, now_ns, policy) {
                 persistence::observed(host, acc, now_ns, policy);
                 policy

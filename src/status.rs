@@ -102,7 +102,7 @@ impl<'a> ClusterStatus<'a> {
                     zone: (!h.zone.is_empty()).then_some(h.zone.as_str()),
                     weight: h.share,
                     latency_ms: h.latency.value_ms(),
-                    samples: h.latency.samples(),
+                    samples: h.samples,
                     error_rate: h.error_rate,
                     state: HostPhase::of(h, now_ns, slow_start_ns),
                     consecutive_failures: h.health.consecutive_failures,

@@ -817,9 +817,8 @@ fn record_shows_traffic(store: &dyn SharedStore, key: &str, max_hosts: usize) ->
     let Ok((Some(bytes), _)) = store.get(key) else {
         return false;
     };
-    sync::decode(&bytes, max_hosts).is_ok_and(|state| {
-        state.num_endpoints > 0 || state.hosts.iter().any(|h| h.latency.samples() > 0)
-    })
+    sync::decode(&bytes, max_hosts)
+        .is_ok_and(|state| state.num_endpoints > 0 || state.hosts.iter().any(|h| h.samples > 0))
 }
 
 /// Rebuilds this VM's pick table from a new version of the record, with the weights' floor (the
