@@ -45,6 +45,13 @@ pub struct PluginConfig {
     pub weights: WeightsConfig,
     /// Latency a failed request counts as at least, so a host that fails fast never looks fast.
     pub failure_penalty_ms: u64,
+    /// Latency a sample counts as at most: one request cannot move a host's score without bound.
+    pub latency_ceiling_ms: u64,
+    /// How long a rise beyond a host's usual spread must last before its score follows it.
+    pub persistence_ms: u64,
+    /// How long each worker lets a host go without a request before it probes it, for a host
+    /// as fast as the table's traffic; slower hosts wait longer (`probe`).
+    pub probe_interval_ms: u64,
     pub pick: PickAlgorithm,
     /// Share of requests left to the cluster's fallback policy, which finds endpoints the table
     /// does not know yet (EDS, Kubernetes).
@@ -147,6 +154,9 @@ impl Default for PluginConfig {
             smoothing: Smoother::default(),
             weights: WeightsConfig::default(),
             failure_penalty_ms: 1_000,
+            latency_ceiling_ms: 10_000,
+            persistence_ms: 1_000,
+            probe_interval_ms: 1_000,
             pick: PickAlgorithm::default(),
             exploration_share: 0.002,
             host_ttl_ms: 60_000,
@@ -204,6 +214,9 @@ json_struct!(PluginConfig {
     smoothing,
     weights,
     failure_penalty_ms,
+    latency_ceiling_ms,
+    persistence_ms,
+    probe_interval_ms,
     pick,
     exploration_share,
     host_ttl_ms,
@@ -251,6 +264,7 @@ pub struct Config {
     tick_period: Duration,
     policy: Policy,
     failure_penalty_ms: f64,
+    latency_ceiling_ms: f64,
     grpc_failures: GrpcCodes,
     pick: PickAlgorithm,
     exploration_share: f64,
@@ -287,6 +301,11 @@ impl Config {
         self.failure_penalty_ms
     }
 
+    /// Latency a sample counts as at most.
+    pub fn latency_ceiling_ms(&self) -> f64 {
+        self.latency_ceiling_ms
+    }
+
     /// gRPC codes that are the serving host's failure.
     pub fn grpc_failures(&self) -> GrpcCodes {
         self.grpc_failures
@@ -307,6 +326,21 @@ impl Config {
     /// Whether requests to `cluster` may be steered (`steered_clusters`).
     pub fn steers(&self, cluster: &str) -> bool {
         self.steered.contains(cluster)
+    }
+
+    /// `steered_clusters` as configured, in its order: for the start-up log and the status page.
+    pub fn steered_clusters(&self) -> &[String] {
+        &self.steered.listed
+    }
+
+    /// The exact names of `steered_clusters` (not the prefixes), in configured order: the ones a
+    /// typo can hide in (`diagnose::SteeredWatch`).
+    pub fn steered_names(&self) -> impl Iterator<Item = &str> {
+        self.steered
+            .listed
+            .iter()
+            .map(String::as_str)
+            .filter(|e| !e.ends_with('*'))
     }
 
     /// Static endpoints of `cluster`, empty when it has none.
@@ -449,6 +483,14 @@ impl PluginConfig {
         // Zero would let a host that fails fast look fast, the one thing the penalty is for.
         let failure_penalty_ms =
             in_range("failure_penalty_ms", self.failure_penalty_ms, 1, 600_000)?;
+        let latency_ceiling_ms = in_range(
+            "latency_ceiling_ms",
+            self.latency_ceiling_ms,
+            failure_penalty_ms,
+            3_600_000,
+        )?;
+        let persistence_ms = in_range("persistence_ms", self.persistence_ms, 0, 60_000)?;
+        let probe_interval_ms = in_range("probe_interval_ms", self.probe_interval_ms, 10, 60_000)?;
         let grpc_failures = compile_grpc_codes(&self.grpc_failure_status_codes)?;
         let exploration_share = in_range("exploration_share", self.exploration_share, 0.0, 0.5)?;
         let host_ttl_ms = in_range(
@@ -480,8 +522,11 @@ impl PluginConfig {
                 refresh_interval_ns: ms_to_ns(refresh_interval_ms),
                 host_ttl_ns: ms_to_ns(host_ttl_ms),
                 max_hosts,
+                persistence_ns: ms_to_ns(persistence_ms),
+                probe_interval_ns: ms_to_ns(probe_interval_ms),
             },
             failure_penalty_ms: failure_penalty_ms as f64,
+            latency_ceiling_ms: latency_ceiling_ms as f64,
             grpc_failures,
             pick: self.pick,
             exploration_share,
@@ -641,6 +686,8 @@ pub const ANY_CLUSTER: &str = "*";
 pub struct SteeredClusters {
     exact: Set<String>,
     prefixes: Vec<String>,
+    /// Every entry as configured, in order, without repeats.
+    listed: Vec<String>,
 }
 
 impl SteeredClusters {
@@ -674,6 +721,9 @@ impl SteeredClusters {
                 set.prefixes.push(name.to_owned());
             } else {
                 set.exact.insert(name.to_owned());
+            }
+            if !set.listed.contains(entry) {
+                set.listed.push(entry.clone());
             }
         }
         Ok(set)

@@ -7,12 +7,15 @@
 
 pub mod clock;
 pub mod config;
+pub mod diagnose;
 pub mod json;
 pub mod locality;
 pub mod map;
 pub mod outcome;
 pub mod outlier;
+pub mod persistence;
 pub mod pick;
+pub mod probe;
 pub mod rules;
 pub mod smoothing;
 pub mod state;

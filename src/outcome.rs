@@ -23,6 +23,23 @@ pub mod flags {
     pub const UPSTREAM_CONNECTION_FAILURE: u64 = 0x20;
     /// UC: the upstream connection closed mid-request.
     pub const UPSTREAM_CONNECTION_TERMINATION: u64 = 0x40;
+    /// DC: the client's connection ended before the response did.
+    pub const DOWNSTREAM_CONNECTION_TERMINATION: u64 = 0x4000;
+    /// SI: the stream was idle too long (a client that stopped sending its body); Envoy answers
+    /// 408 itself.
+    pub const STREAM_IDLE_TIMEOUT: u64 = 0x10000;
+    /// DPE: the client broke the HTTP protocol.
+    pub const DOWNSTREAM_PROTOCOL_ERROR: u64 = 0x40000;
+    /// DT: the request outlived the connection manager's `max_stream_duration`.
+    pub const DURATION_TIMEOUT: u64 = 0x400000;
+    /// DR: the client reset the stream.
+    pub const DOWNSTREAM_REMOTE_RESET: u64 = 0x1000_0000;
+    /// Ends caused by the client or by Envoy's limits on it, not by the upstream.
+    pub const DOWNSTREAM: u64 = DOWNSTREAM_CONNECTION_TERMINATION
+        | STREAM_IDLE_TIMEOUT
+        | DOWNSTREAM_PROTOCOL_ERROR
+        | DURATION_TIMEOUT
+        | DOWNSTREAM_REMOTE_RESET;
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,11 +53,49 @@ pub enum Outcome {
     Reset,
     Timeout,
     ConnectFailure,
+    /// The client left (or Envoy's limits on it ended the stream) after sending the whole request
+    /// and before the upstream answered: the host took at least that long. Not a failure; its
+    /// wait is a latency sample, which a client cannot make longer than it really waited.
+    Abandoned,
 }
 
 impl Outcome {
     pub fn is_failure(self) -> bool {
-        self != Outcome::Success
+        !matches!(self, Outcome::Success | Outcome::Abandoned)
+    }
+
+    /// A failure of the connection or stream to the upstream, rather than an answer.
+    pub fn is_transport_failure(self) -> bool {
+        matches!(
+            self,
+            Outcome::Reset | Outcome::Timeout | Outcome::ConnectFailure
+        )
+    }
+
+    /// What a finished request says about the host that served it, knowing whether the upstream
+    /// answered (its response headers arrived) and whether the client finished sending the
+    /// request. `None`: nothing.
+    ///
+    /// The client controls when its request ends and whether it stays for the answer, so neither
+    /// may count against a host: a request whose body never ended says something only if the host
+    /// failed it (refused the connection, reset the stream), and a client that left, or that
+    /// Envoy's limits on clients cut off (a stream idle timeout's 408 is Envoy's answer to a
+    /// stalled client), leaves only the time it waited after its request had ended.
+    pub fn of_request(
+        code: Option<i64>,
+        response_flags: u64,
+        answered: bool,
+        request_ended: bool,
+    ) -> Option<Outcome> {
+        let downstream = response_flags & flags::DOWNSTREAM != 0;
+        let upstream_flags = response_flags & !flags::DOWNSTREAM;
+        match (answered, request_ended) {
+            (true, _) => Outcome::classify(code, upstream_flags),
+            (false, false) => Outcome::classify(code, upstream_flags)
+                .filter(|o| !downstream && o.is_transport_failure()),
+            (false, true) if downstream => Some(Outcome::Abandoned),
+            (false, true) => Outcome::classify(code, upstream_flags),
+        }
     }
 
     /// Classifies a request from its status code (0 or absent when none was sent) and response

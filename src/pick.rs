@@ -4,17 +4,19 @@
 //! numbers and binary searches: O(log n), no allocation. Randomness is a parameter, so tests and
 //! the bench simulator are reproducible.
 //!
-//! The default pick is a weighted power of two choices, with two rules that keep the shares the
-//! table says:
-//! - the floor is a probe budget. Every host's share up to the floor (`weights::floor`) is
-//!   drawn on its own, without a load comparison: a host at the floor would lose any comparison
-//!   against a host carrying real traffic, so it would get no probes at all and could never earn
-//!   its traffic back;
-//! - the comparison is by load per unit of share (this worker's requests in flight / share), and
-//!   a tie (most often: nothing in flight on either) goes to the host served least per unit of
-//!   share since the table was adopted. With a `+ 1` in the cost instead, an idle pair would
-//!   always go to the heavier host, turning a 2 % difference in weights into whole refreshes of
-//!   traffic for one host; the served count turns ties into a smooth round of the shares.
+//! The default pick is a weighted power of two choices over each host's share above the floor
+//! (`weights::floor`). A host at the floor is out of favour: it is never a candidate here, and
+//! gets its samples from probes, which are spent by time (`probe`), not by share. Drawn as a
+//! candidate, a host at the floor would win every comparison in which it has nothing in flight,
+//! and at thousands of requests a second that is several requests a second to a host that takes
+//! a second to answer.
+//!
+//! The two candidates are distinct hosts, and the comparison is by load per unit of share (this worker's requests in flight / share), and
+//! a tie (most often: nothing in flight on either) goes to the host served least per unit of
+//! share since the table was adopted. With a `+ 1` in the cost instead, an idle pair would always
+//! go to the heavier host, turning a 2 % difference in weights into whole refreshes of traffic
+//! for one host; the served count turns ties into a smooth round of the shares. With equal
+//! shares this is least request's two choices over this worker's requests in flight.
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -31,9 +33,9 @@ use crate::units::within;
 pub enum PickAlgorithm {
     /// One weighted random draw.
     WeightedRandom,
-    /// The floor as probes; otherwise two weighted draws above the floor, the one with fewer of
-    /// this worker's requests in flight per unit of share wins (power of two choices). Reacts to
-    /// load between refreshes.
+    /// Two weighted draws over the shares above the floor; the one with fewer of this worker's
+    /// requests in flight per unit of share wins (power of two choices). Reacts to load between
+    /// refreshes.
     #[default]
     WeightedP2c,
     /// Always the host with the highest weight. Shipped for the benchmark only: it is the
@@ -71,8 +73,6 @@ pub struct PickTable {
     hosts: Vec<Rc<str>>,
     weights: Vec<f64>,
     cumulative: Vec<f64>,
-    /// Cumulative floor parts (`min(share, floor)`): the probe budget.
-    probes: Vec<f64>,
     /// Each host's share above the floor, and their running sum: what P2C draws from.
     above: Vec<f64>,
     above_cumulative: Vec<f64>,
@@ -87,8 +87,8 @@ impl PickTable {
         PickTable::with_floor(entries, 0.0)
     }
 
-    /// [`PickTable::new`] with the probe budget of a floor: each host's share up to `floor` (a
-    /// share of the table's total) is drawn as a probe, outside the load comparison.
+    /// [`PickTable::new`] with a floor (a share of the table's total): P2C draws each host by its
+    /// share above it, so a host at the floor is never its candidate.
     pub fn with_floor<'a>(entries: impl IntoIterator<Item = (&'a str, f64)>, floor: f64) -> Self {
         let mut table = PickTable::default();
         let mut total = 0.0;
@@ -105,13 +105,11 @@ impl PickTable {
         } else {
             0.0
         };
-        let (mut probes, mut above) = (0.0, 0.0);
+        let mut above = 0.0;
         for w in &table.weights {
-            let probe = w.min(floor);
-            probes += probe;
-            above += w - probe;
-            table.probes.push(probes);
-            table.above.push(w - probe);
+            let excess = (w - floor).max(0.0);
+            above += excess;
+            table.above.push(excess);
             table.above_cumulative.push(above);
             table.served.push(Cell::new(0));
         }
@@ -130,8 +128,30 @@ impl PickTable {
         self.hosts.get(index)
     }
 
+    /// The share of host `index` in the table (of the table's total).
+    pub fn share(&self, index: usize) -> f64 {
+        let total = self.cumulative.last().copied().unwrap_or(0.0);
+        match self.weights.get(index) {
+            Some(w) if total > 0.0 => w / total,
+            _ => 0.0,
+        }
+    }
+
+    /// Records a pick that did not come from [`PickTable::weighted_p2c`] (a probe), so the
+    /// tie-break counts every request a host was sent.
+    pub fn count_served(&self, index: usize) {
+        if let Some(n) = self.served.get(index) {
+            n.set(n.get().saturating_add(1));
+        }
+    }
+
     pub fn hosts(&self) -> impl Iterator<Item = &str> {
         self.hosts.iter().map(|h| &**h)
+    }
+
+    /// The table's hosts, in its order (sorted by address when built from a record).
+    pub fn host_list(&self) -> &[Rc<str>] {
+        &self.hosts
     }
 
     /// Weighted random draw: host `i` is chosen with probability `weight_i / Σ weight`.
@@ -141,47 +161,27 @@ impl PickTable {
 
     /// Weighted random draw among all hosts but `excluded`; `None` when no other host exists.
     pub fn weighted_except(&self, rng: &mut fastrand::Rng, excluded: usize) -> Option<usize> {
-        let total = *self.cumulative.last()?;
-        let w_excluded = *self.weights.get(excluded)?;
-        let before_excluded = self.cumulative.get(excluded)? - w_excluded;
-        let rest = total - w_excluded;
-        if rest <= 0.0 {
-            return None;
-        }
-        // Draw over the others' mass and step over the excluded host's interval.
-        let mut r = rng.f64() * rest;
-        if r >= before_excluded {
-            r += w_excluded;
-        }
-        let i = self
-            .cumulative
-            .partition_point(|c| *c <= r)
-            .min(self.hosts.len() - 1);
-        (i != excluded).then_some(i)
+        draw_except(&self.weights, &self.cumulative, excluded, rng)
     }
 
-    /// Weighted power of two choices with the floor as probes (see the module's doc). Each host
-    /// is picked with probability close to its share when loads match the shares; `in_flight(i)`
-    /// is this worker's count for host `i`.
+    /// Weighted power of two choices over the shares above the floor (see the module's doc). Each
+    /// host above the floor is picked with probability close to its share when loads match the
+    /// shares; `in_flight(i)` is this worker's count for host `i`.
     pub fn weighted_p2c(
         &self,
         rng: &mut fastrand::Rng,
         in_flight: impl Fn(usize) -> u32,
     ) -> Option<usize> {
-        let total = *self.cumulative.last()?;
-        let probes = self.probes.last().copied().unwrap_or(0.0);
-        let r = rng.f64() * total;
-        if r < probes {
-            return Some(
-                self.probes
-                    .partition_point(|c| *c <= r)
-                    .min(self.hosts.len() - 1),
-            );
-        }
         let Some(a) = draw(&self.above_cumulative, rng) else {
             return self.weighted(rng);
         };
-        let b = draw(&self.above_cumulative, rng)?;
+        // Two distinct candidates, as tower and Linkerd draw them: with replacement, a host with
+        // most of the share would be compared with itself share² of the time and keep that much
+        // of the traffic while it stalls.
+        let Some(b) = draw_except(&self.above, &self.above_cumulative, a, rng) else {
+            self.count_served(a);
+            return Some(a);
+        };
         let above = |i: usize| self.above.get(i).copied().unwrap_or(0.0);
         let served = |i: usize| self.served.get(i).map_or(0, Cell::get) as f64;
         // Cross-multiplied: no division, and a share of 0 (never drawn) cannot divide by zero.
@@ -222,6 +222,32 @@ impl PickTable {
             PickAlgorithm::LowestLatency => self.heaviest(),
         }
     }
+}
+
+/// A draw by `weights` (with their running sums `cumulative`) among every index but `excluded`;
+/// `None` when no other index has weight.
+fn draw_except(
+    weights: &[f64],
+    cumulative: &[f64],
+    excluded: usize,
+    rng: &mut fastrand::Rng,
+) -> Option<usize> {
+    let total = *cumulative.last()?;
+    let w_excluded = *weights.get(excluded)?;
+    let before_excluded = cumulative.get(excluded)? - w_excluded;
+    let rest = total - w_excluded;
+    if rest <= 0.0 {
+        return None;
+    }
+    // Draw over the others' mass and step over the excluded index's interval.
+    let mut r = rng.f64() * rest;
+    if r >= before_excluded {
+        r += w_excluded;
+    }
+    let i = cumulative
+        .partition_point(|c| *c <= r)
+        .min(cumulative.len() - 1);
+    (i != excluded).then_some(i)
 }
 
 /// A draw from running sums: index `i` with probability `(c_i - c_{i-1}) / c_last`; `None` when

@@ -336,6 +336,20 @@ fn blend(old: f64, new: f64, keep: f64) -> f64 {
 }
 
 impl Smoother {
+    /// How far back the estimate remembers, for the weight of the evidence behind it
+    /// (`persistence::Evidence`): the time constant of the time-decayed smoothers, the short one
+    /// of the dual, and one second for the per-sample ones (whose memory is counted in samples).
+    pub fn memory_ns(&self) -> u64 {
+        let ms = match *self {
+            Smoother::DecayEwma { tau_ms } | Smoother::PeakEwma { tau_ms, .. } => tau_ms,
+            Smoother::DualEwma { short_tau_ms, .. } => short_tau_ms,
+            Smoother::Ewma { .. } | Smoother::Sma { .. } | Smoother::BiasCorrectedEwma { .. } => {
+                1_000
+            }
+        };
+        ms_to_ns_f64(ms as f64) as u64
+    }
+
     /// Folds one batch, observed up to `now_ns`, into `est`.
     pub fn observe(&self, est: &mut Estimate, batch: &Batch, now_ns: u64) {
         let Some(mean) = batch.mean_ms() else { return };

@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
 use crate::locality::{self, LocalityParams, ZoneInput};
 use crate::map::Map;
 use crate::outlier::{ejection_budget, Health, OutlierParams};
+use crate::persistence;
 use crate::smoothing::{Batch, Estimate, Smoother};
 use crate::units::NS_PER_SEC;
 use crate::weights::{self, HostInput, WeightParams};
@@ -70,6 +71,8 @@ impl Accumulator {
 /// What one worker observed of one cluster since its last successful merge.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ClusterBatch {
+    /// The worker VM's random identity, so the record can count the VMs that serve the cluster.
+    pub worker: u64,
     pub hosts: Map<String, Accumulator>,
     /// The latest `upstream.num_endpoints` seen.
     pub num_endpoints: Option<u32>,
@@ -103,6 +106,22 @@ pub struct HostState {
     /// a host that needs none (`active_for_ns`).
     pub active_since_ns: u64,
     pub latency: Estimate,
+    /// Samples merged for the host, taken into the estimate or held out of it (`persistence`).
+    pub samples: u64,
+    /// How far a batch's mean usually lies from the estimate: the smoothed |ln(mean / estimate)|
+    /// of the batches taken in (`persistence`).
+    pub spread: f64,
+    pub spread_updated_ns: u64,
+    /// The same distance for the batches the estimate took in: how noisy what it averages is.
+    pub noise: f64,
+    /// Batches the spread has seen, while it is warming up (`persistence`).
+    pub spread_batches: u32,
+    /// How many batches stand behind the estimate, each weighted by how much of it the estimate
+    /// still holds (`persistence::observed`).
+    pub evidence: f64,
+    /// Since when (record time) every batch has risen beyond the spread without the estimate
+    /// taking it in; 0 when the last batch did not.
+    pub rising_since_ns: u64,
     /// Smoothed share of failed requests, for operators (the score already includes failures).
     pub error_rate: f64,
     pub health: Health,
@@ -138,7 +157,15 @@ pub struct ClusterState {
     pub complete: bool,
     /// Sorted by address.
     pub hosts: Vec<HostState>,
+    /// The worker VMs that merged samples within the last [`WORKER_TTL_NS`], with when they last
+    /// did, sorted by identity: they share the cluster's probes (`probe`).
+    pub workers: Vec<(u64, u64)>,
 }
+
+/// A worker VM that merged nothing for this long no longer counts as serving the cluster.
+pub const WORKER_TTL_NS: u64 = 2 * NS_PER_SEC;
+/// Most worker VMs a record counts: more than any Envoy runs.
+pub const MAX_WORKERS: usize = 256;
 
 /// Everything merge and refresh need to know of the configuration; `Config::policy`. Serialized
 /// only to fingerprint it (`sync::namespace`).
@@ -151,6 +178,10 @@ pub struct Policy {
     pub refresh_interval_ns: u64,
     pub host_ttl_ns: u64,
     pub max_hosts: usize,
+    /// How long a rise beyond a host's usual spread must last before its estimate follows it.
+    pub persistence_ns: u64,
+    /// How often each worker probes a host the table sends nothing (`probe`).
+    pub probe_interval_ns: u64,
 }
 
 /// What a merge did to the table.
@@ -198,9 +229,32 @@ impl ClusterState {
             .saturating_sub(u32::try_from(known).unwrap_or(u32::MAX))
     }
 
+    /// How many worker VMs serve the cluster now (at least 1).
+    pub fn active_workers(&self) -> usize {
+        self.workers.len().max(1)
+    }
+
+    /// Notes that `worker` merged samples at `now_ns`, and forgets the ones silent too long.
+    fn worker_seen(&mut self, worker: u64, now_ns: u64) {
+        self.workers
+            .retain(|(_, seen)| now_ns.saturating_sub(*seen) < WORKER_TTL_NS);
+        match self.workers.binary_search_by_key(&worker, |(id, _)| *id) {
+            Ok(i) => {
+                if let Some(w) = self.workers.get_mut(i) {
+                    w.1 = now_ns;
+                }
+            }
+            Err(i) if self.workers.len() < MAX_WORKERS => self.workers.insert(i, (worker, now_ns)),
+            Err(_) => {}
+        }
+    }
+
     /// Folds one worker's batch in. An ejection or a host that left changes the table at once
     /// rather than at the next refresh.
     pub fn merge(&mut self, batch: &ClusterBatch, now_ns: u64, policy: &Policy) -> Merged {
+        if batch.hosts.values().any(|a| a.latency.count > 0) {
+            self.worker_seen(batch.worker, now_ns);
+        }
         let resized = batch.num_endpoints.is_some_and(|n| n != self.num_endpoints);
         if let Some(n) = batch.num_endpoints {
             self.num_endpoints = n;
@@ -223,9 +277,13 @@ impl ClusterState {
                 host.zone = zone.to_owned();
             }
             let dt_ns = now_ns.saturating_sub(host.latency.updated_ns());
-            policy
-                .smoother
-                .observe(&mut host.latency, &acc.latency, now_ns);
+            host.samples = host.samples.saturating_add(u64::from(acc.latency.count));
+            if persistence::admits(host, acc, now_ns, policy) {
+                persistence::observed(host, acc, now_ns, policy);
+                policy
+                    .smoother
+                    .observe(&mut host.latency, &acc.latency, now_ns);
+            }
             let rate = f64::from(acc.failures) / f64::from(acc.latency.count);
             let keep = (-(dt_ns as f64) / ERROR_RATE_TAU_NS).exp();
             host.error_rate = keep * host.error_rate + (1.0 - keep) * rate;
@@ -303,6 +361,7 @@ impl ClusterState {
             .iter()
             .map(|h| HostInput {
                 score_ms: h.latency.value_ms(),
+                uncertainty: persistence::uncertainty(h),
                 active_for_ns: h.active_for_ns(now_ns),
                 ejected: out(h),
                 previous_share: (h.share > 0.0).then_some(h.share),

@@ -12,6 +12,10 @@ pub struct Status<'a> {
     pub build: Build,
     /// True when the plugin computes everything but never overrides Envoy's choice.
     pub shadow: bool,
+    /// `steered_clusters` as configured: the clusters (exact names, or prefixes ending in `*`)
+    /// whose requests the plugin steers. A cluster listed here but absent from `clusters` has
+    /// had no steered request yet (a typo, maybe: the log says so).
+    pub steered_clusters: &'a [String],
     /// The proxy's own zone; `null` when the node has none.
     pub local_zone: Option<&'a str>,
     pub clusters: Vec<ClusterStatus<'a>>,
@@ -98,7 +102,7 @@ impl<'a> ClusterStatus<'a> {
                     zone: (!h.zone.is_empty()).then_some(h.zone.as_str()),
                     weight: h.share,
                     latency_ms: h.latency.value_ms(),
-                    samples: h.latency.samples(),
+                    samples: h.samples,
                     error_rate: h.error_rate,
                     state: HostPhase::of(h, now_ns, slow_start_ns),
                     consecutive_failures: h.health.consecutive_failures,

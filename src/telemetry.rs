@@ -34,12 +34,13 @@ pub enum Metric {
     UnknownEndpoints,
     CrossZoneRequests,
     SharedRecordErrors,
+    PicksNotHonoured,
     MetricSeriesEvicted,
     BuildInfo,
 }
 
 impl Metric {
-    pub const ALL: [Metric; 13] = [
+    pub const ALL: [Metric; 14] = [
         Metric::SteeredRequests,
         Metric::FallbackRequests,
         Metric::ManagementDeniedRequests,
@@ -51,6 +52,7 @@ impl Metric {
         Metric::UnknownEndpoints,
         Metric::CrossZoneRequests,
         Metric::SharedRecordErrors,
+        Metric::PicksNotHonoured,
         Metric::MetricSeriesEvicted,
         Metric::BuildInfo,
     ];
@@ -69,6 +71,7 @@ impl Metric {
             Metric::UnknownEndpoints => "ewma_lb_unknown_endpoints",
             Metric::CrossZoneRequests => "ewma_lb_cross_zone_requests_total",
             Metric::SharedRecordErrors => "ewma_lb_shared_record_errors_total",
+            Metric::PicksNotHonoured => "ewma_lb_picks_not_honoured_total",
             Metric::MetricSeriesEvicted => "ewma_lb_metric_series_evicted_total",
             Metric::BuildInfo => "ewma_lb_build_info",
         }
@@ -82,6 +85,7 @@ impl Metric {
             | Metric::Ejections
             | Metric::CrossZoneRequests
             | Metric::SharedRecordErrors
+            | Metric::PicksNotHonoured
             | Metric::MetricSeriesEvicted => MetricKind::Counter,
             Metric::HostWeight
             | Metric::HostLatency
@@ -116,6 +120,7 @@ impl Metric {
             | Metric::UnknownEndpoints
             | Metric::CrossZoneRequests
             | Metric::SharedRecordErrors
+            | Metric::PicksNotHonoured
             | Metric::MetricSeriesEvicted => &[CLUSTER_LABEL],
         }
     }
@@ -133,6 +138,7 @@ impl Metric {
             Metric::UnknownEndpoints => "endpoints of the cluster the table does not know yet (they get their share through the fallback)",
             Metric::CrossZoneRequests => "sampled requests served by a host outside the proxy's zone",
             Metric::SharedRecordErrors => "stored records that could not be read and were rebuilt",
+            Metric::PicksNotHonoured => "picks Envoy did not honour: another host served the first attempt (the cluster does not read the plugin's header, or the host left it)",
             Metric::MetricSeriesEvicted => "metric series this VM stopped updating to stay under its series cap (gauges zeroed first)",
             Metric::BuildInfo => "1, labelled with the running build's version and git commit",
         }

@@ -9,10 +9,15 @@
 //!   once. Equal hosts' scores differ from refresh to refresh by chance alone (a tick's batch is a
 //!   handful of samples); followed at once, those differences swing the traffic between them,
 //!   while a real change (a slow host, a queue) moves the target far beyond the band;
-//! - damping: a share moves at most by a factor `max_step_ratio` per refresh (the anti-flap bound);
-//! - floor: every live host keeps at least `min_share`, so a slow host keeps being probed and can
-//!   earn its traffic back; in a large cluster at most `min_fair_share` of a fair share (1/n), or
-//!   a floor above the fair share would pin every host to it and the table could not steer.
+//! - damping: a share rises at most by a factor `max_step_ratio` per refresh. Only a rise is
+//!   bounded: traffic moving onto a host is what herds (every proxy of a fleet moving onto the
+//!   same host at once), while a host's share falling spreads its traffic over all the others.
+//!   A fall the table should not follow is one that does not last, and `persistence` keeps that
+//!   out of the score before it gets here;
+//! - floor: every live host keeps at least `min_share` in the table, the level its share climbs
+//!   back from; in a large cluster at most `min_fair_share` of a fair share (1/n), or a floor
+//!   above the fair share would pin every host to it and the table could not steer. A host at
+//!   the floor gets no traffic from the pick, only probes (`probe`).
 //!
 //! Ejected hosts get nothing; they are excluded before any of the rules apply.
 
@@ -28,7 +33,7 @@ pub struct WeightParams {
     pub min_share: f64,
     /// ... but at most this fraction of a fair share (1 / live hosts).
     pub min_fair_share: f64,
-    /// Largest factor by which one refresh may raise or lower a host's share.
+    /// Largest factor by which one refresh may raise a host's share.
     pub max_step_ratio: f64,
     /// Targets within this factor of a host's share are treated as noise (see [`settle`]).
     pub noise_band: f64,
@@ -65,6 +70,9 @@ impl Default for WeightParams {
 pub struct HostInput {
     /// Smoothed latency (failures included as penalty latency); `None` before any sample.
     pub score_ms: Option<f64>,
+    /// How far `ln(score)` may lie from the truth by chance (`persistence::uncertainty`); a
+    /// score within it of the traffic's reference counts as equal to it.
+    pub uncertainty: f64,
     /// Time since the host joined or came back from ejection.
     pub active_for_ns: u64,
     pub ejected: bool,
@@ -92,6 +100,7 @@ pub fn shares_within(
             .filter(|h| !h.ejected)
             .filter_map(|h| h.score_ms),
     );
+    let reference = reference(hosts).or(median);
     let mut targets: Vec<f64> = hosts
         .iter()
         .map(|h| {
@@ -99,6 +108,7 @@ pub fn shares_within(
                 return 0.0;
             }
             let score = h.score_ms.or(median).unwrap_or(1.0).max(MIN_SCORE_MS);
+            let score = significant(score, h.uncertainty, reference);
             score.powf(-params.exponent) * ramp(h.active_for_ns, params)
         })
         .collect();
@@ -110,8 +120,8 @@ pub fn shares_within(
     if live == 0 {
         return targets;
     }
-    // Each live host's share must stay within [lo, hi]: at least the floor, and within a factor
-    // `max_step_ratio` of its previous share.
+    // Each live host's share must stay within [lo, hi]: at least the floor, and at most a factor
+    // `max_step_ratio` above its previous share.
     let floor = floor(params, live);
     let ratio = params.max_step_ratio.max(1.0);
     let bounds = |damped: bool| -> Vec<(f64, f64)> {
@@ -137,6 +147,36 @@ pub fn shares_within(
         limits = bounds(false);
     }
     fit(&targets, &limits)
+}
+
+/// The latency the table's traffic gets: the mean score weighted by the shares in force; `None`
+/// when no host has both.
+fn reference(hosts: &[HostInput]) -> Option<f64> {
+    let (weighted, mass) = hosts
+        .iter()
+        .filter(|h| !h.ejected)
+        .filter_map(|h| Some((h.score_ms?, h.previous_share?)))
+        .filter(|(s, p)| s.is_finite() && *s > 0.0 && *p > 0.0)
+        .fold((0.0, 0.0), |(w, m), (s, p)| (w + s * p, m + p));
+    (mass > 0.0).then(|| weighted / mass)
+}
+
+/// `score` drawn towards `reference` as far as its `uncertainty` (in `ln` terms) leaves it in
+/// doubt: a distance `d` from the reference is kept as `d·(1 − e^(−(d/u)²))`. Equal hosts, whose
+/// estimates differ by chance alone (well within `u`), all come out close to the reference; a
+/// host several uncertainties away keeps its whole distance, however few samples stand behind
+/// it (a slow host measured by probes alone must not be drawn back into the traffic); in
+/// between the pull fades smoothly, so no score jumps at a boundary.
+fn significant(score: f64, uncertainty: f64, reference: Option<f64>) -> f64 {
+    let Some(reference) = reference.filter(|r| *r > 0.0 && r.is_finite()) else {
+        return score;
+    };
+    if uncertainty <= 0.0 || !uncertainty.is_finite() {
+        return score;
+    }
+    let distance = (score / reference).ln();
+    let doubt = (-(distance / uncertainty).powi(2)).exp();
+    reference * (distance * (1.0 - doubt)).exp()
 }
 
 /// The least share of each of `live` hosts: `min_share`, but at most `min_fair_share` of a fair

@@ -10,16 +10,17 @@ use std::rc::Rc;
 
 use crate::clock::{RecordClock, VmClock};
 use crate::config::Config;
+use crate::diagnose::{HonourWatch, SteeredWatch, Warning};
 use crate::map::Map;
 use crate::outcome::{GrpcCode, Outcome};
 use crate::pick::PickTable;
+use crate::probe::{self, Probes};
 use crate::rules::{normalize_bytes, PathClass};
-use crate::state::{ClusterBatch, ClusterState};
+use crate::state::{ClusterBatch, ClusterState, Policy};
 use crate::status::{ClusterStatus, HostPhase, Status};
 use crate::sync::{self, sync_cluster, DecodeError, SharedStore, SyncContext, SyncError};
 use crate::telemetry::{Change, Metric, Update, NO_CLUSTER};
 use crate::units::{ms_to_whole_us, share_to_ppm, NS_PER_SEC};
-use crate::weights::WeightParams;
 
 /// Clusters one worker keeps state for at once; an idle one makes room (`Worker::tick`).
 pub const MAX_CLUSTERS: usize = 256;
@@ -161,6 +162,12 @@ pub struct Request<'a> {
     pub path: &'a [u8],
     /// `xds.cluster_name`: the cluster the route chose.
     pub cluster: Option<&'a str>,
+    /// This VM's steady time ([`Worker::clock`]) when the request arrived.
+    pub now_ns: u64,
+    /// The client has a body still to send. A picked host starts counting the request in flight
+    /// only once it has it ([`Worker::request_sent`]): until then it is not working for it, and a
+    /// client that trickles its body must not make a host look busy.
+    pub body_pending: bool,
 }
 
 /// What the filter knows of a request when it is done.
@@ -168,6 +175,9 @@ pub struct Request<'a> {
 pub struct Finished<'a> {
     /// The host this worker chose, if it chose one.
     pub picked: Option<&'a str>,
+    /// Whether the request counted in the picked host's requests in flight (a request whose body
+    /// never ended did not).
+    pub in_flight: bool,
     /// `upstream.address`: the host that served the last attempt.
     pub served_by: Option<&'a str>,
     /// `upstream.request_attempt_count`.
@@ -198,6 +208,8 @@ struct InFlight {
 struct LocalCluster {
     table: PickTable,
     table_version: u64,
+    /// When each host of the table is due a probe (`probe`).
+    probes: Probes,
     /// Share of requests left to the fallback: the configured exploration, or more while the
     /// table does not know every endpoint of the cluster (they get their share through it; see
     /// [`explore_share`]).
@@ -221,6 +233,8 @@ struct LocalCluster {
     last_used_ns: u64,
     /// Reported that the stored record could not be read (reported once).
     reported_bad_record: bool,
+    /// Whether Envoy honours this VM's picks (`diagnose`).
+    honour: HonourWatch,
 }
 
 impl LocalCluster {
@@ -249,10 +263,14 @@ struct Counts {
     cross_zone: u64,
     /// Stored records that could not be read and were rebuilt.
     bad_records: u64,
+    /// Picks Envoy served by another host on the first attempt.
+    not_honoured: u64,
 }
 
 /// One VM's balancer.
 pub struct Worker {
+    /// This VM's identity in the records it merges into (`ClusterBatch::worker`).
+    id: u64,
     config: Config,
     /// Key namespace of this configuration's records (`sync::namespace`).
     namespace: String,
@@ -263,6 +281,8 @@ pub struct Worker {
     clusters: Map<String, LocalCluster>,
     /// By `cluster_name` label; bounded like `clusters`, plus [`NO_CLUSTER`].
     counts: Map<String, Counts>,
+    /// The names of `steered_clusters` no request carried yet (`diagnose`).
+    steered_watch: SteeredWatch,
 }
 
 impl Worker {
@@ -270,19 +290,24 @@ impl Worker {
         let max_gap_ns = u64::try_from(config.tick_period().as_nanos())
             .unwrap_or(u64::MAX)
             .saturating_mul(2);
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let id = rng.u64(..);
+        let steered_watch = SteeredWatch::new(config.steered_names());
         let mut worker = Worker {
+            id,
             namespace: sync::namespace(config.policy()),
             clock: VmClock::new(max_gap_ns.max(MIN_CLOCK_GAP_NS)),
             config,
-            rng: fastrand::Rng::with_seed(seed),
+            rng,
             local_zone: None,
             clusters: Map::default(),
             counts: Map::default(),
+            steered_watch,
         };
         // The main-thread VM never sees a request; configured clusters still get refreshed.
         let names: Vec<String> = worker.config.static_clusters().map(str::to_owned).collect();
         for name in names {
-            worker.clusters.entry(name).or_default();
+            local_entry(&mut worker.clusters, &name, worker.id);
         }
         worker
     }
@@ -320,6 +345,11 @@ impl Worker {
         source: impl FnOnce() -> Option<String>,
     ) -> Decision {
         let decision = self.decide(request, source);
+        if let (Decision::Override(pick), Some(cluster), false) =
+            (&decision, request.cluster, request.body_pending)
+        {
+            self.request_sent(cluster, &pick.host);
+        }
         let counts = self.counts_of(request.cluster);
         match (&decision, counts) {
             (Decision::Override(_), Some(c)) => c.steered += 1,
@@ -356,26 +386,28 @@ impl Worker {
                     Decision::Fallback(FallbackReason::UnlistedCluster)
                 }
                 Some(cluster) if self.config.shadow() => {
-                    if let Some(local) = local_entry(&mut self.clusters, cluster) {
+                    if let Some(local) = local_entry(&mut self.clusters, cluster, self.id) {
                         local.used = true;
                     }
                     Decision::Fallback(FallbackReason::Shadow)
                 }
-                Some(cluster) => self.pick(cluster),
+                Some(cluster) => self.pick(cluster, request.now_ns),
                 None => Decision::Fallback(FallbackReason::NoCluster),
             },
         }
     }
 
-    /// Chooses where a request to `cluster` goes. Per request: local data only.
-    pub fn pick(&mut self, cluster: &str) -> Decision {
+    /// Chooses where a request to `cluster` arriving at `now_ns` goes: a host due a probe, or
+    /// the pick. Per request: local data only.
+    fn pick(&mut self, cluster: &str, now_ns: u64) -> Decision {
         let Worker {
+            id,
             config,
             rng,
             clusters,
             ..
         } = self;
-        let Some(local) = local_entry(clusters, cluster) else {
+        let Some(local) = local_entry(clusters, cluster, *id) else {
             return Decision::Fallback(FallbackReason::TableNotReady);
         };
         local.used = true;
@@ -385,10 +417,29 @@ impl Worker {
         if local.explore_share > 0.0 && rng.f64() < local.explore_share {
             return Decision::Fallback(FallbackReason::Exploring);
         }
-        let in_flight = |i: usize| local.table.host(i).map_or(0, |h| local.in_flight(h));
-        let Some(first) = local.table.pick(config.pick(), rng, in_flight) else {
-            return Decision::Fallback(FallbackReason::TableNotReady);
+        let LocalCluster {
+            table,
+            probes,
+            in_flight: counts,
+            ..
+        } = &mut *local;
+        let in_flight = |i: usize| {
+            table
+                .host(i)
+                .and_then(|h| counts.get(&**h))
+                .map_or(0, |n| n.now)
         };
+        let first = match probes.due(now_ns, in_flight) {
+            Some(i) => {
+                table.count_served(i);
+                i
+            }
+            None => match table.pick(config.pick(), rng, in_flight) {
+                Some(i) => i,
+                None => return Decision::Fallback(FallbackReason::TableNotReady),
+            },
+        };
+        probes.sent(first, now_ns);
         let Some(host) = local.table.host(first).cloned() else {
             return Decision::Fallback(FallbackReason::TableNotReady);
         };
@@ -397,7 +448,16 @@ impl Worker {
             .weighted_except(rng, first)
             .and_then(|i| local.table.host(i))
             .cloned();
-        match local.in_flight.get_mut(&*host) {
+        Decision::Override(Pick { host, alternative })
+    }
+
+    /// Counts a request picked for `host` in flight there: from the end of the request, which is
+    /// when the host can work on it (see [`Request::body_pending`]).
+    pub fn request_sent(&mut self, cluster: &str, host: &Rc<str>) {
+        let Some(local) = self.clusters.get_mut(cluster) else {
+            return;
+        };
+        match local.in_flight.get_mut(&**host) {
             Some(n) => n.now += 1,
             None => {
                 local.in_flight.insert(
@@ -409,16 +469,17 @@ impl Worker {
                 );
             }
         }
-        Decision::Override(Pick { host, alternative })
     }
 
     /// Undoes a pick that never took effect (the host refused the header): the request is the
     /// fallback's, not in flight to the picked host and not steered.
-    pub fn cancel(&mut self, cluster: &str, pick: &Pick) {
+    /// `in_flight`: whether the request was counted in flight (it had no body to send).
+    pub fn cancel(&mut self, cluster: &str, pick: &Pick, in_flight: bool) {
         if let Some(n) = self
             .clusters
             .get_mut(cluster)
             .and_then(|c| c.in_flight.get_mut(&*pick.host))
+            .filter(|_| in_flight)
         {
             n.now = n.now.saturating_sub(1);
         }
@@ -451,28 +512,44 @@ impl Worker {
     /// Records a sampled request's end. Called exactly once per request `route` sampled.
     pub fn finish(&mut self, cluster: &str, done: &Finished) {
         let penalty_ms = self.config.failure_penalty_ms();
+        let latency_ms = done
+            .latency_ms
+            .max(0.0)
+            .min(self.config.latency_ceiling_ms());
         let local_zone = self.local_zone.as_deref().filter(|z| !z.is_empty());
-        let Some(local) = local_entry(&mut self.clusters, cluster) else {
+        let Some(local) = local_entry(&mut self.clusters, cluster, self.id) else {
             return;
         };
         local.used = true;
         if let Some(n) = done.num_endpoints {
             local.batch.num_endpoints = Some(n);
         }
-        if let Some(count) = done.picked.and_then(|p| local.in_flight.get_mut(p)) {
+        if let Some(count) = done
+            .picked
+            .filter(|_| done.in_flight)
+            .and_then(|p| local.in_flight.get_mut(p))
+        {
             count.now = count.now.saturating_sub(1);
         }
         if let (Some(picked), Some(served_by)) = (done.picked, done.served_by) {
+            let honoured = served_by == picked || done.attempts > 1;
+            local.honour.record(honoured);
             if served_by != picked {
                 // The route retries only failed connections and resets before the request: a
                 // retried request that ended elsewhere means our pick failed, though Envoy
                 // reports the last host. On the first attempt, Envoy did not honour the pick at
-                // all: the host is not (or no longer healthy) in the cluster.
+                // all: the host is not (or no longer healthy) in the cluster, or the cluster
+                // does not read the header (`diagnose`).
                 if let Some(acc) = local.host_batch(picked) {
-                    if done.attempts > 1 {
+                    if honoured {
                         acc.record(penalty_ms, true, penalty_ms);
                     } else {
                         acc.not_honoured = acc.not_honoured.saturating_add(1);
+                    }
+                }
+                if !honoured {
+                    if let Some(c) = counts_entry(&mut self.counts, cluster) {
+                        c.not_honoured += 1;
                     }
                 }
             }
@@ -493,7 +570,7 @@ impl Worker {
             !zone.is_empty() && zone != mine
         });
         if let Some(acc) = local.host_batch(host) {
-            acc.record(done.latency_ms.max(0.0), outcome.is_failure(), penalty_ms);
+            acc.record(latency_ms, outcome.is_failure(), penalty_ms);
             if let Some(zone) = done.zone.filter(|z| acc.zone.as_deref() != Some(*z)) {
                 acc.zone = Some(zone.to_owned());
             }
@@ -556,8 +633,9 @@ impl Worker {
                         self.config.exploration_share(),
                         steady_ns,
                     );
+                    local.probes.set_workers(sync.state.active_workers());
                     if sync.state.table_version != local.table_version {
-                        adopt(local, &sync.state, &policy.weights);
+                        adopt(local, &sync.state, policy, steady_ns);
                         report.adopted.push((name.clone(), local.table_version));
                         host_gauges(
                             name,
@@ -572,11 +650,51 @@ impl Worker {
                 Err(e) => report.errors.push((name.clone(), e)),
             }
             in_flight_updates(name, local, &mut report.metrics);
+            if let Some(window) = local.honour.check(steady_ns) {
+                report.warnings.push(Warning::NotHonoured {
+                    cluster: name.clone(),
+                    window,
+                    header: self.config.override_header().to_owned(),
+                });
+            }
         }
         for (cluster, counts) in &mut self.counts {
             count_updates(cluster, counts, &mut report.metrics);
         }
+        self.watch_steered(steady_ns, &*store, &mut report.warnings);
         report
+    }
+
+    /// Warns of names in `steered_clusters` no request carried (`diagnose::SteeredWatch`). A
+    /// name is seen when this VM counted a request to it; before warning, also when another VM
+    /// did (its record shows traffic). Only a VM that saw requests warns, listing their clusters:
+    /// the main thread's VM, or a worker without traffic, knows nothing to compare with.
+    fn watch_steered(&mut self, steady_ns: u64, store: &dyn SharedStore, out: &mut Vec<Warning>) {
+        let Worker {
+            steered_watch: watch,
+            counts,
+            namespace,
+            config,
+            ..
+        } = self;
+        watch.observe(|name| counts.contains_key(name));
+        if !watch.due(steady_ns) || counts.keys().all(|c| c == NO_CLUSTER) {
+            return;
+        }
+        watch.warned(steady_ns);
+        let max_hosts = config.policy().max_hosts;
+        watch.observe(|name| record_shows_traffic(store, &sync::key(namespace, name), max_hosts));
+        if watch.unseen().is_empty() {
+            return;
+        }
+        out.push(Warning::unseen_clusters(
+            watch.unseen(),
+            watch.running_ns(steady_ns),
+            counts
+                .keys()
+                .map(String::as_str)
+                .filter(|c| *c != NO_CLUSTER),
+        ));
     }
 
     /// Forgets clusters this VM has not used for `host_ttl` (nothing in flight, not configured),
@@ -627,6 +745,7 @@ impl Worker {
         let status = Status {
             build: crate::telemetry::BUILD,
             shadow: self.config.shadow(),
+            steered_clusters: self.config.steered_clusters(),
             local_zone: self.local_zone(),
             clusters,
         };
@@ -682,22 +801,53 @@ fn counts_entry<'a>(counts: &'a mut Map<String, Counts>, label: &str) -> Option<
 fn local_entry<'a>(
     clusters: &'a mut Map<String, LocalCluster>,
     cluster: &str,
+    worker: u64,
 ) -> Option<&'a mut LocalCluster> {
     if !clusters.contains_key(cluster) && clusters.len() < MAX_CLUSTERS {
-        clusters.insert(cluster.to_owned(), LocalCluster::default());
+        let mut local = LocalCluster::default();
+        local.batch.worker = worker;
+        clusters.insert(cluster.to_owned(), local);
     }
     clusters.get_mut(cluster)
 }
 
-/// Rebuilds this VM's pick table from a new version of the record, with the weights' floor as
-/// every host's probe budget (see `pick`).
-fn adopt(local: &mut LocalCluster, state: &ClusterState, weights: &WeightParams) {
-    let live = state.hosts.iter().filter(|h| h.share > 0.0).count();
-    let floor = crate::weights::floor(weights, live);
-    local.table = PickTable::with_floor(
+/// Whether the stored record at `key` shows requests: an endpoint count or a host with samples,
+/// which only finished requests give (a cluster's static hosts alone are no traffic).
+fn record_shows_traffic(store: &dyn SharedStore, key: &str, max_hosts: usize) -> bool {
+    let Ok((Some(bytes), _)) = store.get(key) else {
+        return false;
+    };
+    sync::decode(&bytes, max_hosts)
+        .is_ok_and(|state| state.num_endpoints > 0 || state.hosts.iter().any(|h| h.samples > 0))
+}
+
+/// Rebuilds this VM's pick table from a new version of the record, with the weights' floor (the
+/// pick draws above it, see `pick`) and each host's probe interval (`probe`), measured against
+/// the latency the table's traffic gets on average.
+fn adopt(local: &mut LocalCluster, state: &ClusterState, policy: &Policy, now_ns: u64) {
+    let live = state.hosts.iter().filter(|h| h.share > 0.0);
+    let floor = crate::weights::floor(&policy.weights, live.clone().count());
+    let (weighted, mass) = live
+        .filter_map(|h| h.latency.value_ms().map(|v| (v * h.share, h.share)))
+        .fold((0.0, 0.0), |(w, m), (v, s)| (w + v, m + s));
+    let reference_ms = (mass > 0.0).then(|| weighted / mass);
+    let table = PickTable::with_floor(
         state.hosts.iter().map(|h| (h.address.as_str(), h.share)),
         floor,
     );
+    let intervals = state
+        .hosts
+        .iter()
+        .filter(|h| h.share > 0.0 && h.share.is_finite())
+        .map(|h| probe::interval_ns(policy.probe_interval_ns, h.latency.value_ms(), reference_ms))
+        .collect();
+    local.probes = local.probes.rebuild(
+        local.table.host_list(),
+        table.host_list(),
+        intervals,
+        now_ns,
+    );
+    local.table = table;
     local.table_version = state.table_version;
 }
 
@@ -726,7 +876,10 @@ fn explore_share(local: &mut LocalCluster, state: &ClusterState, configured: f64
         local.learning_since_ns = now_ns;
     }
     local.unknown_seen = unknown;
-    let mut share = configured;
+    // Once the record knows every endpoint Envoy counts, there is nothing to find: probes, not
+    // the fallback, keep the known ones measured.
+    let everything_known = state.num_endpoints > 0 && unknown == 0;
+    let mut share = if everything_known { 0.0 } else { configured };
     if unknown > 0 {
         share = share.max(f64::from(unknown) / f64::from(state.num_endpoints));
         if now_ns.saturating_sub(local.learning_since_ns) < LEARNING_WINDOW_NS {
@@ -837,6 +990,7 @@ fn count_updates(cluster: &str, counts: &mut Counts, out: &mut Vec<Update>) {
         (Metric::ManagementDeniedRequests, counts.denied),
         (Metric::CrossZoneRequests, counts.cross_zone),
         (Metric::SharedRecordErrors, counts.bad_records),
+        (Metric::PicksNotHonoured, counts.not_honoured),
     ];
     for (metric, n) in plain.into_iter().filter(|(_, n)| *n > 0) {
         out.push(update(metric, cluster, None, Change::Add(n as i64)));
@@ -867,4 +1021,6 @@ pub struct TickReport {
     pub bad_records: Vec<(String, DecodeError)>,
     /// What the metrics should say now.
     pub metrics: Vec<Update>,
+    /// Misconfigurations to log (`diagnose`), each rate-limited already.
+    pub warnings: Vec<Warning>,
 }

@@ -77,6 +77,8 @@ fn request(w: &mut Worker, path: &str, latency_ms: f64) -> Option<Rc<str>> {
         &Request {
             path: path.as_bytes(),
             cluster: Some(CLUSTER),
+            now_ns: 0,
+            body_pending: false,
         },
         || None,
     ) else {
@@ -84,6 +86,7 @@ fn request(w: &mut Worker, path: &str, latency_ms: f64) -> Option<Rc<str>> {
     };
     let done = Finished {
         picked: Some(&pick.host),
+        in_flight: true,
         served_by: Some(&pick.host),
         attempts: 1,
         latency_ms,

@@ -424,3 +424,84 @@ fn encoded_separators_and_partial_segments_reach_no_backend() {
         "each neighbour reaches a backend once: {reached:?}"
     );
 }
+
+/// Sends a POST whose `content-length` body arrives one byte every `gap`, then reads the answer;
+/// or, with `stall`, never sends the body and closes the connection after `gap`.
+fn slow_upload(authority: &str, len: usize, gap: Duration, stall: bool) {
+    use std::io::Read;
+    let mut s = std::net::TcpStream::connect(authority).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let head = format!(
+        "POST /work HTTP/1.1\r\nhost: {authority}\r\ncontent-length: {len}\r\ncontent-type: application/octet-stream\r\n\r\n"
+    );
+    s.write_all(head.as_bytes()).unwrap();
+    if stall {
+        thread::sleep(gap);
+        return; // dropped: the client leaves with its body unsent
+    }
+    for _ in 0..len {
+        thread::sleep(gap);
+        if s.write_all(b"x").is_err() {
+            return;
+        }
+    }
+    let mut answer = [0u8; 512];
+    let _ = s.read(&mut answer);
+}
+
+/// What it observes: which backend answered each request of a steady 60 req/s load over three
+/// equal 1 ms backends, in 3 s windows, while clients upload bodies a byte every 500 ms (8 s per
+/// request) and others send headers promising a body they never send. Before issue 22 the latency
+/// sample ran from the request's headers, so one such upload made its host look 1,000 times slower
+/// and took its share to the floor for 15 s; the sample now starts when the request has ended, and
+/// a request whose body never ended says nothing about the host. A host poisoned by them would get
+/// a few percent of a window; fair is a third, and each window holds about 180 requests, so a
+/// fair host is above 15 % in every window with a wide margin.
+#[test]
+fn slow_uploads_and_stalled_bodies_move_no_hosts_share() {
+    let stack = Stack::start(three("fixed:1")).unwrap();
+    let authority = stack.url.trim_start_matches("http://").to_string();
+    let load = stack.load_in_background(60.0, 24);
+    thread::sleep(Duration::from_secs(3));
+    let clients: Vec<_> = (0..9)
+        .map(|i| {
+            let authority = authority.clone();
+            thread::spawn(move || {
+                if i % 3 == 2 {
+                    slow_upload(&authority, 10, Duration::from_secs(9), true);
+                } else {
+                    slow_upload(&authority, 16, Duration::from_millis(500), false);
+                }
+            })
+        })
+        .collect();
+    for c in clients {
+        c.join().unwrap();
+    }
+    let records = load.join().unwrap().unwrap();
+    let mut windows: BTreeMap<u64, BTreeMap<String, u64>> = BTreeMap::new();
+    for r in records.iter().filter(|r| r.status == 200) {
+        let w = r.sent_at.as_secs() / 3;
+        *windows
+            .entry(w)
+            .or_default()
+            .entry(r.backend.clone().unwrap_or_default())
+            .or_default() += 1;
+    }
+    eprintln!("requests per backend, 3 s windows: {windows:?}");
+    // Windows 1-7 (seconds 3-24): from the uploads' start to past their end.
+    for (w, by_backend) in windows.range(1..8) {
+        let total: u64 = by_backend.values().sum();
+        assert!(
+            total >= 120,
+            "window {w}: only {total} answered: {windows:?}"
+        );
+        for name in ["a", "b", "c"] {
+            let n = by_backend.get(name).copied().unwrap_or(0);
+            assert!(
+                n as f64 >= 0.15 * total as f64,
+                "window {w}: {name} served {n} of {total}: a host was steered off by uploads: {windows:?}"
+            );
+        }
+    }
+}

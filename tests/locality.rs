@@ -118,6 +118,7 @@ fn shares_follow_the_split_and_keep_the_floor() {
     };
     let host = |score_ms| HostInput {
         score_ms: Some(score_ms),
+        uncertainty: 0.0,
         active_for_ns: 0,
         ejected: false,
         previous_share: None,

@@ -182,3 +182,82 @@ fn codes_have_their_canonical_numbers_and_names() {
     assert!(!is_grpc_content_type(b"application/grp"));
     assert!(is_grpc_content_type(b" application/grpc "));
 }
+
+/// The client controls when its request ends and whether it waits for the answer: neither may
+/// count against the host.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn what_a_request_says_depends_on_who_ended_it() {
+    // (code, flags, upstream answered, request ended) -> outcome
+    let cases = [
+        (Some(200), 0, true, true, Some(Outcome::Success)),
+        (Some(503), 0, true, true, Some(Outcome::ServerError)),
+        // The upstream answered before the body ended (it did not need it): its answer.
+        (Some(200), 0, true, false, Some(Outcome::Success)),
+        // The client left after the upstream's answer had started: the answer stands.
+        (
+            Some(200),
+            flags::DOWNSTREAM_CONNECTION_TERMINATION,
+            true,
+            true,
+            Some(Outcome::Success),
+        ),
+        // Envoy's stream idle timeout on a stalled body: Envoy's 408, not the host's.
+        (Some(408), flags::STREAM_IDLE_TIMEOUT, false, false, None),
+        // A body that never ended, the client gone: nothing about the host.
+        (
+            Some(0),
+            flags::DOWNSTREAM_CONNECTION_TERMINATION,
+            false,
+            false,
+            None,
+        ),
+        (None, flags::DOWNSTREAM_REMOTE_RESET, false, false, None),
+        // ... unless the host failed it.
+        (
+            Some(503),
+            flags::UPSTREAM_CONNECTION_FAILURE,
+            false,
+            false,
+            Some(Outcome::ConnectFailure),
+        ),
+        (
+            Some(503),
+            flags::UPSTREAM_REMOTE_RESET,
+            false,
+            false,
+            Some(Outcome::Reset),
+        ),
+        (Some(503), 0, false, false, None),
+        // The whole request sent, the client gone before the answer: it waited that long.
+        (
+            Some(0),
+            flags::DOWNSTREAM_CONNECTION_TERMINATION,
+            false,
+            true,
+            Some(Outcome::Abandoned),
+        ),
+        (
+            Some(408),
+            flags::STREAM_IDLE_TIMEOUT,
+            false,
+            true,
+            Some(Outcome::Abandoned),
+        ),
+        (
+            Some(504),
+            flags::UPSTREAM_REQUEST_TIMEOUT,
+            false,
+            true,
+            Some(Outcome::Timeout),
+        ),
+    ];
+    for (code, f, answered, ended, want) in cases {
+        assert_eq!(
+            Outcome::of_request(code, f, answered, ended),
+            want,
+            "code {code:?}, flags {f:#x}, answered {answered}, ended {ended}"
+        );
+    }
+    assert!(!Outcome::Abandoned.is_failure());
+}

@@ -33,7 +33,7 @@ fn samples(entries: &[(&str, &[f64], bool)]) -> ClusterBatch {
         .collect();
     ClusterBatch {
         hosts,
-        num_endpoints: None,
+        ..ClusterBatch::default()
     }
 }
 
@@ -225,7 +225,7 @@ fn a_success_resets_the_failure_count() {
     state.merge(
         &ClusterBatch {
             hosts: Map::from_iter([("a:1".to_string(), acc)]),
-            num_endpoints: None,
+            ..ClusterBatch::default()
         },
         SEC,
         &p,

@@ -14,6 +14,7 @@ const SEC: u64 = 1_000_000_000;
 fn host(score_ms: Option<f64>) -> HostInput {
     HostInput {
         score_ms,
+        uncertainty: 0.0,
         active_for_ns: 3600 * SEC,
         ejected: false,
         previous_share: None,
@@ -162,6 +163,7 @@ fn arb_host() -> impl Strategy<Value = HostInput> {
         .prop_map(
             |(score_ms, active_for_ns, ejected, previous_share)| HostInput {
                 score_ms,
+                uncertainty: 0.0,
                 active_for_ns,
                 ejected,
                 previous_share,
@@ -350,4 +352,63 @@ proptest! {
             prop_assert!(*share >= lo - 1e-9 && *share <= hi + 1e-9, "{} outside [{}, {}]", share, lo, hi);
         }
     }
+}
+
+/// Scores that differ by less than their uncertainty come out equal: equal hosts whose estimates
+/// differ by chance get equal shares. A host far beyond its uncertainty keeps its distance, however
+/// few samples stand behind it.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn chance_differences_do_not_move_the_table_real_ones_do() {
+    let noisy = |score: f64, u: f64| HostInput {
+        uncertainty: u,
+        ..previous(score, 0.25)
+    };
+    let p = params();
+    // Four equal hosts measured at 18-22 ms with an uncertainty of 0.5 (in ln terms).
+    let equal = shares(
+        &[
+            noisy(18.0, 0.5),
+            noisy(22.0, 0.5),
+            noisy(20.0, 0.5),
+            noisy(21.0, 0.5),
+        ],
+        &p,
+    );
+    for s in &equal {
+        assert!((s - 0.25).abs() < 0.01, "{equal:?}");
+    }
+    // The same scores known precisely: the table follows them.
+    let precise = shares(
+        &[
+            noisy(18.0, 0.0),
+            noisy(22.0, 0.0),
+            noisy(20.0, 0.0),
+            noisy(21.0, 0.0),
+        ],
+        &p,
+    );
+    assert!(precise[0] > precise[1] * 1.5, "{precise:?}");
+    // A host 17 times slower than the rest, measured by probes alone (uncertainty 0.9): as far
+    // down as if it were known precisely.
+    let slow = |u: f64| {
+        shares(
+            &[
+                noisy(75.0, 0.1),
+                noisy(75.0, 0.1),
+                noisy(75.0, 0.1),
+                noisy(1_300.0, u),
+            ],
+            &WeightParams {
+                min_share: 0.0,
+                ..p.clone()
+            },
+        )[3]
+    };
+    assert!(
+        slow(0.9) < slow(0.0) * 1.05,
+        "{} against {}",
+        slow(0.9),
+        slow(0.0)
+    );
 }

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use ewma_lb::outcome::Outcome;
 use ewma_lb::telemetry::{Change, Metric, Update};
 use ewma_lb::worker::{Decision, FallbackReason, Finished, Pick, Request, Worker};
-use store::{config, defaults, ticked, Shared, CLUSTER, SEC};
+use store::{config, defaults, steer, ticked, Shared, CLUSTER, MS, SEC};
 
 fn header_value(pick: &Pick) -> String {
     let mut out = String::new();
@@ -93,10 +93,7 @@ fn every_worker_adopts_the_same_table() {
     let mut workers: Vec<Worker> = (0..2).map(|i| Worker::new(defaults(), i)).collect();
     // Both see a first request before any table exists.
     for w in &mut workers {
-        assert_eq!(
-            w.pick(CLUSTER),
-            Decision::Fallback(FallbackReason::TableNotReady)
-        );
+        assert_eq!(steer(w), Decision::Fallback(FallbackReason::TableNotReady));
     }
     for t in 1..=30u64 {
         finish_ok(&mut workers[0], "10.0.0.1:80", 50.0);
@@ -108,7 +105,7 @@ fn every_worker_adopts_the_same_table() {
     // Worker 1 never served a request but steers from the table worker 0's samples built.
     let mut counts: HashMap<String, u32> = HashMap::new();
     for _ in 0..2000 {
-        if let Decision::Override(pick) = workers[1].pick(CLUSTER) {
+        if let Decision::Override(pick) = steer(&mut workers[1]) {
             *counts.entry(pick.host.to_string()).or_default() += 1;
         }
     }
@@ -136,7 +133,7 @@ fn in_flight_counts_go_up_on_pick_and_down_once_on_finish() {
         1,
     );
     w.tick(SEC, &mut store.clone());
-    let Decision::Override(pick) = w.pick(CLUSTER) else {
+    let Decision::Override(pick) = steer(&mut w) else {
         panic!("no table")
     };
     assert_eq!(
@@ -144,10 +141,11 @@ fn in_flight_counts_go_up_on_pick_and_down_once_on_finish() {
         ("10.0.0.1:80", "10.0.0.1:80")
     );
     let host = pick.host.to_string();
-    w.pick(CLUSTER);
+    steer(&mut w);
     assert_eq!(w.in_flight(CLUSTER, &host), 2);
     let reset = Finished {
         picked: Some(&host),
+        in_flight: true,
         served_by: Some(&host),
         attempts: 1,
         latency_ms: 10.0,
@@ -160,6 +158,7 @@ fn in_flight_counts_go_up_on_pick_and_down_once_on_finish() {
         CLUSTER,
         &Finished {
             picked: Some(&host),
+            in_flight: true,
             ..Finished::default()
         },
     );
@@ -168,6 +167,7 @@ fn in_flight_counts_go_up_on_pick_and_down_once_on_finish() {
         CLUSTER,
         &Finished {
             picked: Some(&host),
+            in_flight: true,
             ..Finished::default()
         },
     );
@@ -180,7 +180,7 @@ fn the_header_names_a_different_host_for_the_retry() {
     let cfg = r#"{"exploration_share": 0, "clusters": {"backend": {"endpoints": ["10.0.0.1:80", "10.0.0.2:80"]}}}"#;
     let (_, mut w) = ticked(cfg, 1);
     for _ in 0..100 {
-        let Decision::Override(pick) = w.pick(CLUSTER) else {
+        let Decision::Override(pick) = steer(&mut w) else {
             panic!("no table")
         };
         let value = header_value(&pick);
@@ -198,7 +198,7 @@ fn the_exploration_share_is_left_to_the_fallback() {
         r#"{"exploration_share": 0.2, "clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}}"#;
     let (_, mut w) = ticked(cfg, 9);
     let explored = (0..10_000)
-        .filter(|_| w.pick(CLUSTER) == Decision::Fallback(FallbackReason::Exploring))
+        .filter(|_| steer(&mut w) == Decision::Fallback(FallbackReason::Exploring))
         .count();
     assert!((1800..2200).contains(&explored), "{explored}");
 }
@@ -262,6 +262,7 @@ fn a_pick_that_needed_a_retry_counts_as_its_failure() {
     let (store, mut w) = ticked(cfg, 1);
     let retried = Finished {
         picked: Some("10.0.0.1:80"),
+        in_flight: true,
         served_by: Some("10.0.0.2:80"),
         attempts: 2,
         latency_ms: 60.0,
@@ -308,6 +309,8 @@ fn routes_follow_the_path_rules() {
     let request = |path: &'static str| Request {
         path: path.as_bytes(),
         cluster: Some(CLUSTER),
+        now_ns: 0,
+        body_pending: false,
     };
     let cases: &[(&str, &str, Decision)] = &[
         (
@@ -348,6 +351,8 @@ fn routes_follow_the_path_rules() {
     let raw = |path: &'static [u8]| Request {
         path,
         cluster: Some(CLUSTER),
+        now_ns: 0,
+        body_pending: false,
     };
     assert!(matches!(
         w.route(&raw(b"/x?\xff"), || None),
@@ -381,6 +386,8 @@ fn shadow_mode_samples_but_never_overrides() {
     let request = Request {
         path: b"/orders",
         cluster: Some(CLUSTER),
+        now_ns: 0,
+        body_pending: false,
     };
     let decision = w.route(&request, || None);
     assert_eq!(decision, Decision::Fallback(FallbackReason::Shadow));
@@ -407,6 +414,8 @@ fn the_status_document_is_guarded_and_describes_the_table() {
     let status = Request {
         path: b"/ewma-lb/status?x=1",
         cluster: Some(CLUSTER),
+        now_ns: 0,
+        body_pending: false,
     };
     assert_eq!(
         w.route(&status, || Some("203.0.113.9:1".into())),
@@ -457,6 +466,8 @@ fn decisions_are_counted_and_handed_over_once() {
     let business = Request {
         path: b"/orders",
         cluster: Some(CLUSTER),
+        now_ns: 0,
+        body_pending: false,
     };
     for _ in 0..3 {
         w.route(&business, || None);
@@ -465,6 +476,8 @@ fn decisions_are_counted_and_handed_over_once() {
         &Request {
             path: b"/health",
             cluster: Some(CLUSTER),
+            now_ns: 0,
+            body_pending: false,
         },
         || None,
     );
@@ -472,6 +485,8 @@ fn decisions_are_counted_and_handed_over_once() {
         &Request {
             path: b"/actuator/env",
             cluster: Some(CLUSTER),
+            now_ns: 0,
+            body_pending: false,
         },
         || Some("192.0.2.1:1".into()),
     );
@@ -479,6 +494,8 @@ fn decisions_are_counted_and_handed_over_once() {
         &Request {
             path: b"/orders",
             cluster: None,
+            now_ns: 0,
+            body_pending: false,
         },
         || None,
     );
@@ -486,7 +503,7 @@ fn decisions_are_counted_and_handed_over_once() {
     let Decision::Override(refused) = w.route(&business, || None) else {
         panic!("no table")
     };
-    w.cancel(CLUSTER, &refused);
+    w.cancel(CLUSTER, &refused, true);
     let report = w.tick(2 * SEC, &mut store.clone());
     let counters: Vec<(Metric, String, Option<String>, Change)> = report
         .metrics
@@ -545,8 +562,8 @@ fn the_in_flight_gauge_moves_by_this_workers_change_since_the_last_tick() {
             .map(|(_, _, c)| c)
             .collect()
     };
-    w.pick(CLUSTER);
-    w.pick(CLUSTER);
+    steer(&mut w);
+    steer(&mut w);
     assert_eq!(
         in_flight(&w.tick(2 * SEC, &mut store.clone())),
         vec![Change::Add(2)]
@@ -555,6 +572,7 @@ fn the_in_flight_gauge_moves_by_this_workers_change_since_the_last_tick() {
         CLUSTER,
         &Finished {
             picked: Some("10.0.0.1:80"),
+            in_flight: true,
             ..Finished::default()
         },
     );
@@ -601,6 +619,8 @@ fn clusters_outside_steered_clusters_are_left_to_envoy_and_counted() {
     let other = Request {
         path: b"/orders",
         cluster: Some("details"),
+        now_ns: 0,
+        body_pending: false,
     };
     for _ in 0..4 {
         let decision = w.route(&other, || None);
@@ -617,7 +637,9 @@ fn clusters_outside_steered_clusters_are_left_to_envoy_and_counted() {
         w.route(
             &Request {
                 path: b"/orders",
-                cluster: Some(CLUSTER)
+                cluster: Some(CLUSTER),
+                now_ns: 0,
+                body_pending: false,
             },
             || None
         ),
@@ -628,7 +650,9 @@ fn clusters_outside_steered_clusters_are_left_to_envoy_and_counted() {
         w.route(
             &Request {
                 path: b"/actuator/env",
-                cluster: Some("details")
+                cluster: Some("details"),
+                now_ns: 0,
+                body_pending: false,
             },
             || Some("192.0.2.1:1".into())
         ),
@@ -710,4 +734,86 @@ fn a_grpc_status_decides_what_a_200_was() {
         "{:?}",
         store.state()
     );
+}
+
+/// Once the record knows every endpoint Envoy counts, nothing is left to the fallback: probes,
+/// not a share of all requests, keep the known hosts measured.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn nothing_is_explored_once_every_endpoint_is_known() {
+    let cfg = r#"{"exploration_share": 0.2, "clusters": {"backend": {"endpoints": ["10.0.0.1:80", "10.0.0.2:80"]}}}"#;
+    let (store, mut w) = ticked(cfg, 9);
+    let explored = |w: &mut Worker| {
+        (0..2_000)
+            .filter(|_| steer(w) == Decision::Fallback(FallbackReason::Exploring))
+            .count()
+    };
+    // Envoy has not said how many endpoints there are: the configured share.
+    assert!((300..500).contains(&explored(&mut w)));
+    let done = Finished {
+        picked: None,
+        served_by: Some("10.0.0.1:80"),
+        attempts: 1,
+        latency_ms: 20.0,
+        outcome: Some(Outcome::Success),
+        num_endpoints: Some(2),
+        ..Finished::default()
+    };
+    w.finish(CLUSTER, &done);
+    w.tick(2 * SEC, &mut store.clone());
+    assert_eq!(explored(&mut w), 0);
+}
+
+/// A host the table sends nothing (at the floor: a hundred times slower than the other) gets a
+/// request once per probe interval times the workers that serve the cluster, and only when it
+/// has nothing in flight from this worker; the cluster's probes do not grow with the traffic.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_host_out_of_favour_is_probed_by_time_shared_by_the_workers() {
+    let cfg = r#"{"exploration_share": 0, "persistence_ms": 0, "weights": {"slow_start_ms": 0}, "clusters": {"backend": {"endpoints": ["10.0.0.1:80", "10.0.0.2:80"]}}}"#;
+    let store = Shared::default();
+    let mut workers: Vec<Worker> = (0..2).map(|i| Worker::new(config(cfg), 40 + i)).collect();
+    let mut probes = vec![0usize; 2];
+    // 60 s at 1,000 requests a second per worker, ticks every 100 ms.
+    for tick in 1..=600u64 {
+        for (k, w) in workers.iter_mut().enumerate() {
+            let t0 = tick * 100 * MS;
+            for r in 0..100u64 {
+                let now = w.clock(t0 + r * MS);
+                let Decision::Override(pick) = w.route(
+                    &Request {
+                        path: b"/",
+                        cluster: Some(CLUSTER),
+                        now_ns: now,
+                        body_pending: false,
+                    },
+                    || None,
+                ) else {
+                    continue;
+                };
+                let slow = &*pick.host == "10.0.0.2:80";
+                if slow && tick > 200 {
+                    probes[k] += 1;
+                }
+                let done = Finished {
+                    picked: Some(&pick.host),
+                    in_flight: true,
+                    served_by: Some(&pick.host),
+                    attempts: 1,
+                    latency_ms: if slow { 400.0 } else { 4.0 },
+                    outcome: Some(Outcome::Success),
+                    num_endpoints: Some(2),
+                    ..Finished::default()
+                };
+                w.finish(CLUSTER, &done);
+            }
+            w.tick(t0 + 100 * MS, &mut store.clone());
+        }
+    }
+    // Over the last 40 s: 100 times slower, so every 10 probe intervals (1 s each) for the
+    // cluster, two workers sharing it: each worker every 20 s, four in all. The old 0.2 % floor
+    // sent it 160.
+    let total: usize = probes.iter().sum();
+    assert!((3..=6).contains(&total), "{probes:?}");
+    assert!(probes.iter().all(|n| *n >= 1), "{probes:?}");
 }

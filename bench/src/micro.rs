@@ -200,6 +200,7 @@ pub fn run(quick: bool) -> Vec<MicroResult> {
         let inputs: Vec<HostInput> = (0..n)
             .map(|i| HostInput {
                 score_ms: Some(latency_ms(i)),
+                uncertainty: 0.1,
                 active_for_ns: 60_000_000_000,
                 ejected: false,
                 previous_share: Some(1.0 / n as f64),
@@ -255,6 +256,7 @@ pub fn run(quick: bool) -> Vec<MicroResult> {
         // The core's whole per-request work for a steered request (what the adapter adds is host
         // calls): route (path rules, pick, in-flight +1) and finish (in-flight -1, the sample).
         if let Some(mut worker) = hot_worker(n) {
+            let now_ns = worker.clock(HOT_NOW_NS);
             push(
                 "Worker::route+finish (steered, hot table)",
                 n,
@@ -262,10 +264,13 @@ pub fn run(quick: bool) -> Vec<MicroResult> {
                     let request = Request {
                         path: b"/api/v1/items/42?sort=asc",
                         cluster: Some("backend"),
+                        now_ns,
+                        body_pending: false,
                     };
                     if let Decision::Override(pick) = worker.route(&request, || None) {
                         let done = Finished {
                             picked: Some(&pick.host),
+                            in_flight: true,
                             served_by: Some(&pick.host),
                             attempts: 1,
                             latency_ms: 20.0,
@@ -309,6 +314,9 @@ pub fn run(quick: bool) -> Vec<MicroResult> {
     out
 }
 
+/// The time of the requests measured on a hot worker: just after its warm-up's last tick.
+const HOT_NOW_NS: u64 = 5_000_000_001;
+
 /// A worker with `n` static endpoints whose table is adopted and whose hosts have all been picked
 /// and sampled: the steady state of a busy VM.
 fn hot_worker(n: usize) -> Option<Worker> {
@@ -322,10 +330,13 @@ fn hot_worker(n: usize) -> Option<Worker> {
             let request = Request {
                 path: b"/",
                 cluster: Some("backend"),
+                now_ns: worker.clock(t * 1_000_000_000),
+                body_pending: false,
             };
             if let Decision::Override(pick) = worker.route(&request, || None) {
                 let done = Finished {
                     picked: Some(&pick.host),
+                    in_flight: true,
                     served_by: Some(&pick.host),
                     attempts: 1,
                     latency_ms: 20.0,

@@ -19,8 +19,15 @@ pub struct Http {
     /// The cluster of a sampled request; `None` for everything the balancer leaves alone.
     sampled_cluster: Option<String>,
     picked: Option<Rc<str>>,
+    /// Whether the picked host counts the request in flight yet (from the request's end).
+    in_flight: bool,
+    /// When the request's headers arrived.
     start_ns: u64,
-    /// Time to the upstream's response headers: the latency sample.
+    /// When the client finished sending the request (its end of stream): the latency sample
+    /// starts here, so the time a client takes to send its body is not the host's.
+    request_end_ns: Option<u64>,
+    /// From the request's end (or its headers, when the upstream answered before the body
+    /// ended) to the upstream's response headers: the latency sample.
     latency_ns: Option<u64>,
     /// The response's gRPC status, when it is a gRPC response.
     grpc: GrpcResponse,
@@ -32,7 +39,9 @@ impl Http {
             vm,
             sampled_cluster: None,
             picked: None,
+            in_flight: false,
             start_ns: 0,
+            request_end_ns: None,
             latency_ns: None,
             grpc: GrpcResponse::default(),
         }
@@ -52,8 +61,34 @@ fn local_reply(status: u32, content_type: &str, body: &[u8]) -> Action {
     }
 }
 
+impl Http {
+    /// Notes the request's end of stream, once, for a sampled request; a picked host counts it in
+    /// flight from here.
+    fn request_ended(&mut self) {
+        let Some(cluster) = self.sampled_cluster.as_deref() else {
+            return;
+        };
+        if self.request_end_ns.is_some() {
+            return;
+        }
+        if let Ok(mut vm) = self.vm.try_borrow_mut() {
+            self.request_end_ns = Some(vm.worker.clock(host::monotonic_ns()));
+            if let (Some(picked), false) = (&self.picked, self.in_flight) {
+                vm.worker.request_sent(cluster, picked);
+                self.in_flight = true;
+            }
+        }
+    }
+
+    /// Since when the response is the upstream's to answer: the request's end, or its headers
+    /// when the upstream answers before the body has ended.
+    fn sample_start_ns(&self) -> u64 {
+        self.request_end_ns.unwrap_or(self.start_ns)
+    }
+}
+
 impl HttpContext for Http {
-    fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+    fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
         let Ok(mut vm) = self.vm.try_borrow_mut() else {
             return Action::Continue;
         };
@@ -64,10 +99,13 @@ impl HttpContext for Http {
         } = &mut *vm;
         let path = host::request_header_bytes(":path").unwrap_or_default();
         let cluster = host::property_string(&["xds", "cluster_name"]);
+        let now_ns = worker.clock(host::monotonic_ns());
         let decision = worker.route(
             &Request {
                 path: &path,
                 cluster: cluster.as_deref(),
+                now_ns,
+                body_pending: !end_of_stream,
             },
             || host::property_string(&["source", "address"]),
         );
@@ -80,9 +118,10 @@ impl HttpContext for Http {
                 pick.write_header_value(header_value);
                 if host::set_request_header(header, Some(header_value)) {
                     self.picked = Some(pick.host.clone());
+                    self.in_flight = end_of_stream;
                 } else if let Some(c) = cluster.as_deref() {
                     // The host refused the header, so Envoy's fallback decides.
-                    worker.cancel(c, pick);
+                    worker.cancel(c, pick, end_of_stream);
                 }
             }
             _ => {
@@ -92,11 +131,11 @@ impl HttpContext for Http {
         match decision {
             Decision::Deny => return local_reply(403, "text/plain", FORBIDDEN_BODY),
             Decision::Status => {
-                worker.clock(host::monotonic_ns());
                 return local_reply(200, "application/json", worker.status_json().as_bytes());
             }
             d if d.is_sampled() => {
-                self.start_ns = worker.clock(host::monotonic_ns());
+                self.start_ns = now_ns;
+                self.request_end_ns = end_of_stream.then_some(now_ns);
                 self.sampled_cluster = cluster;
             }
             _ => {}
@@ -104,13 +143,26 @@ impl HttpContext for Http {
         Action::Continue
     }
 
+    fn on_http_request_body(&mut self, _body_size: usize, end_of_stream: bool) -> Action {
+        if end_of_stream {
+            self.request_ended();
+        }
+        Action::Continue
+    }
+
+    fn on_http_request_trailers(&mut self, _num_trailers: usize) -> Action {
+        self.request_ended();
+        Action::Continue
+    }
+
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         if self.sampled_cluster.is_some() && self.latency_ns.is_none() {
             if let Ok(mut vm) = self.vm.try_borrow_mut() {
+                let start_ns = self.sample_start_ns();
                 self.latency_ns = Some(
                     vm.worker
                         .clock(host::monotonic_ns())
-                        .saturating_sub(self.start_ns),
+                        .saturating_sub(start_ns),
                 );
             }
             // A trailers-only gRPC response (an error before any message) has its grpc-status here.
@@ -148,15 +200,18 @@ impl HttpContext for Http {
             }
             _ => 1,
         };
-        // Without response headers (reset, timeout) the request's whole life is the sample; with
-        // them the sample is taken and the clock need not be read again.
-        let latency_ns = match self.latency_ns {
-            Some(latency_ns) => latency_ns,
-            None => vm
-                .worker
-                .clock(host::monotonic_ns())
-                .saturating_sub(self.start_ns),
+        // Without response headers (reset, timeout) the time since the request ended is the
+        // sample; with them the sample is taken and the clock need not be read again. A request
+        // whose body never ended and that the upstream never answered (the client stalled or
+        // left, Envoy's stream idle timeout) says nothing about the host, unless the host failed
+        // it (a refused connection, a reset).
+        let answered = self.latency_ns.is_some();
+        let latency_ns = match (self.latency_ns, self.request_end_ns) {
+            (Some(latency_ns), _) => latency_ns,
+            (None, Some(end_ns)) => vm.worker.clock(host::monotonic_ns()).saturating_sub(end_ns),
+            (None, None) => 0,
         };
+        let outcome = Outcome::of_request(code, flags, answered, self.request_end_ns.is_some());
         // Facts that rarely change are read only when the worker lacks them.
         let num_endpoints = vm
             .worker
@@ -172,10 +227,11 @@ impl HttpContext for Http {
             &cluster,
             &Finished {
                 picked: self.picked.as_deref(),
+                in_flight: self.in_flight,
                 served_by: served_by.as_deref(),
                 attempts: u32::try_from(attempts).unwrap_or(1),
                 latency_ms: ns_to_ms(latency_ns),
-                outcome: Outcome::classify(code, flags),
+                outcome,
                 grpc_status: self.grpc.code(),
                 num_endpoints,
                 zone: zone.as_deref(),

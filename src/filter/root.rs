@@ -53,12 +53,13 @@ impl RootContext for Root {
         }
         let policy = config.policy();
         info!(
-            "ewma-lb {} ({}): configured: smoothing {}, pick {}, refresh every {} ms{}",
+            "ewma-lb {} ({}): configured: smoothing {}, pick {}, refresh every {} ms, steered clusters: {}{}",
             BUILD.version,
             BUILD.commit,
             policy.smoother.name(),
             config.pick().name(),
             ns_to_whole_ms(policy.refresh_interval_ns),
+            config.steered_clusters().join(", "),
             if config.shadow() {
                 ", shadow mode (never overrides)"
             } else {
@@ -99,6 +100,9 @@ impl RootContext for Root {
         }
         for (cluster, e) in &report.errors {
             warn!("ewma-lb: samples for cluster {cluster} kept for the next tick: {e}");
+        }
+        for warning in &report.warnings {
+            warn!("ewma-lb: {warning}");
         }
         metrics.flush();
     }

@@ -109,3 +109,15 @@ pub fn ticked(cfg: &str, seed: u64) -> (Shared, Worker) {
     w.tick(SEC, &mut store.clone());
     (store, w)
 }
+
+/// A request for `/` of [`CLUSTER`] through `w`, as the adapter routes one without a body.
+pub fn steer(w: &mut Worker) -> ewma_lb::worker::Decision {
+    w.route(
+        &ewma_lb::worker::Request {
+            path: b"/",
+            cluster: Some(CLUSTER),
+            ..Default::default()
+        },
+        || None,
+    )
+}

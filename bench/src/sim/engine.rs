@@ -95,6 +95,8 @@ struct Req {
     served: bool,
     /// In service now (a server of its host is busy with it).
     in_service: bool,
+    /// Its class's factor on the host's service time (`SimSpec::costs`).
+    cost: f64,
 }
 
 struct Host {
@@ -304,7 +306,14 @@ impl<'a> Engine<'a> {
         }
         engine.schedule(engine.measure_from_ns, Event::Measure);
         engine.schedule(engine.arrivals_end_ns, Event::MeasureEnd);
-        engine.schedule(0, Event::Arrival);
+        match spec.arrivals {
+            Arrivals::Closed { clients } => {
+                for _ in 0..clients {
+                    engine.schedule(0, Event::Arrival);
+                }
+            }
+            Arrivals::Uniform | Arrivals::Poisson => engine.schedule(0, Event::Arrival),
+        }
         Ok(engine)
     }
 }
@@ -365,13 +374,17 @@ impl Engine<'_> {
         };
         self.next_arrival += 1;
         let next_ns = match spec.arrivals {
-            Arrivals::Uniform => (self.next_arrival as f64 * NS_PER_SEC as f64 / spec.rate) as u64,
+            Arrivals::Uniform => {
+                Some((self.next_arrival as f64 * NS_PER_SEC as f64 / spec.rate) as u64)
+            }
             Arrivals::Poisson => {
                 let u: f64 = self.arrival_rng.random();
-                self.now_ns + (-(1.0 - u).ln() / spec.rate * NS_PER_SEC as f64) as u64
+                Some(self.now_ns + (-(1.0 - u).ln() / spec.rate * NS_PER_SEC as f64) as u64)
             }
+            // The client's next request follows its answer (`answer`).
+            Arrivals::Closed { .. } => None,
         };
-        if next_ns < self.arrivals_end_ns {
+        if let Some(next_ns) = next_ns.filter(|t| *t < self.arrivals_end_ns) {
             self.schedule(next_ns, Event::Arrival);
         }
         self.dispatch(proxy as u32, worker as u32);
@@ -406,11 +419,14 @@ impl Engine<'_> {
             Balancer::Random => self.present[self.lb_rng.random_range(0..self.present.len())],
             Balancer::LeastRequest => self.least_request(p),
             Balancer::Plugin => {
+                let vm = &mut self.proxies[p].workers[w];
                 let request = Request {
                     path: b"/",
                     cluster: Some(CLUSTER),
+                    now_ns: vm.clock(self.now_ns + CLOCK_OFFSET_NS),
+                    body_pending: false,
                 };
-                let decision = self.proxies[p].workers[w].route(&request, || None);
+                let decision = vm.route(&request, || None);
                 sampled = decision.is_sampled();
                 match decision {
                     Decision::Override(pick) => {
@@ -439,7 +455,9 @@ impl Engine<'_> {
         if let Some(row) = self.out.per_second.get_mut(second) {
             row[host as usize] += 1;
         }
+        let cost = self.draw_cost();
         let mut req = Req {
+            cost,
             generation: 0,
             arrival_ns: self.now_ns,
             proxy,
@@ -471,6 +489,21 @@ impl Engine<'_> {
             h.queue.push_back(id);
             self.schedule_timeout(id);
         }
+    }
+
+    /// The cost factor of a new request, drawn by the classes' shares (1 outside every class).
+    fn draw_cost(&mut self) -> f64 {
+        if self.spec.costs.is_empty() {
+            return 1.0;
+        }
+        let mut r: f64 = self.arrival_rng.random();
+        for c in &self.spec.costs {
+            if r < c.share {
+                return c.factor;
+            }
+            r -= c.share;
+        }
+        1.0
     }
 
     fn current(&self, id: u32, generation: u32) -> bool {
@@ -506,6 +539,7 @@ impl Engine<'_> {
         h.busy += 1;
         let t_s = self.now_ns as f64 / NS_PER_SEC as f64;
         let failing = spec.failing_at(t_s);
+        let cost = self.reqs[id as usize].cost;
         let (service_ns, failed) =
             if failing > 0.0 && self.service_rng.random_bool(failing.min(1.0)) {
                 (FAST_FAILURE_NS, true)
@@ -513,7 +547,7 @@ impl Engine<'_> {
                 let d = spec.latency_at(t_s).sample(&mut self.service_rng);
                 let failed =
                     spec.fail_rate > 0.0 && self.service_rng.random_bool(spec.fail_rate.min(1.0));
-                (u64::try_from(d.as_nanos()).unwrap_or(u64::MAX), failed)
+                ((d.as_nanos() as f64 * cost) as u64, failed)
             };
         self.reqs[id as usize].failed = failed;
         self.reqs[id as usize].in_service = true;
@@ -608,6 +642,11 @@ impl Engine<'_> {
 
     /// The client gets its answer: count it, and hand it to the plugin as Envoy's `on_log` would.
     fn answer(&mut self, id: u32, outcome: Outcome, latency_ns: u64) {
+        if matches!(self.spec.arrivals, Arrivals::Closed { .. })
+            && self.now_ns < self.arrivals_end_ns
+        {
+            self.schedule(self.now_ns, Event::Arrival);
+        }
         let r = &mut self.reqs[id as usize];
         r.answered = true;
         let (p, w, host) = (r.proxy as usize, r.worker as usize, r.host as usize);
@@ -627,6 +666,7 @@ impl Engine<'_> {
                 .then_some(self.present.len() as u32);
             let done = Finished {
                 picked: r.picked.as_deref(),
+                in_flight: r.picked.is_some(),
                 served_by: Some(&self.hosts[host].addr),
                 attempts: 1,
                 latency_ms: latency_ns as f64 / 1e6,

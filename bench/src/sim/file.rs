@@ -32,8 +32,13 @@ struct FleetFile {
     rate: Option<f64>,
     /// ... or the offered load as a share of the hosts' total capacity at their base latency.
     utilisation: Option<f64>,
-    /// "poisson" (default) or "uniform".
+    /// "poisson" (default) or "uniform"; or `clients` for a closed loop.
     arrivals: Option<String>,
+    /// Closed loop: this many clients, each waiting for its answer before the next request.
+    clients: Option<usize>,
+    /// Request classes: `share` of the requests cost `factor` times the service time.
+    #[serde(default)]
+    costs: Vec<FileCost>,
     route_timeout: String,
     /// The plugin knows the first hosts from its configuration (default true).
     static_endpoints: Option<bool>,
@@ -64,6 +69,13 @@ struct HostGroup {
     failing: Vec<String>,
     /// When the group joins the cluster: a scale-out.
     join: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileCost {
+    share: f64,
+    factor: f64,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -105,9 +117,6 @@ pub fn load(path: &Path, smoke: bool) -> Result<SimSpec> {
 /// concurrency, its backends as hosts, its open-loop rate with evenly spaced arrivals, and the
 /// plugin learning hosts from traffic as it does in the benchmark's Envoy.
 pub fn from_scenario(s: &Scenario) -> Result<SimSpec> {
-    if s.workers.is_some() {
-        bail!("closed-loop scenarios are not simulated");
-    }
     let hosts = s
         .backends
         .iter()
@@ -125,7 +134,11 @@ pub fn from_scenario(s: &Scenario) -> Result<SimSpec> {
         workers: s.concurrency as usize,
         hosts,
         rate: s.rate,
-        arrivals: Arrivals::Uniform,
+        arrivals: match s.workers {
+            Some(clients) => Arrivals::Closed { clients },
+            None => Arrivals::Uniform,
+        },
+        costs: Vec::new(),
         duration: s.duration,
         warmup: s.warmup,
         route_timeout: s.route_timeout,
@@ -191,6 +204,7 @@ fn parse_fleet(text: &str, stem: &str, smoke: bool) -> Result<SimSpec> {
         .map(|p| Policy::named(p, &variants))
         .collect::<Result<Vec<_>>>()?;
     let rate = match (f.rate, f.utilisation) {
+        _ if f.clients.is_some() => 0.0,
         (Some(r), None) => r,
         (None, Some(u)) => {
             let initial = hosts.iter().filter(|h| h.join_s <= 0.0);
@@ -200,7 +214,11 @@ fn parse_fleet(text: &str, stem: &str, smoke: bool) -> Result<SimSpec> {
             if !capacity.is_finite() {
                 bail!("utilisation needs every host that is there from the start to have a capacity (or give rate)");
             }
-            u * capacity
+            // A request of a dearer class holds a server longer.
+            let classes: f64 = f.costs.iter().map(|c| c.share).sum();
+            let mean_cost =
+                f.costs.iter().map(|c| c.share * c.factor).sum::<f64>() + (1.0 - classes).max(0.0);
+            u * capacity / mean_cost.max(f64::MIN_POSITIVE)
         }
         _ => bail!("give either rate or utilisation"),
     };
@@ -211,11 +229,27 @@ fn parse_fleet(text: &str, stem: &str, smoke: bool) -> Result<SimSpec> {
         workers: f.workers,
         hosts,
         rate,
-        arrivals: match f.arrivals.as_deref() {
-            None | Some("poisson") => Arrivals::Poisson,
-            Some("uniform") => Arrivals::Uniform,
-            Some(other) => bail!("arrivals {other:?}: poisson or uniform"),
+        arrivals: match (f.clients, f.arrivals.as_deref()) {
+            (Some(clients), None) if clients > 0 => Arrivals::Closed { clients },
+            (Some(_), _) => bail!("clients: a positive count, without arrivals"),
+            (None, None | Some("poisson")) => Arrivals::Poisson,
+            (None, Some("uniform")) => Arrivals::Uniform,
+            (None, Some(other)) => bail!("arrivals {other:?}: poisson or uniform"),
         },
+        costs: f
+            .costs
+            .iter()
+            .map(|c| {
+                if c.share > 0.0 && c.share <= 1.0 && c.factor > 0.0 && c.factor.is_finite() {
+                    Ok(super::Cost {
+                        share: c.share,
+                        factor: c.factor,
+                    })
+                } else {
+                    bail!("costs: share in (0, 1] and factor > 0, got {c:?}")
+                }
+            })
+            .collect::<Result<Vec<_>>>()?,
         duration: dur(&f.duration, "duration")?,
         warmup: f
             .warmup

@@ -41,6 +41,8 @@ pub struct SimSpec {
     /// Arrivals per second over the whole fleet.
     pub rate: f64,
     pub arrivals: Arrivals,
+    /// Request classes; empty: every request costs the host's service time.
+    pub costs: Vec<Cost>,
     pub duration: Duration,
     /// Left out of the figures.
     pub warmup: Duration,
@@ -60,6 +62,17 @@ pub enum Arrivals {
     Uniform,
     /// A Poisson process: many independent clients.
     Poisson,
+    /// Closed loop: this many clients, each sending its next request when its last one is
+    /// answered (`rate` is ignored).
+    Closed { clients: usize },
+}
+
+/// A class of requests on the route: `share` of them cost `factor` times a host's service time
+/// (a route where most requests are cheap and some are dear).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Cost {
+    pub share: f64,
+    pub factor: f64,
 }
 
 /// One simulated host.
@@ -528,6 +541,7 @@ mod tests {
             hosts,
             rate,
             arrivals: Arrivals::Uniform,
+            costs: Vec::new(),
             duration: Duration::from_secs(6),
             warmup: Duration::from_secs(2),
             route_timeout: Duration::from_secs(1),

@@ -1,0 +1,121 @@
+//! Probes: how a host out of favour keeps being measured.
+//!
+//! A host at the weight table's floor gets no traffic from the pick (`pick`), so without probes
+//! its estimate would never change and it could never earn its traffic back. Probes are spent by
+//! time, not by share: each worker VM sends a host a request when it has sent it none for the
+//! host's probe interval, so what a slow host costs does not grow with the traffic (a share of
+//! all requests would: at thousands of requests a second, 0.2 % is several requests a second to a
+//! host that may take a second to answer).
+//!
+//! A probe costs the request that carries it the host's latency, and a probe seen sooner shows a
+//! recovery sooner. The interval that minimises their sum, cost per second ∝ `excess / interval`
+//! plus delay ∝ `interval`, grows with the square root of how much slower the host is than what
+//! the table's traffic gets: a host as fast as the rest is probed every `probe_interval`, one 16
+//! times slower every 4 `probe_interval`s, one that keeps failing (each failure counts as the
+//! failure penalty) less often still.
+//!
+//! The interval is the cluster's, not each worker's: a worker VM waits it times the number of VMs
+//! that serve the cluster (counted in the shared record), so an Envoy with 16 workers probes a
+//! slow host as often as one with 2.
+//!
+//! A probe goes only to a host with nothing in flight from this worker, and the check is one host
+//! per request in turn, so the cost per request is O(1) whatever the cluster's size.
+
+use std::rc::Rc;
+
+use crate::units::within;
+
+/// The longest a host goes without a probe, whatever its latency, as a multiple of the
+/// configured interval: a host 400 times slower than the rest is still seen every 20 intervals.
+const MAX_INTERVAL_FACTOR: f64 = 20.0;
+
+/// The probe interval of a host whose smoothed latency is `score_ms`, when the table's traffic
+/// gets `reference_ms` on average; `base_ns` is `probe_interval`. Unknown values count as equal.
+pub fn interval_ns(base_ns: u64, score_ms: Option<f64>, reference_ms: Option<f64>) -> u64 {
+    let ratio = match (score_ms, reference_ms) {
+        (Some(s), Some(r)) if r > 0.0 && s.is_finite() && r.is_finite() => s / r,
+        _ => 1.0,
+    };
+    let factor = within(ratio, 1.0, MAX_INTERVAL_FACTOR * MAX_INTERVAL_FACTOR).sqrt();
+    (base_ns as f64 * factor) as u64
+}
+
+/// One worker's probe schedule for one cluster, index for index with its pick table.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Probes {
+    /// When this worker last sent each host a request (steady ns).
+    last_sent_ns: Vec<u64>,
+    /// How long each host may go without one before it is probed.
+    interval_ns: Vec<u64>,
+    /// The host the next request checks.
+    cursor: usize,
+    /// Worker VMs that serve the cluster: each waits that many intervals, so the cluster's
+    /// probes do not grow with Envoy's `--concurrency`.
+    workers: u32,
+}
+
+impl Probes {
+    /// The schedule for a new table of `hosts` with their `intervals`, keeping what this worker
+    /// knows of the hosts both tables have (`old_hosts`, the previous table's, in the same
+    /// order: both are sorted by address). A host new to the table counts as sent to `now_ns`:
+    /// a new table does not probe every host at once.
+    pub fn rebuild(
+        &self,
+        old_hosts: &[Rc<str>],
+        hosts: &[Rc<str>],
+        intervals: Vec<u64>,
+        now_ns: u64,
+    ) -> Probes {
+        let mut old = old_hosts
+            .iter()
+            .map(|h| &**h)
+            .zip(self.last_sent_ns.iter().copied())
+            .peekable();
+        let last_sent_ns = hosts
+            .iter()
+            .map(|h| {
+                let h: &str = h;
+                while old.next_if(|(o, _)| *o < h).is_some() {}
+                match old.peek() {
+                    Some((o, sent)) if *o == h => *sent,
+                    _ => now_ns,
+                }
+            })
+            .collect();
+        Probes {
+            last_sent_ns,
+            interval_ns: intervals,
+            cursor: self.cursor,
+            workers: self.workers,
+        }
+    }
+
+    /// The host this request should probe, if any: the next host in turn, when this worker has
+    /// sent it nothing for its interval and has nothing in flight to it.
+    pub fn due(&mut self, now_ns: u64, in_flight: impl Fn(usize) -> u32) -> Option<usize> {
+        let n = self.last_sent_ns.len();
+        if n == 0 {
+            return None;
+        }
+        let i = self.cursor % n;
+        self.cursor = (i + 1) % n;
+        let last = *self.last_sent_ns.get(i)?;
+        let interval = self
+            .interval_ns
+            .get(i)?
+            .saturating_mul(u64::from(self.workers.max(1)));
+        (now_ns.saturating_sub(last) >= interval && in_flight(i) == 0).then_some(i)
+    }
+
+    /// How many worker VMs share the cluster's probes.
+    pub fn set_workers(&mut self, workers: usize) {
+        self.workers = u32::try_from(workers).unwrap_or(u32::MAX);
+    }
+
+    /// Host `i` was sent a request at `now_ns`.
+    pub fn sent(&mut self, i: usize, now_ns: u64) {
+        if let Some(last) = self.last_sent_ns.get_mut(i) {
+            *last = (*last).max(now_ns);
+        }
+    }
+}

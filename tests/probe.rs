@@ -1,0 +1,118 @@
+//! Probes: a host out of favour is measured by time, not by share; the interval grows with the
+//! square root of how much slower the host is, and the worker VMs of a cluster share it.
+
+#![allow(clippy::panic, clippy::indexing_slicing, clippy::unwrap_used)] // tests fail by panicking
+
+#[cfg(target_arch = "wasm32")]
+use wasm_bindgen_test::wasm_bindgen_test;
+
+use std::rc::Rc;
+
+use ewma_lb::probe::{interval_ns, Probes};
+
+const SEC: u64 = 1_000_000_000;
+const MS: u64 = 1_000_000;
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn the_interval_grows_with_the_square_root_of_the_slowness() {
+    // (score, reference, interval for a base of 1 s)
+    let cases = [
+        (Some(20.0), Some(20.0), SEC),
+        // Faster than the traffic's average: no more often than the base.
+        (Some(5.0), Some(20.0), SEC),
+        (Some(80.0), Some(20.0), 2 * SEC),
+        (Some(1_600.0), Some(100.0), 4 * SEC),
+        // tower #76's slowest endpoint, a thousand times the traffic's 1 ms: capped at 20.
+        (Some(1_000.0), Some(1.0), 20 * SEC),
+        // Nothing known: as fast as the rest.
+        (None, Some(20.0), SEC),
+        (Some(20.0), None, SEC),
+        (Some(f64::NAN), Some(20.0), SEC),
+        (Some(20.0), Some(0.0), SEC),
+    ];
+    for (score, reference, want) in cases {
+        let got = interval_ns(SEC, score, reference);
+        assert!(
+            got.abs_diff(want) <= MS,
+            "score {score:?}, reference {reference:?}: {got} ns, want {want}"
+        );
+    }
+}
+
+fn hosts(names: &[&str]) -> Vec<Rc<str>> {
+    names.iter().map(|h| Rc::from(*h)).collect()
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_host_is_probed_when_its_interval_has_passed_and_it_has_nothing_in_flight() {
+    let table = hosts(&["a:1", "b:1"]);
+    let mut probes = Probes::default().rebuild(&[], &table, vec![SEC, 4 * SEC], 0);
+    probes.set_workers(1);
+    // Host a is sent requests all along by the pick; b gets none.
+    let mut probed = Vec::new();
+    for step in 1..=100u64 {
+        let now = step * 100 * MS;
+        probes.sent(0, now);
+        if let Some(i) = probes.due(now, |_| 0) {
+            probes.sent(i, now);
+            probed.push((i, now / MS));
+        }
+    }
+    // b every 4 s (checked every other request, so within 100 ms of it); a never.
+    let at: Vec<u64> = probed.iter().map(|(_, ms)| *ms).collect();
+    assert!(probed.iter().all(|(i, _)| *i == 1), "{probed:?}");
+    assert_eq!(at.len(), 2, "{probed:?}");
+    assert!(
+        at[0] >= 4_000 && at[0] <= 4_100 && at[1] - at[0] >= 4_000,
+        "{probed:?}"
+    );
+    // With a request in flight to it, a due host waits.
+    let mut busy = Probes::default().rebuild(&[], &table, vec![SEC, SEC], 0);
+    busy.set_workers(1);
+    for step in 0..40 {
+        assert_eq!(busy.due(10 * SEC + step, |_| 1), None);
+    }
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn the_worker_vms_of_a_cluster_share_its_probes() {
+    let table = hosts(&["a:1"]);
+    for (workers, want) in [(1, 10), (2, 5), (4, 2)] {
+        let mut probes = Probes::default().rebuild(&[], &table, vec![SEC], 0);
+        probes.set_workers(workers);
+        let mut n = 0;
+        for step in 1..=1_000u64 {
+            let now = step * 10 * MS;
+            if let Some(i) = probes.due(now, |_| 0) {
+                probes.sent(i, now);
+                n += 1;
+            }
+        }
+        assert_eq!(n, want, "{workers} workers over 10 s");
+    }
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_new_table_keeps_what_the_worker_knows_of_the_hosts_it_keeps() {
+    let old = hosts(&["a:1", "b:1", "c:1"]);
+    let mut probes = Probes::default().rebuild(&[], &old, vec![SEC; 3], 0);
+    probes.set_workers(1);
+    probes.sent(0, 5 * SEC);
+    probes.sent(2, 5 * SEC);
+    // b leaves, d joins (counted as sent at the rebuild), a and c keep their last request.
+    let new = hosts(&["a:1", "c:1", "d:1"]);
+    let mut probes = probes.rebuild(&old, &new, vec![SEC; 3], 6 * SEC);
+    let mut due = Vec::new();
+    for step in 0..6 {
+        let now = 6 * SEC + 500 * MS + step;
+        if let Some(i) = probes.due(now, |_| 0) {
+            probes.sent(i, now);
+            due.push(new[i].to_string());
+        }
+    }
+    assert_eq!(due, ["a:1", "c:1"], "d was sent to at the rebuild");
+}
