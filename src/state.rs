@@ -54,6 +54,25 @@ impl Accumulator {
         }
     }
 
+    /// Adds a later batch of the same host: counts add up, the trailing failures are the later
+    /// batch's (and run on from this one's when it had no success).
+    pub fn absorb(&mut self, later: &Accumulator) {
+        self.latency.count = self.latency.count.saturating_add(later.latency.count);
+        self.latency.sum_ms += later.latency.sum_ms;
+        self.failures = self.failures.saturating_add(later.failures);
+        self.trailing_failures = if later.had_success {
+            later.trailing_failures
+        } else {
+            self.trailing_failures
+                .saturating_add(later.trailing_failures)
+        };
+        self.had_success |= later.had_success;
+        self.not_honoured = self.not_honoured.saturating_add(later.not_honoured);
+        if later.zone.is_some() {
+            self.zone.clone_from(&later.zone);
+        }
+    }
+
     /// Whether there is anything to merge.
     pub fn is_empty(&self) -> bool {
         self.latency.count == 0 && self.not_honoured == 0

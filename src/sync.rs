@@ -28,7 +28,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::clock::RecordClock;
-use crate::state::{Accumulator, Ack, ClusterBatch, ClusterState, Merged, Policy, WORKER_TTL_NS};
+use crate::state::{Accumulator, Ack, ClusterBatch, ClusterState, Policy, WORKER_TTL_NS};
 
 /// Shared data as proxy-wasm offers it: values with a version token for compare-and-swap.
 pub trait SharedStore {
@@ -682,15 +682,29 @@ fn fold(
         .fold(now_ns.max(state.clock_ns), u64::max);
     member.clock.now(ctx.steady_ns, Some(now_ns));
     state.clock_ns = now_ns;
-    let mut merged = Merged::default();
+    // Every VM's batches of a host since the last fold become one batch, taken in at the fold's
+    // time: folded one by one, a batch stamped before a host's last update (a VM that wrote after
+    // the previous collect) would carry no weight in a time-decayed estimate, and of two batches
+    // at one time the second none either.
+    let mut hosts: crate::map::Map<String, Accumulator> = crate::map::Map::default();
+    let mut num_endpoints = None;
     for b in &batches {
-        merged.absorb(state.merge_hosts(
-            b.hosts.iter().map(|(a, acc)| (a.as_str(), acc)),
-            b.num_endpoints,
-            b.at_ns,
-            policy,
-        ));
+        for (address, acc) in &b.hosts {
+            match hosts.get_mut(address) {
+                Some(sum) => sum.absorb(acc),
+                None => {
+                    hosts.insert(address.clone(), acc.clone());
+                }
+            }
+        }
+        num_endpoints = b.num_endpoints.or(num_endpoints);
     }
+    let merged = state.merge_hosts(
+        hosts.iter().map(|(a, acc)| (a.as_str(), acc)),
+        num_endpoints,
+        now_ns,
+        policy,
+    );
     let merged = state.settle(merged, now_ns, policy);
     let mut ejected = merged.ejected;
     let refreshed = merged.membership_changed() || state.refresh_due(now_ns, policy);
