@@ -856,11 +856,20 @@ fn adopt(local: &mut LocalCluster, state: &ClusterState, policy: &Policy, now_ns
         state.hosts.iter().map(|h| (h.address.as_str(), h.share)),
         floor,
     );
+    // Only hosts at the floor, which the pick never draws, are probed. A host above it gets its
+    // share from the pick, however rarely that comes in a large cluster: probing it for being
+    // quiet would turn a sparse table into round robin.
+    let at_floor = |share: f64| share <= floor * (1.0 + FLOOR_TOLERANCE);
     let intervals = state
         .hosts
         .iter()
         .filter(|h| h.share > 0.0 && h.share.is_finite())
-        .map(|h| probe::interval_ns(policy.probe_interval_ns, h.latency.value_ms(), reference_ms))
+        .map(|h| match at_floor(h.share) {
+            true => {
+                probe::interval_ns(policy.probe_interval_ns, h.latency.value_ms(), reference_ms)
+            }
+            false => u64::MAX,
+        })
         .collect();
     local.probes = local.probes.rebuild(
         local.table.host_list(),
@@ -871,6 +880,9 @@ fn adopt(local: &mut LocalCluster, state: &ClusterState, policy: &Policy, now_ns
     local.table = table;
     local.table_version = state.table_version;
 }
+
+/// Shares this close above the floor (relatively) are at it: rounding of the table's fit.
+const FLOOR_TOLERANCE: f64 = 1e-6;
 
 /// How long after endpoints appear that the table does not know the fallback gets at least
 /// [`LEARNING_SHARE`] of the requests.
