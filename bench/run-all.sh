@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Every published benchmark figure, from scratch: the three scenarios through a real Envoy (each
-# policy and ewma_lb_previous, 3 rounds in alternating order) and grpc, the overhead (5 rounds), the
+# Every published benchmark figure, from scratch: the scenarios through a real Envoy (each
+# policy, 3 rounds in alternating order: seed-table, slowdown, capacity, grpc, tower-76, pause,
+# slowdown-6x), the calm fleets simulated (3 seeds), the overhead (5 rounds), the
 # simulations (the same scenarios for the cross-check, the defaults turned back one at a time,
 # the fleet, the fleet from 10 to 1,000 proxies), then the plots copied to docs/bench/ and the marked tables of README.md and
 # bench/README.md rewritten from the results (`ewma-bench tables`).
@@ -28,7 +29,7 @@ note "start; load: $(cut -d' ' -f1-3 /proc/loadavg)"
 cargo build --release -p ewma-bench
 bench=target/release/ewma-bench
 
-for s in seed-table slowdown capacity grpc; do
+for s in seed-table slowdown capacity grpc tower-76 pause slowdown-6x; do
   note "compare $s"
   "$bench" compare "bench/scenarios/$s.toml" --out "$out/$s" "${smoke[@]}"
 done
@@ -42,6 +43,10 @@ for s in slowdown capacity; do
   note "simulate the defaults turned back one at a time on $s"
   "$bench" simulate "bench/scenarios/tuning/ablation-$s.toml" --seeds 1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20 \
     --out "$out/sim-ablation-$s" "${smoke[@]}"
+done
+for s in calm/mixed-costs calm/three-envoys calm/cold-start-40 calm/failing-neighbour; do
+  note "simulate $s"
+  "$bench" simulate "bench/scenarios/$s.toml" --seeds 1,2,3 --no-plots --out "$out/sim-${s#calm/}" "${smoke[@]}"
 done
 note "simulate fleet"
 "$bench" simulate bench/scenarios/fleet/fleet.toml --out "$out/sim-fleet" "${smoke[@]}"

@@ -32,6 +32,12 @@ pub struct RoundFigures {
     pub steady_flap_noise_pp: Option<f64>,
     /// Scenarios with a slowdown: the slowed host's share during its slow phase, in %.
     pub slow_phase_share_pct: Option<f64>,
+    /// Scenarios with a slowdown: the slowed host's share over the 5 s from the phase's start,
+    /// and its lowest second among them, each as a multiple of its share over the 5 s before.
+    #[serde(default)]
+    pub kept_5s: Option<f64>,
+    #[serde(default)]
+    pub lowest_second: Option<f64>,
     /// Scenarios with a slowdown: seconds until the slowed host's share is back near fair;
     /// `None` inside `Recovery::Never` when it never was within the run.
     pub recovery: Option<Recovery>,
@@ -173,6 +179,8 @@ pub fn table(results: &[PolicyFigures], backends: &[String]) -> String {
     if has_recovery {
         head.extend([
             "slow-phase share %".to_string(),
+            "5 s from the start, × before".to_string(),
+            "lowest second, × before".to_string(),
             "back to fair s (each round)".to_string(),
         ]);
     }
@@ -204,6 +212,8 @@ pub fn table(results: &[PolicyFigures], backends: &[String]) -> String {
         }
         if has_recovery {
             row.push(cell(p, &|r| r.slow_phase_share_pct, 1));
+            row.push(cell(p, &|r| r.kept_5s, 2));
+            row.push(cell(p, &|r| r.lowest_second, 2));
             let each = p.recoveries().unwrap_or_else(|| "-".into());
             let median = p.recovery_median().unwrap_or_else(|| "-".into());
             row.push(if p.rounds.len() > 1 {

@@ -105,6 +105,10 @@ pub fn window_share(seconds: &[SecondShares], backend: &str, from_s: f64, to_s: 
     }
 }
 
+/// The stretch before and from a slow phase's start over which the slowed host's share is
+/// compared (seed 000's pause: one spike must not move the table for seconds).
+const KEPT_S: f64 = 5.0;
+
 /// A slowed host: its name and the seconds its slow phases start and end.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Slowdown {
@@ -138,6 +142,18 @@ pub fn share_figures(
             seconds, &sd.host, sd.to_s, fair,
         )));
         f.slow_phase_share_pct = Some(100.0 * window_share(seconds, &sd.host, sd.from_s, sd.to_s));
+        let before = window_share(seconds, &sd.host, sd.from_s - KEPT_S, sd.from_s);
+        if before > 0.0 {
+            f.kept_5s =
+                Some(window_share(seconds, &sd.host, sd.from_s, sd.from_s + KEPT_S) / before);
+            let start = sd.from_s.max(0.0) as u64;
+            f.lowest_second = seconds
+                .iter()
+                .filter(|s| s.second >= start && s.second < start + KEPT_S as u64)
+                .filter(|s| s.count > 0)
+                .map(|s| share(s, &sd.host) / before)
+                .reduce(f64::min);
+        }
     }
 }
 
