@@ -43,7 +43,14 @@ pub fn admits(host: &mut HostState, acc: &Accumulator, now_ns: u64, policy: &Pol
         return true;
     }
     let distance = (mean / estimate).ln();
-    let rising = distance > threshold(host.spread, policy);
+    // A rise that begins against an estimate older than the persistence itself has nothing to be
+    // held against: the batch is the freshest word on a host seen rarely (a proxy of a large
+    // fleet sees a host once in seconds), and holding it would hold every change for a second
+    // sample, seconds later. (A rise already held keeps its clock: a pause must not outlast the
+    // estimate it is held against.)
+    let stale = host.rising_since_ns == 0
+        && now_ns.saturating_sub(host.latency.updated_ns()) >= policy.persistence_ns;
+    let rising = !stale && distance > threshold(host.spread, policy);
     // Every batch moves the spread, held or not: a host whose batches vary by nature comes to
     // show it (its high batches would be held for good otherwise), while a pause, over in a
     // second, moves a spread that remembers ten seconds by a tenth of the way.

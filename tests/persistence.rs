@@ -113,3 +113,21 @@ fn a_host_whose_batches_vary_by_nature_is_followed_as_it_is() {
     let mean = late.iter().sum::<f64>() / late.len() as f64;
     assert!((20.0..=36.0).contains(&mean), "mean estimate {mean:.1} ms");
 }
+
+/// A host seen once in seconds (a proxy of a large fleet): a slower answer after a silence longer
+/// than the persistence is taken in at once; held, every change would wait for a second sample.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_rise_after_a_silence_is_taken_in_at_once() {
+    let p = policy("{}");
+    let mut state = ClusterState::default();
+    for step in 1..=5u64 {
+        state.merge(&batch(&[20.0], false), step * 9 * SEC, &p);
+    }
+    state.merge(&batch(&[120.0], false), 54 * SEC, &p);
+    let v = state.host(HOST).unwrap().latency.value_ms().unwrap();
+    assert!(
+        v > 60.0,
+        "estimate {v:.1} ms after a 120 ms answer 9 s after the last"
+    );
+}
