@@ -23,8 +23,9 @@ use crate::smoothing::{Batch, Estimate, Smoother};
 use crate::units::NS_PER_SEC;
 use crate::weights::{self, HostInput, WeightParams};
 
-/// What one worker observed of one host since its last successful merge.
-#[derive(Clone, Debug, Default, PartialEq)]
+/// What one worker observed of one host since its last successful merge. Stored in the worker's
+/// slot of shared data until a refresh folds it in (`sync`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Accumulator {
     pub latency: Batch,
     pub failures: u32,
@@ -50,6 +51,25 @@ impl Accumulator {
             self.latency.add(latency_ms);
             self.trailing_failures = 0;
             self.had_success = true;
+        }
+    }
+
+    /// Adds a later batch of the same host: counts add up, the trailing failures are the later
+    /// batch's (and run on from this one's when it had no success).
+    pub fn absorb(&mut self, later: &Accumulator) {
+        self.latency.count = self.latency.count.saturating_add(later.latency.count);
+        self.latency.sum_ms += later.latency.sum_ms;
+        self.failures = self.failures.saturating_add(later.failures);
+        self.trailing_failures = if later.had_success {
+            later.trailing_failures
+        } else {
+            self.trailing_failures
+                .saturating_add(later.trailing_failures)
+        };
+        self.had_success |= later.had_success;
+        self.not_honoured = self.not_honoured.saturating_add(later.not_honoured);
+        if later.zone.is_some() {
+            self.zone.clone_from(&later.zone);
         }
     }
 
@@ -160,6 +180,17 @@ pub struct ClusterState {
     /// The worker VMs that merged samples within the last [`WORKER_TTL_NS`], with when they last
     /// did, sorted by identity: they share the cluster's probes (`probe`).
     pub workers: Vec<(u64, u64)>,
+    /// For each slot of shared data the last batch folded in (`sync`), so a refresh that
+    /// published this record and died before saying so is not folded twice.
+    pub acked: Vec<Ack>,
+}
+
+/// The last batch of one worker slot a record holds: batches of that slot's `epoch` up to `seq`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ack {
+    pub slot: u16,
+    pub epoch: u64,
+    pub seq: u64,
 }
 
 /// A worker VM that merged nothing for this long no longer counts as serving the cluster.
@@ -197,6 +228,14 @@ pub struct Merged {
 }
 
 impl Merged {
+    /// Adds what a later merge of the same fold did.
+    pub fn absorb(&mut self, other: Merged) {
+        self.ejected += other.ejected;
+        self.removed += other.removed;
+        self.joined += other.joined;
+        self.resized |= other.resized;
+    }
+
     /// Whether the cluster's membership changed: the table should follow now, not at the next
     /// refresh, or a newcomer waits a refresh interval for its first share and the endpoints
     /// the record does not know wait as long for theirs (the anti-flap timer is for latencies,
@@ -255,12 +294,32 @@ impl ClusterState {
         if batch.hosts.values().any(|a| a.latency.count > 0) {
             self.worker_seen(batch.worker, now_ns);
         }
-        let resized = batch.num_endpoints.is_some_and(|n| n != self.num_endpoints);
-        if let Some(n) = batch.num_endpoints {
+        let merged = self.merge_hosts(
+            batch.hosts.iter().map(|(a, acc)| (a.as_str(), acc)),
+            batch.num_endpoints,
+            now_ns,
+            policy,
+        );
+        self.settle(merged, now_ns, policy)
+    }
+
+    /// The per-host part of [`ClusterState::merge`]: costs what the batch holds, not what the
+    /// cluster does, so a refresh folding many batches pays the cluster once ([`settle`]).
+    ///
+    /// [`settle`]: ClusterState::settle
+    pub fn merge_hosts<'a>(
+        &mut self,
+        hosts: impl Iterator<Item = (&'a str, &'a Accumulator)>,
+        num_endpoints: Option<u32>,
+        now_ns: u64,
+        policy: &Policy,
+    ) -> Merged {
+        let resized = num_endpoints.is_some_and(|n| n != self.num_endpoints);
+        if let Some(n) = num_endpoints {
             self.num_endpoints = n;
         }
         let (mut removed, mut joined) = (0, 0);
-        for (address, acc) in batch.hosts.iter().filter(|(_, acc)| !acc.is_empty()) {
+        for (address, acc) in hosts.filter(|(_, acc)| !acc.is_empty()) {
             if acc.latency.count == 0 {
                 // Only unhonoured picks: Envoy no longer has this host.
                 removed += usize::from(self.remove_absent(address));
@@ -292,19 +351,30 @@ impl ClusterState {
                     .record(acc.failures, acc.trailing_failures, acc.had_success);
             }
         }
-        if removed > 0 {
+        Merged {
+            ejected: 0,
+            removed,
+            joined,
+            resized,
+        }
+    }
+
+    /// What merges cost the whole cluster, once after any number of [`merge_hosts`]: the shares
+    /// of hosts that left, the version a new endpoint count needs, ejections.
+    ///
+    /// [`merge_hosts`]: ClusterState::merge_hosts
+    pub fn settle(&mut self, merged: Merged, now_ns: u64, policy: &Policy) -> Merged {
+        if merged.removed > 0 {
             self.renormalise();
-        } else if resized {
+        } else if merged.resized {
             // The share left to the endpoints the record does not know changed: every VM must
             // adopt it, even if no host's share moves.
             self.bump_version();
         }
         self.complete |= self.num_endpoints > 0 && self.unknown_endpoints() == 0;
         Merged {
-            ejected: self.eject_failing(now_ns, &policy.outlier),
-            removed,
-            joined,
-            resized,
+            ejected: merged.ejected + self.eject_failing(now_ns, &policy.outlier),
+            ..merged
         }
     }
 

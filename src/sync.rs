@@ -1,16 +1,34 @@
-//! Sync: the shared-data protocol. Each cluster has one record in proxy-wasm shared data; every
-//! worker VM folds its samples into it on its tick, under compare-and-swap, and whoever writes
-//! when a refresh is due recomputes the weight table.
+//! Sync: the shared-data protocol. Each cluster has, in proxy-wasm shared data:
 //!
-//! Everything about that record lives here: its key, its encoding, and the merge loop. The store
-//! is a trait, so the protocol runs natively in tests with several workers over one in-memory
-//! store, and in the VM over the host's shared data.
+//! - **slots**, one per worker VM that has samples (claimed under compare-and-swap, reused once
+//!   stale, at most [`MAX_SLOTS`]): each VM appends its tick's batch to its own slot, so a tick
+//!   costs what the VM sampled, not what the cluster holds;
+//! - **the record** (`ClusterState`, the smoothing state and the shares), which only the VM
+//!   folding the slots reads and writes;
+//! - **the head**, small, read by every VM on every tick: the table's version, the record's
+//!   clock, who is folding, and which slot batches the record holds.
+//!
+//! Once a refresh interval (or at once, no more than once a tick, for a new host, a new endpoint
+//! count or a failing host) one VM takes the head's lease, folds every slot's batches the record
+//! does not hold yet into it, refreshes the weights when due, writes the record, then the head.
+//! Other VMs read the record only when the head names a table version they have not adopted.
+//!
+//! No batch is lost or folded twice: a slot keeps a batch until the head acknowledges it, and the
+//! record itself says which batches it holds (`ClusterState::acked`), so a batch written after
+//! the refresher collected is folded next time, and a refresher that died after writing the
+//! record but before the head is not repeated by the next one.
+//!
+//! The store is a trait, so the protocol runs natively in tests with several workers over one
+//! in-memory store, and in the VM over the host's shared data.
 //!
 //! Decoding never trusts its input: bytes of another plugin or another format version, truncated
 //! or random, give an error, never a panic.
 
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
 use crate::clock::RecordClock;
-use crate::state::{ClusterBatch, ClusterState, Policy};
+use crate::state::{Accumulator, Ack, ClusterBatch, ClusterState, Policy, WORKER_TTL_NS};
 
 /// Shared data as proxy-wasm offers it: values with a version token for compare-and-swap.
 pub trait SharedStore {
@@ -34,13 +52,48 @@ impl std::fmt::Display for StoreError {
     }
 }
 
-/// The shared-data key of a cluster's record. One key per cluster keeps the key count bounded:
-/// proxy-wasm shared data has no reliable delete. The key names the format version and a
-/// fingerprint of the settings that shape the record (`namespace`), so a listener with another
-/// configuration, or a plugin of another format version during an upgrade, keeps its own record
-/// instead of fighting over one.
+/// The shared-data key of a cluster's record. The keys of a cluster are bounded in number
+/// (record, head, [`MAX_SLOTS`] slots): proxy-wasm shared data has no reliable delete. Every key
+/// names the format version and a fingerprint of the settings that shape the record
+/// (`namespace`), so a listener with another configuration, or a plugin of another format
+/// version during an upgrade, keeps its own records instead of fighting over one. The kind comes
+/// before the cluster's name, which may hold dots, so no cluster's key is another's.
 pub fn key(namespace: &str, cluster: &str) -> String {
     format!("ewma_lb.v{FORMAT_VERSION}.{namespace}.cluster.{cluster}")
+}
+
+/// The key of a cluster's head.
+pub fn head_key(namespace: &str, cluster: &str) -> String {
+    format!("ewma_lb.v{FORMAT_VERSION}.{namespace}.head.{cluster}")
+}
+
+/// The key of a cluster's slot `slot`.
+pub fn slot_key(namespace: &str, cluster: &str, slot: usize) -> String {
+    format!("ewma_lb.v{FORMAT_VERSION}.{namespace}.slot{slot}.{cluster}")
+}
+
+/// The keys of one cluster.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Keys {
+    pub record: String,
+    pub head: String,
+    namespace: String,
+    cluster: String,
+}
+
+impl Keys {
+    pub fn new(namespace: &str, cluster: &str) -> Self {
+        Keys {
+            record: key(namespace, cluster),
+            head: head_key(namespace, cluster),
+            namespace: namespace.to_owned(),
+            cluster: cluster.to_owned(),
+        }
+    }
+
+    pub fn slot(&self, slot: usize) -> String {
+        slot_key(&self.namespace, &self.cluster, slot)
+    }
 }
 
 /// The namespace of records written under `policy`: a stable hash (FNV-1a, the same in every VM
@@ -60,9 +113,30 @@ pub fn namespace(policy: &Policy) -> String {
 pub const MAGIC: &[u8; 4] = b"EWLB";
 /// Bumped whenever the encoded layout changes; it is part of the key, so records of other
 /// versions live beside ours.
-pub const FORMAT_VERSION: u8 = 3;
+pub const FORMAT_VERSION: u8 = 4;
 /// Most hosts a record may hold, whatever a configuration allows; more means it is not a record.
 pub const MAX_RECORD_HOSTS: usize = 16_384;
+/// The largest value this plugin writes to or reads from shared data: the record of
+/// [`MAX_RECORD_HOSTS`] hosts fits (a test checks it); a larger value is not ours, and a slot
+/// that would grow past it folds its batches into one.
+pub const MAX_VALUE_BYTES: usize = 4 << 20;
+/// Slots of one cluster: more worker VMs than any Envoy runs.
+pub const MAX_SLOTS: usize = 256;
+/// Batches one slot holds before the newest are folded into one (a refresher that keeps not
+/// coming): their samples are kept, only their separate times are lost.
+pub const MAX_SLOT_BATCHES: usize = 64;
+/// A slot not written for this long (record time) may be claimed by another VM, with the batches
+/// it still holds.
+pub const SLOT_TTL_NS: u64 = 10 * crate::units::NS_PER_SEC;
+/// How long a refresher holds the head's lease: a VM runs a refresh within one tick, so a lease
+/// this old belongs to a VM that died or lost its write, and the next one takes over.
+pub const LEASE_NS: u64 = crate::units::NS_PER_SEC;
+
+/// What a value of shared data is, after the format version: a kind of one cluster's key
+/// stored in another's is corrupt, not silently misread.
+const KIND_RECORD: u8 = b'R';
+const KIND_HEAD: u8 = b'H';
+const KIND_SLOT: u8 = b'S';
 
 /// Why a record could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,21 +158,17 @@ impl std::fmt::Display for DecodeError {
     }
 }
 
-/// `MAGIC`, `FORMAT_VERSION`, then the record in postcard (compact, no field names).
-pub fn encode(state: &ClusterState) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64 + state.hosts.len() * 96);
+/// `MAGIC`, `FORMAT_VERSION`, the kind, then the value in postcard (compact, no field names).
+fn frame<T: Serialize>(kind: u8, value: &T) -> Vec<u8> {
+    let mut out = Vec::with_capacity(256);
     out.extend_from_slice(MAGIC);
     out.push(FORMAT_VERSION);
-    // Encoding plain data into a Vec cannot fail; an empty body would decode as corrupt.
-    if let Ok(body) = postcard::to_allocvec(state) {
-        out.extend_from_slice(&body);
-    }
-    out
+    out.push(kind);
+    // Encoding plain data into a Vec cannot fail; an empty value would decode as not ours.
+    postcard::to_extend(value, out).unwrap_or_default()
 }
 
-/// The record in `bytes`, if it is one of ours, of this format, with at most `max_hosts` hosts.
-pub fn decode(bytes: &[u8], max_hosts: usize) -> Result<ClusterState, DecodeError> {
-    let max_hosts = max_hosts.min(MAX_RECORD_HOSTS);
+fn unframe<T: DeserializeOwned>(bytes: &[u8], kind: u8) -> Result<T, DecodeError> {
     let body = bytes
         .strip_prefix(MAGIC.as_slice())
         .ok_or(DecodeError::NotOurs)?;
@@ -106,35 +176,212 @@ pub fn decode(bytes: &[u8], max_hosts: usize) -> Result<ClusterState, DecodeErro
     if version != FORMAT_VERSION {
         return Err(DecodeError::OtherVersion(version));
     }
-    let state: ClusterState =
-        postcard::from_bytes(body).map_err(|e| DecodeError::Corrupt(e.to_string()))?;
-    if state.hosts.len() > max_hosts {
+    if bytes.len() > MAX_VALUE_BYTES {
         return Err(DecodeError::Corrupt(format!(
-            "{} hosts, limit {max_hosts}",
-            state.hosts.len()
+            "{} bytes, limit {MAX_VALUE_BYTES}",
+            bytes.len()
         )));
     }
+    match body.split_first() {
+        Some((&k, body)) if k == kind => {
+            postcard::from_bytes(body).map_err(|e| DecodeError::Corrupt(e.to_string()))
+        }
+        Some((&k, _)) => Err(DecodeError::Corrupt(format!("kind {k}, expected {kind}"))),
+        None => Err(DecodeError::Corrupt("empty".into())),
+    }
+}
+
+fn too_many(what: &str, n: usize, limit: usize) -> Result<(), DecodeError> {
+    if n > limit {
+        return Err(DecodeError::Corrupt(format!("{n} {what}, limit {limit}")));
+    }
+    Ok(())
+}
+
+/// The record of a cluster, encoded.
+pub fn encode(state: &ClusterState) -> Vec<u8> {
+    frame(KIND_RECORD, state)
+}
+
+/// The record in `bytes`, if it is one of ours, of this format, with at most `max_hosts` hosts.
+pub fn decode(bytes: &[u8], max_hosts: usize) -> Result<ClusterState, DecodeError> {
+    let state: ClusterState = unframe(bytes, KIND_RECORD)?;
+    too_many("hosts", state.hosts.len(), max_hosts.min(MAX_RECORD_HOSTS))?;
+    too_many("slots", state.acked.len(), MAX_SLOTS)?;
     Ok(state)
 }
 
-// === The merge loop ===
+/// The small value every VM reads on every tick.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Head {
+    /// The record's `table_version` as last published.
+    pub table_version: u64,
+    /// The record's clock at the last fold (`clock`).
+    pub clock_ns: u64,
+    /// Record time of the last fold; 0 before the first.
+    pub folded_ns: u64,
+    /// The VM folding now, if any.
+    pub lease: Option<Lease>,
+    /// Worker VMs that sampled the cluster lately: they share its probes (`probe`).
+    pub workers: u32,
+    /// The record's `acked` as last published: what each slot's owner may forget.
+    pub acked: Vec<Ack>,
+}
 
-/// Compare-and-swap attempts per cluster per tick; samples of a tick that lost every attempt are
-/// kept by the caller and merged on the next one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    pub holder: u64,
+    /// Record time after which the lease is anyone's.
+    pub until_ns: u64,
+}
+
+impl Head {
+    fn acked(&self, slot: u16) -> Option<Ack> {
+        find_ack(&self.acked, slot)
+    }
+}
+
+fn find_ack(acked: &[Ack], slot: u16) -> Option<Ack> {
+    acked
+        .binary_search_by_key(&slot, |a| a.slot)
+        .ok()
+        .and_then(|i| acked.get(i).copied())
+}
+
+pub fn encode_head(head: &Head) -> Vec<u8> {
+    frame(KIND_HEAD, head)
+}
+
+pub fn decode_head(bytes: &[u8]) -> Result<Head, DecodeError> {
+    let head: Head = unframe(bytes, KIND_HEAD)?;
+    too_many("slots", head.acked.len(), MAX_SLOTS)?;
+    Ok(head)
+}
+
+/// One worker VM's batches not yet acknowledged.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Slot {
+    /// The VM writing it.
+    pub owner: u64,
+    /// Drawn when the slot is created or rebuilt: a record's acknowledgement of an older epoch
+    /// says nothing of this one's batches.
+    pub epoch: u64,
+    /// The number of the last batch written.
+    pub seq: u64,
+    /// Record time of the last write, and of the last batch with samples.
+    pub written_ns: u64,
+    pub sampled_ns: u64,
+    pub batches: Vec<SlotBatch>,
+}
+
+/// One tick's batch of one VM, with the record time it was taken at.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SlotBatch {
+    pub seq: u64,
+    pub at_ns: u64,
+    pub num_endpoints: Option<u32>,
+    pub hosts: Vec<(String, Accumulator)>,
+}
+
+pub fn encode_slot(slot: &Slot) -> Vec<u8> {
+    frame(KIND_SLOT, slot)
+}
+
+pub fn decode_slot(bytes: &[u8]) -> Result<Slot, DecodeError> {
+    let slot: Slot = unframe(bytes, KIND_SLOT)?;
+    too_many("batches", slot.batches.len(), MAX_SLOT_BATCHES)?;
+    for b in &slot.batches {
+        too_many("hosts", b.hosts.len(), MAX_RECORD_HOSTS)?;
+    }
+    Ok(slot)
+}
+
+impl Slot {
+    /// Forgets the batches the head says the record holds.
+    fn forget_acked(&mut self, ack: Option<Ack>) {
+        if let Some(ack) = ack.filter(|a| a.epoch == self.epoch) {
+            self.batches.retain(|b| b.seq > ack.seq);
+        }
+    }
+
+    /// Appends `batch` taken at `at_ns`, folding the newest batches together when the slot is
+    /// full or too large, so a refresher that never comes costs memory, not samples.
+    fn push(&mut self, batch: &ClusterBatch, at_ns: u64) {
+        self.seq = self.seq.wrapping_add(1);
+        let hosts: Vec<(String, Accumulator)> = batch
+            .hosts
+            .iter()
+            .filter(|(_, acc)| !acc.is_empty())
+            .map(|(a, acc)| (a.clone(), acc.clone()))
+            .collect();
+        if hosts.iter().any(|(_, acc)| acc.latency.count > 0) {
+            self.sampled_ns = at_ns;
+        }
+        self.batches.push(SlotBatch {
+            seq: self.seq,
+            at_ns,
+            num_endpoints: batch.num_endpoints,
+            hosts,
+        });
+        if self.batches.len() > MAX_SLOT_BATCHES {
+            self.squash();
+        }
+    }
+
+    /// Folds the two newest batches into one.
+    fn squash(&mut self) {
+        let (Some(last), Some(prev)) = (self.batches.pop(), self.batches.last_mut()) else {
+            return;
+        };
+        for (address, acc) in last.hosts {
+            match prev.hosts.iter_mut().find(|(a, _)| *a == address) {
+                Some((_, into)) => add(into, &acc),
+                None => prev.hosts.push((address, acc)),
+            }
+        }
+        prev.seq = last.seq;
+        prev.at_ns = last.at_ns;
+        prev.num_endpoints = last.num_endpoints.or(prev.num_endpoints);
+    }
+}
+
+/// `from`'s samples added to `into`'s, as if one batch had seen both (`from` the later).
+fn add(into: &mut Accumulator, from: &Accumulator) {
+    into.latency.count = into.latency.count.saturating_add(from.latency.count);
+    into.latency.sum_ms += from.latency.sum_ms;
+    into.failures = into.failures.saturating_add(from.failures);
+    into.trailing_failures = if from.had_success {
+        from.trailing_failures
+    } else {
+        into.trailing_failures
+            .saturating_add(from.trailing_failures)
+    };
+    into.had_success |= from.had_success;
+    into.not_honoured = into.not_honoured.saturating_add(from.not_honoured);
+    if from.zone.is_some() {
+        into.zone.clone_from(&from.zone);
+    }
+}
+
+// === The tick ===
+
+/// Compare-and-swap attempts per key per tick; a batch that lost every attempt is kept by the
+/// caller and written on the next one.
 pub const MAX_CAS_ATTEMPTS: usize = 8;
 
 /// The version token a create-if-missing write carries. proxy-wasm ignores the token of a key
 /// that does not exist yet and requires a match for one that does, so a write with a token no
-/// record holds creates the key only if nobody else has: two VMs that find a cluster's key
-/// missing in the same tick never overwrite each other. (Envoy hands out tokens from a counter
-/// starting at 1: this one would be current only after four billion writes, and then only for
-/// one of them.)
+/// value holds creates the key only if nobody else has: two VMs that find a key missing in the
+/// same tick never overwrite each other. (Envoy hands out tokens from a counter starting at 1:
+/// this one would be current only after four billion writes, and then only for one of them.)
 pub const CREATE_CAS: u32 = u32::MAX;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SyncError {
     /// Every compare-and-swap attempt lost to another worker.
     Contended,
+    /// Every slot is held by a live VM.
+    NoSlot,
     Store(String),
 }
 
@@ -145,92 +392,420 @@ impl std::fmt::Display for SyncError {
                 f,
                 "every one of {MAX_CAS_ATTEMPTS} compare-and-swaps lost to another VM"
             ),
+            SyncError::NoSlot => write!(f, "all {MAX_SLOTS} slots are held by live VMs"),
             SyncError::Store(why) => write!(f, "shared data: {why}"),
         }
     }
 }
 
-/// What one sync did to a cluster's record.
-#[derive(Debug)]
-pub struct Synced {
-    /// The record as written (or as read, when there was nothing to write).
-    pub state: ClusterState,
-    /// Whether this worker recomputed the weights.
-    pub refreshed: bool,
-    /// Hosts this worker ejected.
-    pub ejected: usize,
-    /// Set when the stored bytes were not a record this configuration can read: they were
-    /// replaced by a fresh record, and the caller reports why.
-    pub replaced: Option<DecodeError>,
+fn store_error(e: StoreError) -> SyncError {
+    SyncError::Store(e.to_string())
 }
 
-/// What a sync needs to know besides the store and the batch.
+/// What one VM's tick did with a cluster's shared data.
+#[derive(Debug, Default)]
+pub struct Synced {
+    pub head: Head,
+    /// The record, when this VM folded or read it this tick (a fold, or a table version it had
+    /// not adopted).
+    pub state: Option<ClusterState>,
+    /// Whether this VM recomputed the weights.
+    pub refreshed: bool,
+    /// Hosts this VM ejected.
+    pub ejected: usize,
+    /// Set when stored bytes were not a value this configuration can read: they were replaced,
+    /// and the caller reports why.
+    pub replaced: Option<DecodeError>,
+    /// Why the batch could not be written (the caller keeps it); `None`: it is in shared data.
+    pub kept: Option<SyncError>,
+    /// Why a refresh this VM started did not finish (the next refresher redoes it).
+    pub failed: Option<SyncError>,
+}
+
+/// What a tick needs to know besides the store and the batch.
 pub struct SyncContext<'a> {
-    pub key: &'a str,
+    pub keys: &'a Keys,
     pub static_hosts: &'a [String],
     pub policy: &'a Policy,
     /// The proxy's own zone.
     pub local_zone: Option<&'a str>,
     /// This VM's steady time (`clock::VmClock`).
     pub steady_ns: u64,
+    /// This VM's identity.
+    pub worker: u64,
+    /// The tick period: the least time between two refreshes asked for by `urgent`.
+    pub tick_ns: u64,
+    /// The batch holds what the table should follow now, not at the next refresh: a host the
+    /// table does not know, a new endpoint count, a host failing or gone.
+    pub urgent: bool,
+    /// The table version this VM holds.
+    pub table_version: u64,
 }
 
-/// Folds `batch` into the record at `ctx.key`, refreshes it when due, and writes it back under
-/// compare-and-swap, retrying on a lost swap. On `Ok` the samples are in shared state and the
-/// caller may drop them; on `Err` it must keep them for the next tick. `clock` is this VM's view
-/// of the record's clock; every time written into the record is record time.
+/// This VM's place in one cluster's shared data.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Member {
+    /// This VM's view of the record's clock.
+    pub clock: RecordClock,
+    /// The slot this VM writes to, once claimed.
+    pub slot: Option<u16>,
+}
+
+/// One tick of one VM for one cluster: reads the head, appends `batch` to this VM's slot, folds
+/// every slot into the record when a refresh is due (or `ctx.urgent`) and nobody else is at it,
+/// and reads the record when the head names a table this VM has not adopted. Every time written
+/// into shared data is record time. `Err`: the head could not be read, nothing was done.
 pub fn sync_cluster(
     store: &mut dyn SharedStore,
     ctx: &SyncContext,
     batch: &ClusterBatch,
-    clock: &mut RecordClock,
+    member: &mut Member,
 ) -> Result<Synced, SyncError> {
-    let policy = ctx.policy;
+    let (bytes, head_cas) = store.get(&ctx.keys.head).map_err(store_error)?;
+    let mut synced = Synced::default();
+    match bytes.map(|b| decode_head(&b)) {
+        Some(Ok(head)) => synced.head = head,
+        Some(Err(e)) => synced.replaced = Some(e),
+        None => {}
+    }
+    let stored = (synced.head.clock_ns > 0).then_some(synced.head.clock_ns);
+    let now_ns = member.clock.now(ctx.steady_ns, stored);
+    let mut written = false;
+    if !batch.is_empty() {
+        match write_batch(store, ctx, &synced.head, batch, now_ns, member) {
+            Ok(replaced) => {
+                written = true;
+                synced.replaced = synced.replaced.take().or(replaced);
+            }
+            Err(e) => synced.kept = Some(e),
+        }
+    }
+    let head = &synced.head;
+    let since = now_ns.saturating_sub(head.folded_ns);
+    let due = head_cas.is_none()
+        || synced.replaced.is_some()
+        || since >= ctx.policy.refresh_interval_ns
+        || (ctx.urgent && written && since >= ctx.tick_ns);
+    let free = head
+        .lease
+        .is_none_or(|l| l.until_ns <= now_ns || l.holder == ctx.worker);
+    if due && free {
+        match fold(store, ctx, head, head_cas, now_ns, member) {
+            Ok(Some(folded)) => {
+                synced.head = folded.head;
+                synced.refreshed = folded.refreshed;
+                synced.ejected = folded.ejected;
+                synced.replaced = synced.replaced.take().or(folded.replaced);
+                synced.state = Some(folded.state);
+                return Ok(synced);
+            }
+            Ok(None) => {}
+            Err(e) => synced.failed = Some(e),
+        }
+    }
+    if synced.head.table_version != ctx.table_version {
+        synced.state = read_record(store, &ctx.keys.record, ctx.policy.max_hosts);
+    }
+    Ok(synced)
+}
+
+/// The record at `key`, if there is one this configuration can read.
+pub fn read_record(store: &dyn SharedStore, key: &str, max_hosts: usize) -> Option<ClusterState> {
+    let Ok((Some(bytes), _)) = store.get(key) else {
+        return None;
+    };
+    decode(&bytes, max_hosts).ok()
+}
+
+/// Appends `batch` to this VM's slot, claiming one first if it has none (or lost its own to a VM
+/// that found it stale). Returns a decode error when it rebuilt a slot it could not read.
+fn write_batch(
+    store: &mut dyn SharedStore,
+    ctx: &SyncContext,
+    head: &Head,
+    batch: &ClusterBatch,
+    now_ns: u64,
+    member: &mut Member,
+) -> Result<Option<DecodeError>, SyncError> {
     for _ in 0..MAX_CAS_ATTEMPTS {
-        let (bytes, cas) = store
-            .get(ctx.key)
-            .map_err(|e| SyncError::Store(e.to_string()))?;
-        let (mut state, replaced) = match bytes.map(|b| decode(&b, policy.max_hosts)) {
-            Some(Ok(state)) => (state, None),
-            // Not a record this build can read in our own key: corrupt. Rebuilt, and reported.
-            Some(Err(e)) => (ClusterState::default(), Some(e)),
-            None => {
-                // Create the key empty first, so the merge below is always a compare-and-swap.
-                match store.set(ctx.key, &encode(&ClusterState::default()), Some(CREATE_CAS)) {
-                    Ok(()) | Err(StoreError::CasMismatch) => continue,
-                    Err(StoreError::Other(e)) => return Err(SyncError::Store(e)),
-                }
+        let Some(index) = member.slot else {
+            return claim(store, ctx, head, batch, now_ns, member);
+        };
+        let key = ctx.keys.slot(usize::from(index));
+        let (bytes, cas) = store.get(&key).map_err(store_error)?;
+        let mut slot = match bytes.map(|b| decode_slot(&b)) {
+            Some(Ok(slot)) if slot.owner == ctx.worker => slot,
+            // Taken over, rebuilt or never ours: find another.
+            _ => {
+                member.slot = None;
+                continue;
             }
         };
-        // A fresh record has no time yet: this VM's own clock starts it.
-        let now_ns = clock.now(
-            ctx.steady_ns,
-            (state.clock_ns > 0).then_some(state.clock_ns),
-        );
-        state.clock_ns = now_ns;
-        let merged = state.merge(batch, now_ns, policy);
-        let mut ejected = merged.ejected;
-        let refreshed = merged.membership_changed() || state.refresh_due(now_ns, policy);
-        if refreshed {
-            ejected += state.refresh(now_ns, policy, ctx.static_hosts, ctx.local_zone);
+        slot.forget_acked(head.acked(index));
+        slot.push(batch, now_ns);
+        slot.written_ns = now_ns;
+        match put_slot(store, &key, &mut slot, cas.or(Some(CREATE_CAS))) {
+            Ok(()) => return Ok(None),
+            Err(StoreError::CasMismatch) => continue,
+            Err(StoreError::Other(e)) => return Err(SyncError::Store(e)),
         }
-        if batch.is_empty() && !refreshed && ejected == 0 && replaced.is_none() {
-            return Ok(Synced {
-                state,
-                refreshed,
-                ejected,
-                replaced,
-            });
-        }
-        match store.set(ctx.key, &encode(&state), cas) {
-            Ok(()) => {
-                return Ok(Synced {
-                    state,
-                    refreshed,
-                    ejected,
-                    replaced,
-                })
+    }
+    Err(SyncError::Contended)
+}
+
+/// Writes a slot, folding its newest batches together while it is larger than a value may be.
+fn put_slot(
+    store: &mut dyn SharedStore,
+    key: &str,
+    slot: &mut Slot,
+    cas: Option<u32>,
+) -> Result<(), StoreError> {
+    let mut bytes = encode_slot(slot);
+    while bytes.len() > MAX_VALUE_BYTES && slot.batches.len() > 1 {
+        slot.squash();
+        bytes = encode_slot(slot);
+    }
+    if bytes.len() > MAX_VALUE_BYTES {
+        return Err(StoreError::Other(format!(
+            "a slot of {} bytes, limit {MAX_VALUE_BYTES}",
+            bytes.len()
+        )));
+    }
+    store.set(key, &bytes, cas)
+}
+
+/// Finds this VM a slot: the first missing one (created), or one not written for
+/// [`SLOT_TTL_NS`] (its batches kept: the refresher folds them as if its owner had stayed), or one
+/// that does not decode (rebuilt, with a new epoch).
+fn claim(
+    store: &mut dyn SharedStore,
+    ctx: &SyncContext,
+    head: &Head,
+    batch: &ClusterBatch,
+    now_ns: u64,
+    member: &mut Member,
+) -> Result<Option<DecodeError>, SyncError> {
+    for index in 0..MAX_SLOTS {
+        let Ok(index16) = u16::try_from(index) else {
+            break;
+        };
+        let key = ctx.keys.slot(index);
+        let (bytes, cas) = store.get(&key).map_err(store_error)?;
+        let fresh = || Slot {
+            owner: ctx.worker,
+            epoch: epoch(ctx.worker, now_ns, index),
+            ..Slot::default()
+        };
+        let (mut slot, replaced, cas) = match bytes.map(|b| decode_slot(&b)) {
+            None => (fresh(), None, CREATE_CAS),
+            Some(Ok(slot)) if now_ns.saturating_sub(slot.written_ns) >= SLOT_TTL_NS => {
+                (slot, None, cas.unwrap_or(CREATE_CAS))
             }
+            Some(Ok(_)) => continue,
+            Some(Err(e)) => (fresh(), Some(e), cas.unwrap_or(CREATE_CAS)),
+        };
+        slot.owner = ctx.worker;
+        slot.forget_acked(head.acked(index16));
+        slot.push(batch, now_ns);
+        slot.written_ns = now_ns;
+        match put_slot(store, &key, &mut slot, Some(cas)) {
+            Ok(()) => {
+                member.slot = Some(index16);
+                return Ok(replaced);
+            }
+            // Another VM took it first.
+            Err(StoreError::CasMismatch) => continue,
+            Err(StoreError::Other(e)) => return Err(SyncError::Store(e)),
+        }
+    }
+    Err(SyncError::NoSlot)
+}
+
+/// A new slot's epoch: different for every creation (another VM, another time), never 0.
+fn epoch(worker: u64, now_ns: u64, index: usize) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325_u64;
+    for v in [worker, now_ns, index as u64] {
+        h = (h ^ v).wrapping_mul(0x0100_0000_01b3).rotate_left(29);
+    }
+    h.max(1)
+}
+
+struct Folded {
+    head: Head,
+    state: ClusterState,
+    refreshed: bool,
+    ejected: usize,
+    replaced: Option<DecodeError>,
+}
+
+/// Takes the head's lease, folds every slot's unacknowledged batches into the record, refreshes
+/// it when due, writes it, then publishes the head. `None`: another VM holds the lease or wrote
+/// the record first; nothing was changed.
+fn fold(
+    store: &mut dyn SharedStore,
+    ctx: &SyncContext,
+    head: &Head,
+    head_cas: Option<u32>,
+    now_ns: u64,
+    member: &mut Member,
+) -> Result<Option<Folded>, SyncError> {
+    let policy = ctx.policy;
+    // The lease goes on the head as read (a head this VM could not decode is replaced by it),
+    // so the VMs that tick meanwhile keep their table and their slots.
+    let lease = Head {
+        lease: Some(Lease {
+            holder: ctx.worker,
+            until_ns: now_ns.saturating_add(LEASE_NS),
+        }),
+        ..head.clone()
+    };
+    match store.set(
+        &ctx.keys.head,
+        &encode_head(&lease),
+        Some(head_cas.unwrap_or(CREATE_CAS)),
+    ) {
+        Ok(()) => {}
+        Err(StoreError::CasMismatch) => return Ok(None),
+        Err(StoreError::Other(e)) => return Err(SyncError::Store(e)),
+    }
+    let (bytes, record_cas) = store.get(&ctx.keys.record).map_err(store_error)?;
+    let (mut state, replaced) = match bytes.map(|b| decode(&b, policy.max_hosts)) {
+        Some(Ok(state)) => (state, None),
+        // Not a record this build can read in our own key: corrupt. Rebuilt, and reported.
+        Some(Err(e)) => (ClusterState::default(), Some(e)),
+        None => (ClusterState::default(), None),
+    };
+    let (batches, acked, workers) = collect(store, ctx, &state, now_ns)?;
+    let now_ns = batches
+        .iter()
+        .map(|b| b.at_ns)
+        .fold(now_ns.max(state.clock_ns), u64::max);
+    member.clock.now(ctx.steady_ns, Some(now_ns));
+    state.clock_ns = now_ns;
+    // Every VM's batches of a host since the last fold become one batch, taken in at the fold's
+    // time: folded one by one, a batch stamped before a host's last update (a VM that wrote after
+    // the previous collect) would carry no weight in a time-decayed estimate, and of two batches
+    // at one time the second none either.
+    let mut hosts: crate::map::Map<String, Accumulator> = crate::map::Map::default();
+    let mut num_endpoints = None;
+    for b in &batches {
+        for (address, acc) in &b.hosts {
+            match hosts.get_mut(address) {
+                Some(sum) => sum.absorb(acc),
+                None => {
+                    hosts.insert(address.clone(), acc.clone());
+                }
+            }
+        }
+        num_endpoints = b.num_endpoints.or(num_endpoints);
+    }
+    let merged = state.merge_hosts(
+        hosts.iter().map(|(a, acc)| (a.as_str(), acc)),
+        num_endpoints,
+        now_ns,
+        policy,
+    );
+    let merged = state.settle(merged, now_ns, policy);
+    let mut ejected = merged.ejected;
+    let refreshed = merged.membership_changed() || state.refresh_due(now_ns, policy);
+    if refreshed {
+        ejected += state.refresh(now_ns, policy, ctx.static_hosts, ctx.local_zone);
+    }
+    state.acked = acked;
+    state.workers = workers;
+    let bytes = encode(&state);
+    if bytes.len() > MAX_VALUE_BYTES {
+        return Err(SyncError::Store(format!(
+            "a record of {} bytes, limit {MAX_VALUE_BYTES}",
+            bytes.len()
+        )));
+    }
+    match store.set(
+        &ctx.keys.record,
+        &bytes,
+        Some(record_cas.unwrap_or(CREATE_CAS)),
+    ) {
+        Ok(()) => {}
+        // A refresher whose lease ran out wrote first: its fold stands, this one is dropped.
+        Err(StoreError::CasMismatch) => return Ok(None),
+        Err(StoreError::Other(e)) => return Err(SyncError::Store(e)),
+    }
+    let head = Head {
+        table_version: state.table_version,
+        clock_ns: now_ns,
+        folded_ns: now_ns,
+        lease: None,
+        workers: u32::try_from(state.active_workers()).unwrap_or(u32::MAX),
+        acked: state.acked.clone(),
+    };
+    publish(store, ctx, &head)?;
+    Ok(Some(Folded {
+        head,
+        state,
+        refreshed,
+        ejected,
+        replaced,
+    }))
+}
+
+/// Batches to fold, in time order; what the record holds once they are; the VMs that sampled.
+type Collected = (Vec<SlotBatch>, Vec<Ack>, Vec<(u64, u64)>);
+
+/// Every slot's batches `state` does not hold yet, in time order; what the record will hold
+/// once they are folded; and the VMs that sampled within [`WORKER_TTL_NS`].
+fn collect(
+    store: &dyn SharedStore,
+    ctx: &SyncContext,
+    state: &ClusterState,
+    now_ns: u64,
+) -> Result<Collected, SyncError> {
+    let mut batches = Vec::new();
+    let mut acked = Vec::new();
+    let mut workers: Vec<(u64, u64)> = Vec::new();
+    for index in 0..MAX_SLOTS {
+        let Ok(index16) = u16::try_from(index) else {
+            break;
+        };
+        // Slots are claimed in order and never deleted: the first missing one ends them.
+        let (Some(bytes), _) = store.get(&ctx.keys.slot(index)).map_err(store_error)? else {
+            break;
+        };
+        let Ok(slot) = decode_slot(&bytes) else {
+            // Its owner rebuilds it on its next write, under a new epoch.
+            continue;
+        };
+        let held = find_ack(&state.acked, index16).filter(|a| a.epoch == slot.epoch);
+        for b in slot.batches {
+            if held.is_none_or(|a| b.seq > a.seq) {
+                batches.push(b);
+            }
+        }
+        acked.push(Ack {
+            slot: index16,
+            epoch: slot.epoch,
+            seq: slot.seq,
+        });
+        if slot.sampled_ns > 0 && now_ns.saturating_sub(slot.sampled_ns) < WORKER_TTL_NS {
+            workers.push((slot.owner, slot.sampled_ns));
+        }
+    }
+    batches.sort_by_key(|b| b.at_ns);
+    workers.sort_unstable();
+    workers.dedup_by_key(|(id, _)| *id);
+    Ok((batches, acked, workers))
+}
+
+/// Writes the head of a fold, if this VM still holds the lease (one that ran out may be another
+/// refresher's now: it publishes).
+fn publish(store: &mut dyn SharedStore, ctx: &SyncContext, head: &Head) -> Result<(), SyncError> {
+    for _ in 0..MAX_CAS_ATTEMPTS {
+        let (bytes, cas) = store.get(&ctx.keys.head).map_err(store_error)?;
+        let current = bytes.and_then(|b| decode_head(&b).ok());
+        if current.and_then(|h| h.lease).map(|l| l.holder) != Some(ctx.worker) {
+            return Ok(());
+        }
+        match store.set(&ctx.keys.head, &encode_head(head), cas) {
+            Ok(()) => return Ok(()),
             Err(StoreError::CasMismatch) => continue,
             Err(StoreError::Other(e)) => return Err(SyncError::Store(e)),
         }

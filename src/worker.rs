@@ -8,7 +8,7 @@
 
 use std::rc::Rc;
 
-use crate::clock::{RecordClock, VmClock};
+use crate::clock::VmClock;
 use crate::config::Config;
 use crate::diagnose::{HonourWatch, SteeredWatch, Warning};
 use crate::map::Map;
@@ -18,7 +18,9 @@ use crate::probe::{self, Probes};
 use crate::rules::{normalize_bytes, PathClass};
 use crate::state::{ClusterBatch, ClusterState, Policy};
 use crate::status::{ClusterStatus, HostPhase, Status};
-use crate::sync::{self, sync_cluster, DecodeError, SharedStore, SyncContext, SyncError};
+use crate::sync::{
+    self, sync_cluster, DecodeError, Keys, Member, SharedStore, SyncContext, SyncError,
+};
 use crate::telemetry::{Change, Metric, Update, NO_CLUSTER};
 use crate::units::{ms_to_whole_us, share_to_ppm, NS_PER_SEC};
 
@@ -223,10 +225,13 @@ struct LocalCluster {
     /// This tick's samples. Entries are emptied, not removed, after a merge: the next tick's
     /// samples of the same host need no allocation.
     batch: ClusterBatch,
-    /// This VM's view of the record's clock.
-    clock: RecordClock,
+    /// This cluster's keys in shared data, and this VM's place there (clock, slot).
+    keys: Keys,
+    member: Member,
     /// The last record read from shared data, for status and metrics.
     snapshot: ClusterState,
+    /// `snapshot.unknown_endpoints()`, counted once per record read.
+    unknown: u32,
     /// A request or a sample since the last tick.
     used: bool,
     /// Steady time of the last tick that saw it used.
@@ -592,22 +597,30 @@ impl Worker {
         let local_zone = self.local_zone.as_deref().filter(|z| !z.is_empty());
         let policy = self.config.policy();
         let slow_start_ns = policy.weights.slow_start_ns;
+        let tick_ns = u64::try_from(self.config.tick_period().as_nanos()).unwrap_or(u64::MAX);
         for (name, local) in &mut self.clusters {
-            let key = sync::key(&self.namespace, name);
+            if local.keys.record.is_empty() {
+                local.keys = Keys::new(&self.namespace, name);
+            }
             let ctx = SyncContext {
-                key: &key,
+                keys: &local.keys,
                 static_hosts: self.config.static_endpoints(name),
                 policy,
                 local_zone,
                 steady_ns,
+                worker: self.id,
+                tick_ns,
+                urgent: urgent(&local.batch, &local.snapshot),
+                table_version: local.table_version,
             };
-            match sync_cluster(store, &ctx, &local.batch, &mut local.clock) {
+            match sync_cluster(store, &ctx, &local.batch, &mut local.member) {
                 Ok(sync) => {
-                    local.batch.clear();
-                    // Entries of hosts that left the record go; only a change of the record's hosts
-                    // can make any (a merge adds every host it had samples of).
-                    if !same_hosts(&local.snapshot, &sync.state) {
-                        forget_departed(local, &sync.state);
+                    match sync.kept {
+                        None => local.batch.clear(),
+                        Some(e) => report.errors.push((name.clone(), e)),
+                    }
+                    if let Some(e) = sync.failed {
+                        report.errors.push((name.clone(), e));
                     }
                     report.refreshed += usize::from(sync.refreshed);
                     if sync.ejected > 0 {
@@ -627,25 +640,32 @@ impl Worker {
                             report.bad_records.push((name.clone(), e));
                         }
                     }
-                    explore_share(
-                        local,
-                        &sync.state,
-                        self.config.exploration_share(),
-                        steady_ns,
-                    );
-                    local.probes.set_workers(sync.state.active_workers());
-                    if sync.state.table_version != local.table_version {
-                        adopt(local, &sync.state, policy, steady_ns);
-                        report.adopted.push((name.clone(), local.table_version));
-                        host_gauges(
-                            name,
-                            &local.snapshot,
-                            &sync.state,
-                            slow_start_ns,
-                            &mut report.metrics,
-                        );
+                    local.probes.set_workers(sync.head.workers as usize);
+                    if let Some(state) = sync.state {
+                        // Entries of hosts that left the record go; only a change of the
+                        // record's hosts can make any.
+                        if !same_hosts(&local.snapshot, &state) {
+                            forget_departed(local, &state);
+                        }
+                        local.unknown = if state.num_endpoints > 0 {
+                            state.unknown_endpoints()
+                        } else {
+                            0
+                        };
+                        if state.table_version != local.table_version {
+                            adopt(local, &state, policy, steady_ns);
+                            report.adopted.push((name.clone(), local.table_version));
+                            host_gauges(
+                                name,
+                                &local.snapshot,
+                                &state,
+                                slow_start_ns,
+                                &mut report.metrics,
+                            );
+                        }
+                        local.snapshot = state;
                     }
-                    local.snapshot = sync.state;
+                    explore_share(local, self.config.exploration_share(), steady_ns);
                 }
                 Err(e) => report.errors.push((name.clone(), e)),
             }
@@ -734,6 +754,7 @@ impl Worker {
             .iter()
             .map(|(name, local)| {
                 let now_ns = local
+                    .member
                     .clock
                     .estimate(steady_ns)
                     .unwrap_or(local.snapshot.clock_ns);
@@ -878,22 +899,19 @@ pub const LEARNING_SHARE: f64 = 0.5;
 /// half the requests: each unknown endpoint then receives half its fair share and is met within
 /// a few of its requests. An endpoint that is never met (one Envoy counts but does not route to)
 /// costs that half only for the window, then its fraction.
-fn explore_share(local: &mut LocalCluster, state: &ClusterState, configured: f64, now_ns: u64) {
-    let unknown = if state.num_endpoints > 0 {
-        state.unknown_endpoints()
-    } else {
-        0
-    };
+fn explore_share(local: &mut LocalCluster, configured: f64, now_ns: u64) {
+    let unknown = local.unknown;
+    let num_endpoints = local.snapshot.num_endpoints;
     if unknown > local.unknown_seen {
         local.learning_since_ns = now_ns;
     }
     local.unknown_seen = unknown;
     // Once the record knows every endpoint Envoy counts, there is nothing to find: probes, not
     // the fallback, keep the known ones measured.
-    let everything_known = state.num_endpoints > 0 && unknown == 0;
+    let everything_known = num_endpoints > 0 && unknown == 0;
     let mut share = if everything_known { 0.0 } else { configured };
     if unknown > 0 {
-        share = share.max(f64::from(unknown) / f64::from(state.num_endpoints));
+        share = share.max(f64::from(unknown) / f64::from(num_endpoints));
         if now_ns.saturating_sub(local.learning_since_ns) < LEARNING_WINDOW_NS {
             share = share.max(LEARNING_SHARE);
         }
@@ -971,6 +989,20 @@ fn in_flight_updates(cluster: &str, local: &mut LocalCluster, out: &mut Vec<Upda
     }
 }
 
+/// Whether `batch` holds what the table should follow at once rather than at the next refresh:
+/// a host the record does not know, another endpoint count, a host whose every request failed or
+/// that Envoy no longer has. Costs what the batch holds.
+fn urgent(batch: &ClusterBatch, record: &ClusterState) -> bool {
+    batch
+        .num_endpoints
+        .is_some_and(|n| n != record.num_endpoints)
+        || batch.hosts.iter().any(|(address, acc)| {
+            acc.not_honoured > 0
+                || (acc.failures > 0 && !acc.had_success)
+                || (acc.latency.count > 0 && record.host(address).is_none())
+        })
+}
+
 /// Whether two records list the same hosts (both are sorted by address).
 fn same_hosts(a: &ClusterState, b: &ClusterState) -> bool {
     a.hosts.len() == b.hosts.len()
@@ -1027,7 +1059,8 @@ pub struct TickReport {
     pub refreshed: usize,
     /// Clusters whose pick table changed, with the new version.
     pub adopted: Vec<(String, u64)>,
-    /// Clusters whose samples could not be merged this tick (they are kept).
+    /// Clusters whose samples could not be written this tick (they are kept), or whose refresh
+    /// did not finish (the next refresher redoes it).
     pub errors: Vec<(String, SyncError)>,
     /// Clusters whose stored record could not be read and was rebuilt, the first time each.
     pub bad_records: Vec<(String, DecodeError)>,

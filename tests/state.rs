@@ -250,3 +250,128 @@ fn silent_learned_hosts_are_forgotten_static_ones_kept() {
     let left: Vec<&str> = state.hosts.iter().map(|h| h.address.as_str()).collect();
     assert_eq!(left, vec!["static:1"]);
 }
+
+/// One small value of each kind, every field set, as written to shared data.
+fn golden_values() -> [Vec<u8>; 3] {
+    use ewma_lb::state::{Ack, HostState};
+    use ewma_lb::sync::{encode_head, encode_slot, Head, Lease, Slot, SlotBatch};
+    let record = ClusterState {
+        table_version: 3,
+        refreshed_ns: 5,
+        clock_ns: 6,
+        num_endpoints: 2,
+        complete: true,
+        hosts: vec![HostState {
+            address: "10.0.0.1:80".into(),
+            zone: "a".into(),
+            last_seen_ns: 6,
+            samples: 4,
+            spread: 0.5,
+            share: 1.0,
+            ..HostState::default()
+        }],
+        workers: vec![(9, 6)],
+        acked: vec![Ack {
+            slot: 1,
+            epoch: 2,
+            seq: 7,
+        }],
+    };
+    let head = Head {
+        table_version: 3,
+        clock_ns: 6,
+        folded_ns: 6,
+        lease: Some(Lease {
+            holder: 9,
+            until_ns: 8,
+        }),
+        workers: 1,
+        acked: record.acked.clone(),
+    };
+    let mut acc = Accumulator::default();
+    acc.record(50.0, false, 1000.0);
+    acc.zone = Some("a".into());
+    let slot = Slot {
+        owner: 9,
+        epoch: 2,
+        seq: 8,
+        written_ns: 6,
+        sampled_ns: 6,
+        batches: vec![SlotBatch {
+            seq: 8,
+            at_ns: 6,
+            num_endpoints: Some(2),
+            hosts: vec![("10.0.0.1:80".into(), acc)],
+        }],
+    };
+    [encode(&record), encode_head(&head), encode_slot(&slot)]
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Ties `FORMAT_VERSION` to the layout: a change to any stored type changes these bytes, and the
+/// version must move with them (VMs of two builds share data during an upgrade; the version in
+/// the key keeps them apart only if it differs).
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn the_format_version_names_the_encoded_layout() {
+    const GOLDEN: [&str; 3] = ["45574c4204520305060201010b31302e302e302e313a38300000016106000000000004000000000000e03f00000000000000000000000000000000000000000000000000000000000000000000000000f03f01090601010207", "45574c4204480306060109080101010207", "45574c42045309020806060108060102010b31302e302e302e313a383001000000000000494000000100010161"];
+    assert_eq!(FORMAT_VERSION, 4, "update GOLDEN when the version moves");
+    for (value, golden) in golden_values().iter().zip(GOLDEN) {
+        assert_eq!(
+            hex(value),
+            golden,
+            "the encoded layout changed: bump sync::FORMAT_VERSION and update GOLDEN"
+        );
+    }
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn values_are_bounded_in_size() {
+    use ewma_lb::state::HostState;
+    use ewma_lb::sync::{decode_head, decode_slot, MAX_RECORD_HOSTS, MAX_VALUE_BYTES};
+    // The largest record a configuration allows, with long addresses and zones, fits a value.
+    let host = |i: usize| HostState {
+        address: format!(
+            "[fd00:1234:5678:9abc:def0:1234:{:04x}:{:04x}]:65535",
+            i >> 16,
+            i & 0xffff
+        ),
+        zone: "europe-west4-a-zone-of-a-long-name".into(),
+        last_seen_ns: u64::MAX,
+        active_since_ns: u64::MAX,
+        samples: u64::MAX,
+        spread_updated_ns: u64::MAX,
+        rising_since_ns: u64::MAX,
+        share: 1.0,
+        ..HostState::default()
+    };
+    let record = ClusterState {
+        hosts: (0..MAX_RECORD_HOSTS).map(host).collect(),
+        ..ClusterState::default()
+    };
+    let bytes = encode(&record);
+    assert!(bytes.len() <= MAX_VALUE_BYTES, "{} bytes", bytes.len());
+    assert!(decode(&bytes, MAX_RECORD_HOSTS).is_ok());
+    // A larger value is refused whatever it holds.
+    let mut big = bytes.clone();
+    big.resize(MAX_VALUE_BYTES + 1, 0);
+    for result in [
+        decode(&big, MAX_RECORD_HOSTS).err(),
+        decode_head(&big).err(),
+        decode_slot(&big).err(),
+    ] {
+        assert!(
+            matches!(result, Some(DecodeError::Corrupt(_))),
+            "{result:?}"
+        );
+    }
+    // A value of one kind is not read as another.
+    let [record, head, slot] = golden_values();
+    assert!(decode_head(&record).is_err());
+    assert!(decode_slot(&head).is_err());
+    assert!(decode(&slot, 16).is_err());
+}

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use ewma_lb::outcome::Outcome;
 use ewma_lb::telemetry::{Change, Metric, Update};
 use ewma_lb::worker::{Decision, FallbackReason, Finished, Pick, Request, Worker};
-use store::{config, defaults, steer, ticked, Shared, CLUSTER, MS, SEC};
+use store::{config, defaults, keys_of_kind, samples, steer, ticked, Shared, CLUSTER, MS, SEC};
 
 fn header_value(pick: &Pick) -> String {
     let mut out = String::new();
@@ -244,7 +244,8 @@ fn an_unreadable_record_is_rebuilt_reported_once_and_counted() {
             .insert(w.record_key(CLUSTER), (b"garbage".to_vec(), 7))
     };
     garbage();
-    let again = w.tick(SEC + SEC / 10, &mut store.clone());
+    // The record is read by the refresh, once an interval (250 ms at the defaults).
+    let again = w.tick(SEC + SEC / 2, &mut store.clone());
     assert!(again.bad_records.is_empty(), "logged once");
     assert!(
         again
@@ -816,4 +817,181 @@ fn a_host_out_of_favour_is_probed_by_time_shared_by_the_workers() {
     let total: usize = probes.iter().sum();
     assert!((3..=6).contains(&total), "{probes:?}");
     assert!(probes.iter().all(|n| *n >= 1), "{probes:?}");
+}
+
+const HOST: &str = "10.0.0.1:80";
+
+/// The key of `kind` (`head`, `slot0`, ...) of [`CLUSTER`] for `w`'s configuration.
+fn key_of(w: &Worker, kind: &str) -> String {
+    w.record_key(CLUSTER)
+        .replace(".cluster.", &format!(".{kind}."))
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_batch_written_after_the_refresher_collected_is_folded_next_time() {
+    use ewma_lb::state::Accumulator;
+    use ewma_lb::sync::{decode_slot, encode_slot, SlotBatch};
+    let store = Shared::default();
+    let mut workers: Vec<Worker> = (0..2).map(|i| Worker::new(defaults(), i)).collect();
+    let mut recorded = 0;
+    for t in 1..=5u64 {
+        for w in &mut workers {
+            finish_ok(w, HOST, 50.0);
+            recorded += 1;
+            w.tick(t * SEC / 10, &mut store.clone());
+        }
+    }
+    // Worker 1 writes a batch of 7 into its slot (slot1) right after the refresher read it.
+    store.0.borrow_mut().after_read_of = Some((
+        ".slot1.".into(),
+        Box::new(|data| {
+            let key = data.keys().find(|k| k.contains(".slot1.")).unwrap().clone();
+            let (bytes, version) = data.get(&key).unwrap().clone();
+            let mut slot = decode_slot(&bytes).unwrap();
+            slot.seq += 1;
+            let mut acc = Accumulator::default();
+            for _ in 0..7 {
+                acc.record(50.0, false, 1000.0);
+            }
+            slot.batches.push(SlotBatch {
+                seq: slot.seq,
+                at_ns: slot.written_ns,
+                num_endpoints: None,
+                hosts: vec![(HOST.to_owned(), acc)],
+            });
+            data.insert(key, (encode_slot(&slot), version + 1));
+        }),
+    ));
+    finish_ok(&mut workers[0], HOST, 50.0);
+    recorded += 1;
+    let report = workers[0].tick(SEC, &mut store.clone());
+    assert_eq!(report.refreshed, 1, "a refresh was due");
+    assert!(
+        store.0.borrow().after_read_of.is_none(),
+        "the refresher read slot1"
+    );
+    assert_eq!(samples(&store, HOST), recorded, "not yet collected");
+    for t in 11..=20u64 {
+        for w in &mut workers {
+            w.tick(t * SEC / 10, &mut store.clone());
+        }
+    }
+    assert_eq!(samples(&store, HOST), recorded + 7, "folded once, not lost");
+}
+
+/// Ticks `w` from `from` to `to` (steps of 100 ms), recording one sample per tick; returns how
+/// many.
+fn run(w: &mut Worker, store: &Shared, from: u64, to: u64, traffic: bool) -> u64 {
+    let mut recorded = 0;
+    let mut t = from;
+    while t <= to {
+        if traffic {
+            finish_ok(w, HOST, 50.0);
+            recorded += 1;
+        }
+        w.tick(t, &mut store.clone());
+        t += SEC / 10;
+    }
+    recorded
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_refresher_that_dies_before_or_after_writing_the_record_is_redone_once() {
+    // Died after the record, before the head (writes: lease, record, head): the record says
+    // which batches it holds, so the next refresher folds none twice. Died before the record:
+    // nothing changed, the next one does it all.
+    for (dies_at, key) in [("head", ".head."), ("record", ".cluster.")] {
+        let store = Shared::default();
+        let mut a = Worker::new(defaults(), 1);
+        let mut b = Worker::new(defaults(), 2);
+        let mut recorded = 0;
+        for t in 1..=5u64 {
+            for w in [&mut a, &mut b] {
+                finish_ok(w, HOST, 50.0);
+                recorded += 1;
+                w.tick(t * SEC / 10, &mut store.clone());
+            }
+        }
+        let mut writes = 0;
+        let head_write = if dies_at == "head" { 2 } else { 1 };
+        store.0.borrow_mut().refuse = Some(Box::new(move |k: &str| {
+            writes += usize::from(k.contains(key));
+            k.contains(key) && writes == head_write
+        }));
+        finish_ok(&mut a, HOST, 50.0);
+        recorded += 1;
+        let report = a.tick(SEC, &mut store.clone());
+        assert!(!report.errors.is_empty(), "{dies_at}: the refresh failed");
+        store.0.borrow_mut().refuse = None;
+        // `a` is gone; `b` goes on once the lease has run out.
+        let before = samples(&store, HOST);
+        recorded += run(&mut b, &store, SEC, 4 * SEC, true);
+        assert!(samples(&store, HOST) > before, "{dies_at}: b refreshed");
+        run(&mut b, &store, 4 * SEC + SEC / 10, 5 * SEC, false);
+        assert_eq!(samples(&store, HOST), recorded, "{dies_at}");
+    }
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn vms_that_come_and_go_reuse_slots_and_lose_nothing() {
+    let store = Shared::default();
+    // The main thread's VM: no traffic, no slot, refreshes (and so keeps the record's clock).
+    let mut main = Worker::new(
+        config(r#"{"clusters": {"backend": {"endpoints": ["10.0.0.9:80"]}}}"#),
+        100,
+    );
+    let mut recorded = 0;
+    let mut t = SEC;
+    for seed in 0..12 {
+        let mut w = Worker::new(defaults(), seed);
+        // Joins midway, serves for a second beside the main VM, and is restarted.
+        for _ in 0..10 {
+            finish_ok(&mut w, HOST, 50.0);
+            recorded += 1;
+            w.tick(t, &mut store.clone());
+            main.tick(t, &mut store.clone());
+            t += SEC / 10;
+        }
+        run(&mut main, &store, t, t + 11 * SEC, false);
+        t += 11 * SEC + SEC / 10;
+    }
+    assert_eq!(samples(&store, HOST), recorded);
+    assert_eq!(keys_of_kind(&store, "slot"), 1, "one slot, reused");
+    // Two at once hold two slots.
+    let mut a = Worker::new(defaults(), 50);
+    let mut b = Worker::new(defaults(), 51);
+    for _ in 0..3 {
+        for w in [&mut a, &mut b] {
+            finish_ok(w, HOST, 50.0);
+            w.tick(t, &mut store.clone());
+        }
+        t += SEC / 10;
+    }
+    assert_eq!(keys_of_kind(&store, "slot"), 2);
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn foreign_bytes_in_the_head_or_a_slot_are_replaced_and_counted() {
+    let store = Shared::default();
+    let mut w = Worker::new(defaults(), 1);
+    for kind in ["head", "slot0"] {
+        store
+            .0
+            .borrow_mut()
+            .data
+            .insert(key_of(&w, kind), (b"EWLB\x04Sgarbage".to_vec(), 3));
+    }
+    finish_ok(&mut w, HOST, 5.0);
+    let report = w.tick(SEC, &mut store.clone());
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert_eq!(report.bad_records.len(), 1, "{:?}", report.bad_records);
+    assert!(report
+        .metrics
+        .iter()
+        .any(|u| u.metric == Metric::SharedRecordErrors));
+    assert_eq!(samples(&store, HOST), 1);
 }

@@ -16,6 +16,7 @@ pub const MS: u64 = 1_000_000;
 pub const CLUSTER: &str = "backend";
 
 type Hook = Box<dyn FnMut(&mut HashMap<String, (Vec<u8>, u32)>)>;
+type Refusal = Box<dyn FnMut(&str) -> bool>;
 
 /// Values with a version per key, bumped on every write, as Envoy keeps them.
 #[derive(Default)]
@@ -28,6 +29,11 @@ pub struct Memory {
     /// Runs once, right after the next read that finds a key missing: what another VM did in
     /// between.
     pub after_missing_read: Option<Hook>,
+    /// Runs once, right after the next read of a key containing the string: what another VM did
+    /// in between.
+    pub after_read_of: Option<(String, Hook)>,
+    /// Writes to keys for which it says yes fail as a VM that died there would never write.
+    pub refuse: Option<Refusal>,
 }
 
 #[derive(Clone, Default)]
@@ -45,12 +51,23 @@ impl SharedStore for Shared {
                 hook(&mut m.data);
             }
         }
+        if m.after_read_of
+            .as_ref()
+            .is_some_and(|(k, _)| key.contains(k.as_str()))
+        {
+            if let Some((_, mut hook)) = m.after_read_of.take() {
+                hook(&mut m.data);
+            }
+        }
         Ok(found)
     }
 
     /// As Envoy: the token of a key that does not exist yet is not checked.
     fn set(&mut self, key: &str, value: &[u8], cas: Option<u32>) -> Result<(), StoreError> {
         let mut m = self.0.borrow_mut();
+        if m.refuse.as_mut().is_some_and(|refuse| refuse(key)) {
+            return Err(StoreError::Other("refused".into()));
+        }
         m.writes += 1;
         let current = m.data.get(key).map(|(_, v)| *v);
         let lose = current.is_some() && m.lose_every.is_some_and(|n| m.writes % n == 0);
@@ -120,4 +137,21 @@ pub fn steer(w: &mut Worker) -> ewma_lb::worker::Decision {
         },
         || None,
     )
+}
+
+/// The number of samples of `host` in [`CLUSTER`]'s record.
+pub fn samples(store: &Shared, host: &str) -> u64 {
+    store.state().host(host).map_or(0, |h| h.samples)
+}
+
+/// How many keys of each kind (`cluster`, `head`, `slot`) the store holds.
+pub fn keys_of_kind(store: &Shared, kind: &str) -> usize {
+    let kind = format!(".{kind}");
+    store
+        .0
+        .borrow()
+        .data
+        .keys()
+        .filter(|k| k.contains(&kind))
+        .count()
 }
