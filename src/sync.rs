@@ -335,31 +335,13 @@ impl Slot {
         };
         for (address, acc) in last.hosts {
             match prev.hosts.iter_mut().find(|(a, _)| *a == address) {
-                Some((_, into)) => add(into, &acc),
+                Some((_, into)) => into.absorb(&acc),
                 None => prev.hosts.push((address, acc)),
             }
         }
         prev.seq = last.seq;
         prev.at_ns = last.at_ns;
         prev.num_endpoints = last.num_endpoints.or(prev.num_endpoints);
-    }
-}
-
-/// `from`'s samples added to `into`'s, as if one batch had seen both (`from` the later).
-fn add(into: &mut Accumulator, from: &Accumulator) {
-    into.latency.count = into.latency.count.saturating_add(from.latency.count);
-    into.latency.sum_ms += from.latency.sum_ms;
-    into.failures = into.failures.saturating_add(from.failures);
-    into.trailing_failures = if from.had_success {
-        from.trailing_failures
-    } else {
-        into.trailing_failures
-            .saturating_add(from.trailing_failures)
-    };
-    into.had_success |= from.had_success;
-    into.not_honoured = into.not_honoured.saturating_add(from.not_honoured);
-    if from.zone.is_some() {
-        into.zone.clone_from(&from.zone);
     }
 }
 
