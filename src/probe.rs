@@ -11,9 +11,9 @@
 //! A probe costs the request that carries it the host's latency, and a probe seen sooner shows a
 //! recovery sooner. The interval that minimises their sum, cost per second ∝ `excess / interval`
 //! plus delay ∝ `interval`, grows with the square root of how much slower the host is than what
-//! the table's traffic gets: a host as fast as the rest is probed every `probe_interval`, one 16
-//! times slower every 4 `probe_interval`s, one that keeps failing (each failure counts as the
-//! failure penalty) less often still.
+//! the table's traffic gets: a host as fast as the rest is probed every `probe_interval`, one 4
+//! times slower every 2 `probe_interval`s, and none less often than every 3, so a recovery is
+//! seen within a bounded time however slow the host was.
 //!
 //! The interval is the cluster's, not each worker's: a worker VM waits it times the number of VMs
 //! that serve the cluster (counted in the shared record), so an Envoy with 16 workers probes a
@@ -27,8 +27,10 @@ use std::rc::Rc;
 use crate::units::within;
 
 /// The longest a host goes without a probe, whatever its latency, as a multiple of the
-/// configured interval: a host 400 times slower than the rest is still seen every 20 intervals.
-const MAX_INTERVAL_FACTOR: f64 = 20.0;
+/// configured interval: how late a recovery is seen must not grow without bound with how slow
+/// the host was (a host 22 times slower, probed every 4.7 intervals, came back to its share after
+/// the end of bench/scenarios/slowdown.toml's run). Past a host 9 times slower, the bound decides.
+const MAX_INTERVAL_FACTOR: f64 = 3.0;
 
 /// The probe interval of a host whose smoothed latency is `score_ms`, when the table's traffic
 /// gets `reference_ms` on average; `base_ns` is `probe_interval`. Unknown values count as equal.

@@ -22,9 +22,10 @@ fn the_interval_grows_with_the_square_root_of_the_slowness() {
         // Faster than the traffic's average: no more often than the base.
         (Some(5.0), Some(20.0), SEC),
         (Some(80.0), Some(20.0), 2 * SEC),
-        (Some(1_600.0), Some(100.0), 4 * SEC),
-        // tower #76's slowest endpoint, a thousand times the traffic's 1 ms: capped at 20.
-        (Some(1_000.0), Some(1.0), 20 * SEC),
+        (Some(180.0), Some(20.0), 3 * SEC),
+        // Past nine times slower the bound decides: a recovery is seen within 3 intervals.
+        (Some(1_600.0), Some(100.0), 3 * SEC),
+        (Some(1_000.0), Some(1.0), 3 * SEC),
         // Nothing known: as fast as the rest.
         (None, Some(20.0), SEC),
         (Some(20.0), None, SEC),
