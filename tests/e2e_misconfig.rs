@@ -91,11 +91,15 @@ fn lines_with(stack: &Stack, needle: &str) -> Vec<String> {
         .collect()
 }
 
+/// The plugin's start-up line. Envoy may not have written it to its log yet when it answers
+/// ready (a loaded machine), so the log is read until it has, for a while.
 fn startup_line(stack: &Stack) -> String {
-    lines_with(stack, "): configured: ")
-        .first()
-        .cloned()
-        .unwrap_or_else(|| panic!("no start-up line:\n{}", stack.envoy.log()))
+    let mut line = None;
+    within(Duration::from_secs(15), || {
+        line = lines_with(stack, "): configured: ").first().cloned();
+        line.is_some()
+    });
+    line.unwrap_or_else(|| panic!("no start-up line:\n{}", stack.envoy.log()))
 }
 
 #[test]
