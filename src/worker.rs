@@ -877,6 +877,7 @@ fn adopt(local: &mut LocalCluster, state: &ClusterState, policy: &Policy, now_ns
         intervals,
         now_ns,
     );
+    local.probes.set_floor(floor);
     local.table = table;
     local.table_version = state.table_version;
 }
