@@ -772,9 +772,14 @@ fn compile_clusters(
             }
         }
     }
+    // Sorted like a record's hosts, so a refresh matches them in one walk.
     Ok(clusters
         .into_iter()
-        .map(|(name, c)| (name, c.endpoints))
+        .map(|(name, mut c)| {
+            c.endpoints.sort_unstable();
+            c.endpoints.dedup();
+            (name, c.endpoints)
+        })
         .collect())
 }
 

@@ -19,6 +19,15 @@
 //! that serve the cluster (counted in the shared record), so an Envoy with 16 workers probes a
 //! slow host as often as one with 2.
 //!
+//! Time alone does not bound what probes cost where each proxy's traffic is thin: a fleet of a
+//! thousand Envoys, each probing a host every second or two, sends it a thousand probes a second,
+//! more than a host of half the others' capacity can serve, and a host drained for being slow
+//! would be kept full by probes alone. So a worker VM also sends a host no more probes than the
+//! table's floor allows of its own requests (one in `1 / floor`): the floor is the least share a
+//! host keeps, and probes are that share's only spending. With traffic of its own, a VM is bound
+//! by time; a VM that sees a host seldom is bound by the share, and a fleet of such VMs sends a
+//! host at the floor the floor's share of the fleet's traffic, as a pick at the floor would.
+//!
 //! A probe goes only to a host with nothing in flight from this worker, and the check is one host
 //! per request in turn, so the cost per request is O(1) whatever the cluster's size.
 
@@ -46,8 +55,14 @@ pub fn interval_ns(base_ns: u64, score_ms: Option<f64>, reference_ms: Option<f64
 /// One worker's probe schedule for one cluster, index for index with its pick table.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Probes {
-    /// When this worker last sent each host a request (steady ns).
+    /// When this worker last sent each host a request (steady ns), and how many requests to
+    /// the cluster it had routed then.
     last_sent_ns: Vec<u64>,
+    last_sent_request: Vec<u64>,
+    /// Requests to the cluster this worker has routed (each one checks for a probe).
+    requests: u64,
+    /// Requests this worker routes between two probes of one host: `1 / floor` (0: no bound).
+    spacing: u64,
     /// How long each host may go without one before it is probed.
     interval_ns: Vec<u64>,
     /// The host the next request checks.
@@ -72,30 +87,35 @@ impl Probes {
         let mut old = old_hosts
             .iter()
             .map(|h| &**h)
-            .zip(self.last_sent_ns.iter().copied())
+            .zip(self.last_sent_ns.iter().zip(&self.last_sent_request))
             .peekable();
-        let last_sent_ns = hosts
+        let (last_sent_ns, last_sent_request) = hosts
             .iter()
             .map(|h| {
                 let h: &str = h;
                 while old.next_if(|(o, _)| *o < h).is_some() {}
                 match old.peek() {
-                    Some((o, sent)) if *o == h => *sent,
-                    _ => now_ns,
+                    Some((o, (sent, request))) if *o == h => (**sent, **request),
+                    _ => (now_ns, self.requests),
                 }
             })
-            .collect();
+            .unzip();
         Probes {
             last_sent_ns,
+            last_sent_request,
             interval_ns: intervals,
             cursor: self.cursor,
             workers: self.workers,
+            requests: self.requests,
+            spacing: self.spacing,
         }
     }
 
     /// The host this request should probe, if any: the next host in turn, when this worker has
-    /// sent it nothing for its interval and has nothing in flight to it.
+    /// sent it nothing for its interval nor for `1 / floor` of its requests, and has nothing in
+    /// flight to it.
     pub fn due(&mut self, now_ns: u64, in_flight: impl Fn(usize) -> u32) -> Option<usize> {
+        self.requests = self.requests.saturating_add(1);
         let n = self.last_sent_ns.len();
         if n == 0 {
             return None;
@@ -103,11 +123,25 @@ impl Probes {
         let i = self.cursor % n;
         self.cursor = (i + 1) % n;
         let last = *self.last_sent_ns.get(i)?;
+        let last_request = *self.last_sent_request.get(i)?;
         let interval = self
             .interval_ns
             .get(i)?
             .saturating_mul(u64::from(self.workers.max(1)));
-        (now_ns.saturating_sub(last) >= interval && in_flight(i) == 0).then_some(i)
+        (now_ns.saturating_sub(last) >= interval
+            && self.requests.saturating_sub(last_request) >= self.spacing
+            && in_flight(i) == 0)
+            .then_some(i)
+    }
+
+    /// The table's floor (a share): this worker probes a host at most once every `1 / floor`
+    /// of its requests. 0 (or anything not a share) sets no such bound.
+    pub fn set_floor(&mut self, floor: f64) {
+        self.spacing = if floor > 0.0 && floor <= 1.0 {
+            (1.0 / floor).ceil() as u64
+        } else {
+            0
+        };
     }
 
     /// How many worker VMs share the cluster's probes.
@@ -119,6 +153,9 @@ impl Probes {
     pub fn sent(&mut self, i: usize, now_ns: u64) {
         if let Some(last) = self.last_sent_ns.get_mut(i) {
             *last = (*last).max(now_ns);
+        }
+        if let Some(last) = self.last_sent_request.get_mut(i) {
+            *last = self.requests;
         }
     }
 }

@@ -389,19 +389,36 @@ impl ClusterState {
         static_hosts: &[String],
         local_zone: Option<&str>,
     ) -> usize {
-        // Clear every flag, set the listed ones by search (a scan of the list per host cost
-        // 250,000 string comparisons per refresh at 500 static endpoints), then add the missing.
-        for host in &mut self.hosts {
-            host.is_static = false;
-        }
-        for address in static_hosts {
-            if let Ok(i) = self.index(address) {
-                if let Some(host) = self.hosts.get_mut(i) {
-                    host.is_static = true;
+        // The listed hosts and the record's are both sorted by address: one walk sets every
+        // host's flag and finds the listed ones the record lacks (a search per listed host was
+        // the refresh's largest cost at 500 static endpoints).
+        let mut missing = Vec::new();
+        if static_hosts.is_sorted() {
+            let mut listed = static_hosts.iter().map(String::as_str).peekable();
+            for host in &mut self.hosts {
+                let address = host.address.as_str();
+                while let Some(a) = listed.next_if(|a| *a < address) {
+                    missing.push(a);
+                }
+                host.is_static = listed.next_if(|a| *a == address).is_some();
+            }
+            missing.extend(listed);
+        } else {
+            for host in &mut self.hosts {
+                host.is_static = false;
+            }
+            for address in static_hosts {
+                match self.index(address) {
+                    Ok(i) => {
+                        if let Some(host) = self.hosts.get_mut(i) {
+                            host.is_static = true;
+                        }
+                    }
+                    Err(_) => missing.push(address),
                 }
             }
         }
-        for address in static_hosts {
+        for address in missing {
             if let Some(host) = self.host_mut_or_insert(address, now_ns, true, policy.max_hosts) {
                 host.is_static = true;
             }

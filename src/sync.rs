@@ -391,6 +391,8 @@ pub struct Synced {
     /// The record, when this VM folded or read it this tick (a fold, or a table version it had
     /// not adopted).
     pub state: Option<ClusterState>,
+    /// Whether this VM folded the slots into the record (and published it) this tick.
+    pub folded: bool,
     /// Whether this VM recomputed the weights.
     pub refreshed: bool,
     /// Hosts this VM ejected.
@@ -475,6 +477,7 @@ pub fn sync_cluster(
         match fold(store, ctx, head, head_cas, now_ns, member) {
             Ok(Some(folded)) => {
                 synced.head = folded.head;
+                synced.folded = true;
                 synced.refreshed = folded.refreshed;
                 synced.ejected = folded.ejected;
                 synced.replaced = synced.replaced.take().or(folded.replaced);

@@ -655,13 +655,18 @@ impl Worker {
                         if state.table_version != local.table_version {
                             adopt(local, &state, policy, steady_ns);
                             report.adopted.push((name.clone(), local.table_version));
-                            host_gauges(
-                                name,
-                                &local.snapshot,
-                                &state,
-                                slow_start_ns,
-                                &mut report.metrics,
-                            );
+                            // The per-host gauges are the process's, like the table: the VM
+                            // that published the table sets them, not every VM that adopts it
+                            // (a cluster's hosts times Envoy's workers in host calls a refresh).
+                            if sync.folded {
+                                host_gauges(
+                                    name,
+                                    &local.snapshot,
+                                    &state,
+                                    slow_start_ns,
+                                    &mut report.metrics,
+                                );
+                            }
                         }
                         local.snapshot = state;
                     }
@@ -877,6 +882,7 @@ fn adopt(local: &mut LocalCluster, state: &ClusterState, policy: &Policy, now_ns
         intervals,
         now_ns,
     );
+    local.probes.set_floor(floor);
     local.table = table;
     local.table_version = state.table_version;
 }

@@ -117,3 +117,30 @@ fn a_new_table_keeps_what_the_worker_knows_of_the_hosts_it_keeps() {
     }
     assert_eq!(due, ["a:1", "c:1"], "d was sent to at the rebuild");
 }
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_worker_spends_on_probes_at_most_the_floors_share_of_its_requests() {
+    // Host a takes the traffic, b is at the floor (1 %: one request in 100 at most) with a 1 s
+    // interval. A busy worker is bound by time, a quiet one by the share: in a fleet of quiet
+    // proxies, time alone would send b one probe a second from each of them.
+    let table = hosts(&["a:1", "b:1"]);
+    for (gap_ms, want) in [(1, 20), (10, 20), (100, 2), (500, 0)] {
+        let mut probes = Probes::default().rebuild(&[], &table, vec![SEC, SEC], 0);
+        probes.set_workers(1);
+        probes.set_floor(0.01);
+        let mut n = 0;
+        let mut now = 0;
+        while now < 20 * SEC {
+            now += gap_ms * MS;
+            match probes.due(now, |_| 0) {
+                Some(i) => {
+                    probes.sent(i, now);
+                    n += u64::from(i == 1);
+                }
+                None => probes.sent(0, now),
+            }
+        }
+        assert_eq!(n, want, "a request every {gap_ms} ms for 20 s");
+    }
+}

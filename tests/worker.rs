@@ -609,6 +609,20 @@ fn adopting_a_table_sets_every_hosts_gauges() {
         .filter(|(m, _, _)| *m == Metric::HostEjected)
         .count();
     assert_eq!(ejected, 2);
+    // Another VM adopting the same table leaves the gauges (the process's) as they are.
+    let mut other = Worker::new(config(cfg), 2);
+    let report = other.tick(SEC + 10 * MS, &mut store.clone());
+    assert_eq!(report.adopted, vec![(CLUSTER.to_string(), 1)]);
+    let gauges = changes(&report)
+        .into_iter()
+        .filter(|(m, _, _)| {
+            matches!(
+                m,
+                Metric::HostWeight | Metric::HostLatency | Metric::HostEjected
+            )
+        })
+        .count();
+    assert_eq!(gauges, 0, "set again by a VM that only adopted the table");
 }
 
 #[test]

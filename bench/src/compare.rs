@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
@@ -169,6 +169,35 @@ pub fn compare(s: &Scenario, opts: &CompareOptions) -> Result<Report> {
     Ok(report)
 }
 
+/// Runs `load` while the scenario's outages happen: each backend down (stopped: connections
+/// refused) over its seconds, counted from now; every one of them is listening again when this
+/// returns, so the next policy starts with the same backends.
+fn with_outages<T>(s: &Scenario, backends: &[Backend], load: impl FnOnce() -> T) -> T {
+    let start = Instant::now();
+    let until = s.duration.as_secs_f64();
+    let sleep_to = |t: f64| {
+        std::thread::sleep(
+            (start + Duration::from_secs_f64(t)).saturating_duration_since(Instant::now()),
+        )
+    };
+    std::thread::scope(|scope| {
+        for outage in s.outages.iter().filter(|o| o.from_s < until) {
+            let Some(backend) = backends.get(outage.backend) else {
+                continue;
+            };
+            scope.spawn(move || {
+                sleep_to(outage.from_s);
+                backend.stop();
+                sleep_to(outage.to_s.min(until));
+                if let Err(e) = backend.restart() {
+                    eprintln!("warning: {e:#}");
+                }
+            });
+        }
+        load()
+    })
+}
+
 #[allow(clippy::too_many_arguments)]
 fn run_policy(
     s: &Scenario,
@@ -208,7 +237,7 @@ fn run_policy(
         b.reset_counts();
     }
     let churn = churn.map(|c| c.start(s.duration));
-    let mut records = s.transport.run_load(&spec)?;
+    let mut records = with_outages(s, backends, || s.transport.run_load(&spec))?;
     let _eds = churn
         .map(|c| {
             c.join()

@@ -89,6 +89,9 @@ struct FileBackend {
     /// "FROM-TO@LATENCY", seconds since the run's start, e.g. "5-35@uniform:300-600".
     #[serde(default)]
     phases: Vec<String>,
+    /// "FROM-TO", seconds since the run's start: the backend is down (its listener closed,
+    /// connections refused, as a crashed process whose endpoint is still listed) in between.
+    down: Option<String>,
     /// This many backends like it, named NAME00, NAME01, ...
     count: Option<usize>,
     // When it is in the cluster, and where (membership.rs).
@@ -103,6 +106,38 @@ struct FileBackend {
 struct SmokeFile {
     duration: Option<String>,
     rate: Option<f64>,
+}
+
+/// A backend down (connections refused) from `from_s` to `to_s` of each run.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Outage {
+    pub backend: usize,
+    pub from_s: f64,
+    pub to_s: f64,
+}
+
+impl Outage {
+    fn parse(text: &str, backend: usize) -> Result<Outage> {
+        let (from, to) = text
+            .split_once('-')
+            .with_context(|| format!("down {text:?}: expected FROM-TO in seconds, e.g. 10-40"))?;
+        let secs = |v: &str| -> Result<f64> {
+            v.trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|x| x.is_finite() && *x >= 0.0)
+                .with_context(|| format!("down {text:?}: {v:?} is not a second >= 0"))
+        };
+        let (from_s, to_s) = (secs(from)?, secs(to)?);
+        if to_s <= from_s {
+            bail!("down {text:?}: the end must come after the start");
+        }
+        Ok(Outage {
+            backend,
+            from_s,
+            to_s,
+        })
+    }
 }
 
 /// A parsed, validated scenario.
@@ -127,6 +162,8 @@ pub struct Scenario {
     pub backends: Vec<BackendSpec>,
     /// When each backend is in the cluster, and in which zone (same order as `backends`).
     pub membership: Membership,
+    /// Backends down for a while: (index in `backends`, from s, to s).
+    pub outages: Vec<Outage>,
     pub windows: Vec<Window>,
     pub transport: Transport,
 }
@@ -215,6 +252,7 @@ impl Scenario {
                 local_zone: f.local_zone,
                 endpoints: Vec::new(),
             },
+            outages: Vec::new(),
             windows: f.windows.iter().map(Window::parse).collect::<Result<_>>()?,
             transport: Transport::parse(f.protocol.as_deref(), f.retry_on.as_deref())?,
         };
@@ -248,6 +286,11 @@ impl Scenario {
                     EndpointPlan::parse(&membership, i)
                         .with_context(|| format!("backend {name}"))?,
                 );
+                if let Some(down) = &b.down {
+                    let outage = Outage::parse(down, s.backends.len())
+                        .with_context(|| format!("backend {name}"))?;
+                    s.outages.push(outage);
+                }
                 s.backends.push(BackendSpec {
                     name,
                     ..spec.clone()
@@ -364,6 +407,21 @@ latency = "fixed:20"
 capacity = 4
 phases = ["5-35@uniform:300-600"]
 "#;
+
+    #[test]
+    fn an_outage_is_a_span_of_seconds() {
+        assert_eq!(
+            Outage::parse("10-40", 2).unwrap(),
+            Outage {
+                backend: 2,
+                from_s: 10.0,
+                to_s: 40.0
+            }
+        );
+        for bad in ["40-10", "10", "ten-40", "-1-5", "5-5"] {
+            assert!(Outage::parse(bad, 0).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn parses_a_scenario_with_defaults() {

@@ -117,6 +117,11 @@ pub fn load(path: &Path, smoke: bool) -> Result<SimSpec> {
 /// concurrency, its backends as hosts, its open-loop rate with evenly spaced arrivals, and the
 /// plugin learning hosts from traffic as it does in the benchmark's Envoy.
 pub fn from_scenario(s: &Scenario) -> Result<SimSpec> {
+    if !s.outages.is_empty() {
+        // Refused connections and Envoy's retries on them are not modelled: simulated, the
+        // scenario would quietly be another one.
+        bail!("a backend `down` span is not simulated: run this scenario with `compare`");
+    }
     let hosts = s
         .backends
         .iter()
