@@ -361,7 +361,8 @@ fn encoded_separators_and_partial_segments_reach_no_backend() {
         config
             .listener(LISTENER)?
             .http()?
-            .set_xff_num_trusted_hops(1)?;
+            .set_xff_num_trusted_hops(1)?
+            .set_management_guard_cidrs(&["10.0.0.0/8"])?;
         Ok(())
     })
     .unwrap();

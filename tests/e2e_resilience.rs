@@ -131,7 +131,8 @@ fn management_paths_are_open_to_the_allowlist_only() {
         config
             .listener(LISTENER)?
             .http()?
-            .set_xff_num_trusted_hops(1)?;
+            .set_xff_num_trusted_hops(1)?
+            .set_management_guard_cidrs(&["10.0.0.0/8"])?;
         Ok(())
     })
     .unwrap();
