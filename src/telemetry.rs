@@ -96,6 +96,14 @@ impl Metric {
         }
     }
 
+    /// Whether every VM moves the series by its own deltas ([`Change::Add`]): counters, and the
+    /// gauge of requests in flight, which holds the sum of every VM's contributions. No VM may
+    /// set such a series (not even to 0 when it stops updating it): that would wipe the other
+    /// VMs' contributions, and their later decrements would take Envoy's gauge below zero.
+    pub const fn moved_by_deltas(self) -> bool {
+        matches!(self.kind(), MetricKind::Counter) || matches!(self, Metric::HostInFlight)
+    }
+
     /// The label beside `cluster_name`, if any (none for `BuildInfo`, which has no cluster).
     pub const fn label(self) -> Option<&'static str> {
         match (self, self.labels()) {

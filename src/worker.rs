@@ -240,6 +240,10 @@ struct LocalCluster {
     reported_bad_record: bool,
     /// Whether Envoy honours this VM's picks (`diagnose`).
     honour: HonourWatch,
+    /// When a shared-data error of this cluster was last warned of, and how many were not
+    /// warned of since (`ERROR_WARNING_INTERVAL_NS`).
+    error_warned_ns: Option<u64>,
+    errors_unwarned: u64,
 }
 
 impl LocalCluster {
@@ -669,6 +673,13 @@ impl Worker {
                 }
                 Err(e) => report.errors.push((name.clone(), e)),
             }
+            warn_errors(
+                name,
+                local,
+                &report.errors,
+                steady_ns,
+                &mut report.error_warnings,
+            );
             in_flight_updates(name, local, &mut report.metrics);
             if let Some(window) = local.honour.check(steady_ns) {
                 report.warnings.push(Warning::NotHonoured {
@@ -974,6 +985,32 @@ fn host_gauges(
 }
 
 /// Moves the shared in-flight gauge by this worker's change since the last tick.
+/// How often a cluster's shared-data errors are logged at most. Under contention the same error
+/// ("every compare-and-swap lost") can come every tick of every VM: ten lines a second each.
+const ERROR_WARNING_INTERVAL_NS: u64 = 60_000_000_000;
+
+/// Picks this tick's errors of `cluster` (the last entries of `errors` naming it) to log.
+fn warn_errors(
+    cluster: &str,
+    local: &mut LocalCluster,
+    errors: &[(String, SyncError)],
+    now_ns: u64,
+    out: &mut Vec<(String, SyncError, u64)>,
+) {
+    for (_, e) in errors.iter().filter(|(c, _)| c == cluster) {
+        let due = local
+            .error_warned_ns
+            .is_none_or(|at| now_ns.saturating_sub(at) >= ERROR_WARNING_INTERVAL_NS);
+        if due {
+            out.push((cluster.to_owned(), e.clone(), local.errors_unwarned));
+            local.error_warned_ns = Some(now_ns);
+            local.errors_unwarned = 0;
+        } else {
+            local.errors_unwarned += 1;
+        }
+    }
+}
+
 fn in_flight_updates(cluster: &str, local: &mut LocalCluster, out: &mut Vec<Update>) {
     for (host, n) in &mut local.in_flight {
         if n.now != n.reported {
@@ -1062,6 +1099,9 @@ pub struct TickReport {
     /// Clusters whose samples could not be written this tick (they are kept), or whose refresh
     /// did not finish (the next refresher redoes it).
     pub errors: Vec<(String, SyncError)>,
+    /// The errors to log: per cluster, the first of `errors`, then at most one a minute, with
+    /// how many of that cluster's errors went unlogged before it.
+    pub error_warnings: Vec<(String, SyncError, u64)>,
     /// Clusters whose stored record could not be read and was rebuilt, the first time each.
     pub bad_records: Vec<(String, DecodeError)>,
     /// What the metrics should say now.

@@ -63,6 +63,40 @@ fn no_sample_is_lost_under_contention() {
     assert_eq!(merged, recorded);
 }
 
+/// A VM whose every write loses its compare-and-swap has an error every tick; it logs the first
+/// at once, then one a minute saying how many it did not log (before: one line per tick, ten a
+/// second per VM).
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn lost_compare_and_swaps_are_warned_of_once_a_minute() {
+    let store = Shared::default();
+    let mut w = Worker::new(defaults(), 1);
+    finish_ok(&mut w, "10.0.0.1:80", 5.0);
+    w.tick(SEC / 10, &mut store.clone());
+    store.0.borrow_mut().lose_every = Some(1);
+    let (mut errors, mut warned) = (0u64, Vec::new());
+    // 130 s of ticks of 100 ms, a request in each.
+    for t in 2..=1_301u64 {
+        finish_ok(&mut w, "10.0.0.1:80", 5.0);
+        let report = w.tick(t * SEC / 10, &mut store.clone());
+        errors += report.errors.len() as u64;
+        warned.extend(report.error_warnings.into_iter().map(|(_, _, n)| (t, n)));
+    }
+    assert!(
+        errors >= 1_000,
+        "the store should fail nearly every tick: {errors}"
+    );
+    let at: Vec<u64> = warned.iter().map(|(t, _)| *t).collect();
+    assert_eq!(at.len(), 3, "warned at ticks {at:?}");
+    assert_eq!(at[1] - at[0], 600, "{at:?}");
+    let unlogged: u64 = warned.iter().map(|(_, n)| n).sum();
+    assert_eq!(warned[0].1, 0);
+    assert!(
+        unlogged + 3 <= errors && unlogged + 3 + 200 >= errors,
+        "{warned:?} of {errors}"
+    );
+}
+
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn one_refresh_per_interval_whoever_ticks() {
@@ -586,6 +620,42 @@ fn the_in_flight_gauge_moves_by_this_workers_change_since_the_last_tick() {
         vec![],
         "nothing changed"
     );
+}
+
+/// Every series a worker moves by deltas is one the metrics adapter never sets when it evicts
+/// it (`Metric::moved_by_deltas`): before, evicting the in-flight gauge set it to 0, wiping the
+/// other VMs' requests in flight, and their later decrements took Envoy's gauge below zero.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn no_series_moved_by_deltas_is_ever_set() {
+    let cfg = r#"{"exploration_share": 0, "clusters": {"backend": {"endpoints": ["10.0.0.1:80", "10.0.0.2:80"]}}}"#;
+    let (store, mut w) = ticked(cfg, 1);
+    let mut seen = Vec::new();
+    for t in 2..40u64 {
+        steer(&mut w);
+        finish_ok(&mut w, "10.0.0.1:80", 5.0);
+        if t % 3 == 0 {
+            w.finish(
+                CLUSTER,
+                &Finished {
+                    picked: Some("10.0.0.2:80"),
+                    in_flight: true,
+                    ..Finished::default()
+                },
+            );
+        }
+        seen.extend(changes(&w.tick(t * SEC / 2, &mut store.clone())));
+    }
+    assert!(seen
+        .iter()
+        .any(|(m, _, c)| *m == Metric::HostInFlight && matches!(c, Change::Add(_))));
+    for (metric, _, change) in &seen {
+        assert_eq!(
+            matches!(change, Change::Add(_)),
+            metric.moved_by_deltas(),
+            "{metric:?} moved by {change:?}"
+        );
+    }
 }
 
 #[test]
