@@ -66,6 +66,9 @@ impl RootContext for Root {
                 ""
             }
         );
+        if let Some(warning) = config.guard_warning() {
+            warn!("ewma-lb: {warning}");
+        }
         let mut worker = Worker::new(config, random_seed());
         learn_local_zone(&mut worker);
         let mut vm = Vm::new(worker);
