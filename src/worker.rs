@@ -274,6 +274,20 @@ struct Counts {
     bad_records: u64,
     /// Picks Envoy served by another host on the first attempt.
     not_honoured: u64,
+    /// A cluster the configuration steers, or [`NO_CLUSTER`] (`counts_entry`).
+    steered_label: bool,
+}
+
+impl Counts {
+    /// Nothing to hand over: the counters went to the metrics at the last tick.
+    fn is_empty(&self) -> bool {
+        self.steered == 0
+            && self.denied == 0
+            && self.fallback.iter().all(|n| *n == 0)
+            && self.cross_zone == 0
+            && self.bad_records == 0
+            && self.not_honoured == 0
+    }
 }
 
 /// One VM's balancer.
@@ -288,7 +302,8 @@ pub struct Worker {
     /// The proxy's zone (`xds.node` locality), once the adapter has read it.
     local_zone: Option<String>,
     clusters: Map<String, LocalCluster>,
-    /// By `cluster_name` label; bounded like `clusters`, plus [`NO_CLUSTER`].
+    /// By `cluster_name` label: steered clusters and [`NO_CLUSTER`], and at most [`MAX_CLUSTERS`]
+    /// unlisted ones (`counts_entry`).
     counts: Map<String, Counts>,
     /// The names of `steered_clusters` no request carried yet (`diagnose`).
     steered_watch: SteeredWatch,
@@ -557,7 +572,7 @@ impl Worker {
                     }
                 }
                 if !honoured {
-                    if let Some(c) = counts_entry(&mut self.counts, cluster) {
+                    if let Some(c) = counts_entry(&mut self.counts, cluster, || true) {
                         c.not_honoured += 1;
                     }
                 }
@@ -585,7 +600,7 @@ impl Worker {
             }
         }
         if remote {
-            if let Some(c) = counts_entry(&mut self.counts, cluster) {
+            if let Some(c) = counts_entry(&mut self.counts, cluster, || true) {
                 c.cross_zone += 1;
             }
         }
@@ -636,7 +651,7 @@ impl Worker {
                         ));
                     }
                     if let Some(e) = sync.replaced {
-                        if let Some(c) = counts_entry(&mut self.counts, name) {
+                        if let Some(c) = counts_entry(&mut self.counts, name, || true) {
                             c.bad_records += 1;
                         }
                         if !local.reported_bad_record {
@@ -817,14 +832,50 @@ impl Worker {
     }
 
     fn counts_of(&mut self, cluster: Option<&str>) -> Option<&mut Counts> {
-        counts_entry(&mut self.counts, cluster.unwrap_or(NO_CLUSTER))
+        let label = cluster.unwrap_or(NO_CLUSTER);
+        let config = &self.config;
+        counts_entry(&mut self.counts, label, || {
+            label == NO_CLUSTER || config.steers(label)
+        })
     }
 }
 
-/// The counters of `label`, created on first sight while there is room.
-fn counts_entry<'a>(counts: &'a mut Map<String, Counts>, label: &str) -> Option<&'a mut Counts> {
-    if !counts.contains_key(label) && counts.len() <= MAX_CLUSTERS {
-        counts.insert(label.to_owned(), Counts::default());
+/// The counters of `label`, created on first sight while there is room. Clusters the
+/// configuration steers (at most [`MAX_CLUSTERS`] have a local entry) and [`NO_CLUSTER`] always
+/// find room: unlisted clusters, which a proxy may meet without bound, have [`MAX_CLUSTERS`] of
+/// their own, and one whose counters were handed over at the last tick (all zero) gives its place
+/// to a newcomer. Before, the first 257 labels of any kind took every place for good.
+fn counts_entry<'a>(
+    counts: &'a mut Map<String, Counts>,
+    label: &str,
+    steered: impl FnOnce() -> bool,
+) -> Option<&'a mut Counts> {
+    if !counts.contains_key(label) {
+        let steered = steered();
+        let room = if steered {
+            counts.len() <= 2 * MAX_CLUSTERS
+        } else {
+            let unlisted = counts.values().filter(|c| !c.steered_label).count();
+            let idle = (unlisted >= MAX_CLUSTERS)
+                .then(|| {
+                    counts
+                        .iter()
+                        .find(|(_, c)| !c.steered_label && c.is_empty())
+                        .map(|(k, _)| k.clone())
+                })
+                .flatten();
+            if let Some(idle) = &idle {
+                counts.remove(idle);
+            }
+            unlisted < MAX_CLUSTERS || idle.is_some()
+        };
+        if room {
+            let fresh = Counts {
+                steered_label: steered,
+                ..Counts::default()
+            };
+            counts.insert(label.to_owned(), fresh);
+        }
     }
     counts.get_mut(label)
 }
@@ -1086,7 +1137,10 @@ fn count_updates(cluster: &str, counts: &mut Counts, out: &mut Vec<Update>) {
             ));
         }
     }
-    *counts = Counts::default();
+    *counts = Counts {
+        steered_label: counts.steered_label,
+        ..Counts::default()
+    };
 }
 
 /// What a tick did, for logs and metrics.

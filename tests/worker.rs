@@ -749,6 +749,51 @@ fn clusters_outside_steered_clusters_are_left_to_envoy_and_counted() {
     assert_eq!(clusters, vec![CLUSTER]);
 }
 
+/// A proxy that routes to many clusters the plugin does not steer (300 here, one a tick) still
+/// counts the steered cluster's requests, and every unlisted cluster's fallback too. Before, the
+/// first 257 labels took every place of the VM's counters for good: after 300 unlisted clusters
+/// the steered cluster's requests were counted nowhere.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn many_unlisted_clusters_never_starve_a_steered_ones_counters() {
+    let cfg =
+        r#"{"exploration_share": 0, "clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}}"#;
+    let (store, mut w) = ticked(cfg, 1);
+    let request = |w: &mut Worker, cluster: &str| {
+        w.route(
+            &Request {
+                path: b"/",
+                cluster: Some(cluster),
+                ..Default::default()
+            },
+            || None,
+        )
+    };
+    let mut unlisted_counted = 0;
+    for i in 0..300u64 {
+        let name = format!("other-{i}");
+        request(&mut w, &name);
+        let report = w.tick((2 + i) * SEC / 10, &mut store.clone());
+        unlisted_counted += report
+            .metrics
+            .iter()
+            .filter(|u| u.metric == Metric::FallbackRequests && u.cluster == name)
+            .count();
+    }
+    assert_eq!(unlisted_counted, 300);
+    for _ in 0..5 {
+        request(&mut w, CLUSTER);
+    }
+    let report = w.tick(40 * SEC, &mut store.clone());
+    let steered: Vec<Change> = report
+        .metrics
+        .iter()
+        .filter(|u| u.metric == Metric::SteeredRequests && u.cluster == CLUSTER)
+        .map(|u| u.change)
+        .collect();
+    assert_eq!(steered, vec![Change::Add(5)]);
+}
+
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn a_grpc_status_decides_what_a_200_was() {
