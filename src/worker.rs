@@ -319,7 +319,7 @@ impl Worker {
         let steered_watch = SteeredWatch::new(config.steered_names());
         let mut worker = Worker {
             id,
-            namespace: sync::namespace(config.policy()),
+            namespace: sync::namespace(&config),
             clock: VmClock::new(max_gap_ns.max(MIN_CLOCK_GAP_NS)),
             config,
             rng,

@@ -794,6 +794,62 @@ fn many_unlisted_clusters_never_starve_a_steered_ones_counters() {
     assert_eq!(steered, vec![Change::Add(5)]);
 }
 
+/// Two listeners on one `vm_id` share the VMs' shared data. Configurations that differ in static
+/// endpoints, `failure_penalty_ms`, `latency_ceiling_ms` or the gRPC failure codes keep separate
+/// records: each listener's table holds its own static hosts. Before, their records shared a key
+/// (the fingerprint covered only the policy), and each refresh dropped the other's hosts.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn listeners_that_differ_outside_the_policy_keep_separate_records() {
+    let a = r#"{"clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}}"#;
+    let pairs = [
+        (
+            a,
+            r#"{"clusters": {"backend": {"endpoints": ["10.0.0.2:80"]}}}"#,
+        ),
+        (
+            a,
+            r#"{"clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}, "failure_penalty_ms": 2000}"#,
+        ),
+        (
+            a,
+            r#"{"clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}, "latency_ceiling_ms": 5000}"#,
+        ),
+        (
+            a,
+            r#"{"clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}, "grpc_failure_status_codes": ["INTERNAL"]}"#,
+        ),
+    ];
+    for (one, other) in pairs {
+        let store = Shared::default();
+        let mut first = Worker::new(config(one), 1);
+        let mut second = Worker::new(config(other), 2);
+        assert_ne!(
+            first.record_key(CLUSTER),
+            second.record_key(CLUSTER),
+            "{other}"
+        );
+        for t in 1..=10u64 {
+            first.tick(t * SEC / 2, &mut store.clone());
+            second.tick(t * SEC / 2, &mut store.clone());
+        }
+        let hosts = |w: &Worker| -> Vec<String> {
+            let mut h: Vec<String> = store
+                .record(&w.record_key(CLUSTER))
+                .hosts
+                .iter()
+                .map(|h| h.address.clone())
+                .collect();
+            h.sort();
+            h
+        };
+        assert_eq!(hosts(&first), vec!["10.0.0.1:80"], "{other}");
+    }
+    // The same configuration written twice is one record.
+    let (x, y) = (Worker::new(config(a), 1), Worker::new(config(a), 2));
+    assert_eq!(x.record_key(CLUSTER), y.record_key(CLUSTER));
+}
+
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn a_grpc_status_decides_what_a_200_was() {
@@ -1054,14 +1110,14 @@ fn a_refresher_that_dies_before_or_after_writing_the_record_is_redone_once() {
 fn vms_that_come_and_go_reuse_slots_and_lose_nothing() {
     let store = Shared::default();
     // The main thread's VM: no traffic, no slot, refreshes (and so keeps the record's clock).
-    let mut main = Worker::new(
-        config(r#"{"clusters": {"backend": {"endpoints": ["10.0.0.9:80"]}}}"#),
-        100,
-    );
+    // Every VM of a listener has its configuration (a static endpoint, so the main VM has a
+    // table to refresh).
+    let cfg = r#"{"clusters": {"backend": {"endpoints": ["10.0.0.9:80"]}}}"#;
+    let mut main = Worker::new(config(cfg), 100);
     let mut recorded = 0;
     let mut t = SEC;
     for seed in 0..12 {
-        let mut w = Worker::new(defaults(), seed);
+        let mut w = Worker::new(config(cfg), seed);
         // Joins midway, serves for a second beside the main VM, and is restarted.
         for _ in 0..10 {
             finish_ok(&mut w, HOST, 50.0);
@@ -1076,8 +1132,8 @@ fn vms_that_come_and_go_reuse_slots_and_lose_nothing() {
     assert_eq!(samples(&store, HOST), recorded);
     assert_eq!(keys_of_kind(&store, "slot"), 1, "one slot, reused");
     // Two at once hold two slots.
-    let mut a = Worker::new(defaults(), 50);
-    let mut b = Worker::new(defaults(), 51);
+    let mut a = Worker::new(config(cfg), 50);
+    let mut b = Worker::new(config(cfg), 51);
     for _ in 0..3 {
         for w in [&mut a, &mut b] {
             finish_ok(w, HOST, 50.0);
