@@ -244,11 +244,23 @@ struct LocalCluster {
     /// warned of since (`ERROR_WARNING_INTERVAL_NS`).
     error_warned_ns: Option<u64>,
     errors_unwarned: u64,
+    /// The batch dropped its empty entries since the last tick (`host_batch`).
+    batch_pruned: bool,
 }
 
 impl LocalCluster {
-    /// The batch of `host`, created while there is room.
+    /// The batch of `host`, created while there is room. Entries are emptied, not removed, after a
+    /// merge (the next tick's samples of the same host need no allocation); a full batch drops
+    /// its empty entries once a tick to make room. Before, the first 4,096 hosts a VM met held
+    /// every place for good: a larger cluster was never learned beyond them.
     fn host_batch(&mut self, host: &str) -> Option<&mut crate::state::Accumulator> {
+        if !self.batch.hosts.contains_key(host)
+            && self.batch.hosts.len() >= MAX_PENDING_HOSTS
+            && !self.batch_pruned
+        {
+            self.batch.hosts.retain(|_, acc| !acc.is_empty());
+            self.batch_pruned = true;
+        }
         if !self.batch.hosts.contains_key(host) && self.batch.hosts.len() < MAX_PENDING_HOSTS {
             self.batch
                 .hosts
@@ -593,6 +605,12 @@ impl Worker {
                 .unwrap_or_default();
             !zone.is_empty() && zone != mine
         });
+        // A host outside the stable subset of a cluster larger than the table is the fallback's:
+        // its samples would only be refused when folded.
+        let endpoints = done.num_endpoints.unwrap_or(local.snapshot.num_endpoints);
+        if !crate::state::in_subset(host, endpoints, self.config.policy().max_hosts) {
+            return;
+        }
         if let Some(acc) = local.host_batch(host) {
             acc.record(latency_ms, outcome.is_failure(), penalty_ms);
             if let Some(zone) = done.zone.filter(|z| acc.zone.as_deref() != Some(*z)) {
@@ -681,6 +699,12 @@ impl Worker {
                                 slow_start_ns,
                                 &mut report.metrics,
                             );
+                            report.metrics.push(update(
+                                Metric::HostsOutsideSubset,
+                                name,
+                                None,
+                                Change::Set(u64::from(state.outside_subset(policy.max_hosts))),
+                            ));
                         }
                         local.snapshot = state;
                     }
@@ -695,6 +719,7 @@ impl Worker {
                 steady_ns,
                 &mut report.error_warnings,
             );
+            local.batch_pruned = false;
             in_flight_updates(name, local, &mut report.metrics);
             if let Some(window) = local.honour.check(steady_ns) {
                 report.warnings.push(Warning::NotHonoured {
