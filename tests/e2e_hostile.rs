@@ -37,17 +37,54 @@ fn nested_path() -> String {
     format!("/%{}61", "25".repeat(20_000))
 }
 
-/// What it observes: how long the only worker (`--concurrency 1`) was held. Normal requests
-/// are sent one after another from before the 40 KB request until after its answer, so some are
-/// waiting on the worker whenever it is busy with the long path: the longest gap between two of
-/// their answers is at least as long as any hold. When normalisation cost one pass per nesting
-/// level, the worker was busy with the long path for 13 s; linear work answers in milliseconds.
-/// The 5 s bound tells the two apart on a loaded machine. The long request itself must be
-/// answered by the plugin (403: it classifies as guarded), not time out.
-#[test]
-fn a_forty_kilobyte_path_does_not_hold_the_worker() {
+/// How long the only worker (`--concurrency 1`) of `stack` was held while it answered `path`:
+/// normal requests are sent one after another from before the request for `path` until after
+/// its answer, so some are waiting on the worker whenever it is busy: the longest gap between two
+/// of their answers is at least as long as any hold. Returns `path`'s status, how long it took,
+/// how many normal requests were answered 200 and the longest gap.
+fn worker_held_by(stack: &Stack, path: &str) -> (u16, Duration, u32, Duration) {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
+    let stop = Arc::new(AtomicBool::new(false));
+    let normal_url = format!("{}/normal", stack.url);
+    let normals = {
+        let stop = Arc::clone(&stop);
+        thread::spawn(move || {
+            let (mut answered, mut longest_gap) = (0u32, Duration::ZERO);
+            let mut last = Instant::now();
+            while !stop.load(Ordering::Relaxed) {
+                let r = http::request("GET", &normal_url, &[], "", Duration::from_secs(30));
+                longest_gap = longest_gap.max(last.elapsed());
+                last = Instant::now();
+                answered += u32::from(r.is_ok_and(|r| r.status == 200));
+            }
+            (answered, longest_gap)
+        })
+    };
+    thread::sleep(Duration::from_millis(300));
+    let start = Instant::now();
+    let status = http::request(
+        "GET",
+        &format!("{}{path}", stack.url),
+        &[],
+        "",
+        Duration::from_secs(30),
+    )
+    .map_or(0, |r| r.status);
+    let took = start.elapsed();
+    thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let (answered, longest_gap) = normals.join().unwrap();
+    (status, took, answered, longest_gap)
+}
+
+/// What it observes: how long the only worker was held by the 40 KB path ([`worker_held_by`]).
+/// When normalisation cost one pass per nesting level, the worker was busy with it for 13 s;
+/// linear work answers in milliseconds. The 5 s bound tells the two apart on a loaded machine
+/// (`the_hold_measure_sees_a_held_worker` shows the measure sees a hold). The long request itself
+/// must be answered by the plugin (403: it classifies as guarded), not time out.
+#[test]
+fn a_forty_kilobyte_path_does_not_hold_the_worker() {
     let stack = Stack::start_with_options(
         three("fixed:5"),
         |c| {
@@ -63,34 +100,9 @@ fn a_forty_kilobyte_path_does_not_hold_the_worker() {
             .status,
         200
     );
-    let stop = Arc::new(AtomicBool::new(false));
-    let normal_url = format!("{}/normal", stack.url);
-    let normals = {
-        let stop = Arc::clone(&stop);
-        thread::spawn(move || {
-            let (mut answered, mut longest_gap) = (0u32, Duration::ZERO);
-            let mut last = Instant::now();
-            while !stop.load(Ordering::Relaxed) {
-                let r = http::request("GET", &normal_url, &[], "", Duration::from_secs(30));
-                assert_eq!(r.map(|r| r.status).ok(), Some(200));
-                longest_gap = longest_gap.max(last.elapsed());
-                last = Instant::now();
-                answered += 1;
-            }
-            (answered, longest_gap)
-        })
-    };
-    thread::sleep(Duration::from_millis(300));
-    let long_url = format!("{}{}", stack.url, nested_path());
-    let start = Instant::now();
-    let long_status =
-        http::request("GET", &long_url, &[], "", Duration::from_secs(30)).map(|r| r.status);
-    let long_took = start.elapsed();
-    thread::sleep(Duration::from_millis(300));
-    stop.store(true, Ordering::Relaxed);
-    let (answered, longest_gap) = normals.join().unwrap();
+    let (status, took, answered, longest_gap) = worker_held_by(&stack, &nested_path());
     eprintln!(
-        "40 KB path: {long_status:?} in {long_took:?}; {answered} normal requests meanwhile, the longest gap {longest_gap:?}"
+        "40 KB path: {status} in {took:?}; {answered} normal requests meanwhile, the longest gap {longest_gap:?}"
     );
     assert!(
         answered >= 2,
@@ -101,13 +113,34 @@ fn a_forty_kilobyte_path_does_not_hold_the_worker() {
         "the worker was held {longest_gap:?} (a normal request waited that long)"
     );
     assert_eq!(
-        long_status.unwrap(),
-        403,
+        status, 403,
         "a path still encoded after the decoding rounds is guarded"
     );
+    assert!(took < Duration::from_secs(5), "the long path took {took:?}");
+}
+
+/// The control of the test above: a filter that holds the worker 6 s on one request
+/// (tests/modules/panic-on-path, `/hold`, in the plugin's place) makes the longest gap 5 s or
+/// more, so a plugin whose work held the worker as the old normalisation did would fail there.
+#[test]
+fn the_hold_measure_sees_a_held_worker() {
+    let module = harness::test_module("panic-on-path").unwrap();
+    let stack = Stack::start_with_options(
+        three("fixed:5"),
+        |c| {
+            c.plugin()?.set_module_file(&module)?;
+            Ok(())
+        },
+        |o| o.concurrency = 1,
+    )
+    .unwrap();
+    let (status, took, answered, longest_gap) = worker_held_by(&stack, "/hold");
+    eprintln!("/hold: {status} in {took:?}; {answered} normal requests meanwhile, the longest gap {longest_gap:?}");
+    // The route's 5 s timeout runs while the filter holds the worker: Envoy answers 504.
+    assert_ne!(status, 0, "the held request got no answer");
     assert!(
-        long_took < Duration::from_secs(5),
-        "the long path took {long_took:?}"
+        longest_gap >= Duration::from_secs(5),
+        "a 6 s hold was measured as {longest_gap:?}"
     );
 }
 
