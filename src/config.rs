@@ -273,6 +273,7 @@ pub struct Config {
     static_endpoints: Map<String, Vec<String>>,
     status_path: String,
     shadow: bool,
+    guard_warning: Option<String>,
 }
 
 impl Config {
@@ -353,6 +354,14 @@ impl Config {
     /// Clusters with static endpoints.
     pub fn static_clusters(&self) -> impl Iterator<Item = &str> {
         self.static_endpoints.keys().map(String::as_str)
+    }
+
+    /// What to warn of at start-up about the management guard, if anything: an allowlist beyond
+    /// loopback is only as good as Envoy's `source.address`, which the plugin cannot tell how
+    /// Envoy derived (the connection manager's `use_remote_address` is not a property a filter
+    /// can read).
+    pub fn guard_warning(&self) -> Option<&str> {
+        self.guard_warning.as_deref()
     }
 
     pub fn status_path(&self) -> &str {
@@ -511,6 +520,7 @@ impl PluginConfig {
         let static_endpoints = compile_clusters(self.clusters, max_hosts, &steered)?;
         let rules = Rules::compile(&self.health_paths, &self.management, &self.excluded_paths)?;
         let status_path = check_status_path(self.status_path, &rules, &self.health_paths)?;
+        let guard_warning = guard_warning(&self.management.allowed_cidrs);
         Ok(Config {
             override_header: header,
             tick_period: Duration::from_millis(tick_period_ms),
@@ -535,8 +545,30 @@ impl PluginConfig {
             static_endpoints,
             status_path,
             shadow: self.shadow,
+            guard_warning,
         })
     }
+}
+
+/// The start-up warning for an allowlist that admits more than loopback (`Config::guard_warning`).
+fn guard_warning(allowed: &[String]) -> Option<String> {
+    let beyond: Vec<&String> = allowed
+        .iter()
+        .filter(|c| {
+            !ManagementConfig::default()
+                .allowed_cidrs
+                .iter()
+                .any(|d| d == *c)
+        })
+        .collect();
+    if beyond.is_empty() {
+        return None;
+    }
+    let listed: Vec<String> = beyond.iter().map(|c| quoted(c)).collect();
+    Some(format!(
+        "management.allowed_cidrs admits {}: the guard trusts Envoy's client address, which follows the client's X-Forwarded-For unless the connection manager sets use_remote_address: true (Envoy's default is false, and Istio's sidecars keep it) or xff_num_trusted_hops counts only your own proxies; the plugin cannot read that setting, so check it (README, Threat model)",
+        listed.join(", ")
+    ))
 }
 
 /// Headers whose meaning HTTP or Envoy fixes. The plugin removes the client's copy of
@@ -764,10 +796,23 @@ fn compile_clusters(
             ));
         }
         for (i, endpoint) in cluster.endpoints.iter().enumerate() {
-            if endpoint.parse::<SocketAddr>().is_err() {
+            let Ok(addr) = endpoint.parse::<SocketAddr>() else {
                 return Err(err(
                     format!("clusters.{name}.endpoints[{i}]"),
                     format!("must be IP:port, got {}", quoted(endpoint)),
+                ));
+            };
+            // Hosts are matched by the text Envoy gives (`upstream.address`), which is the
+            // canonical form: `[0:0::1]:80` would never match Envoy's `[::1]:80`.
+            let canonical = addr.to_string();
+            if canonical != *endpoint {
+                return Err(err(
+                    format!("clusters.{name}.endpoints[{i}]"),
+                    format!(
+                        "must be written as Envoy writes the address, {}, got {}",
+                        quoted(&canonical),
+                        quoted(endpoint)
+                    ),
                 ));
             }
         }

@@ -260,6 +260,16 @@ impl ClusterState {
             || now_ns.saturating_sub(self.refreshed_ns) >= policy.refresh_interval_ns
     }
 
+    /// Endpoints Envoy reports beyond what the table holds when the cluster is larger than
+    /// `max_hosts` (the stable subset's outside, once it is learned); 0 otherwise.
+    pub fn outside_subset(&self, max_hosts: usize) -> u32 {
+        if usize::try_from(self.num_endpoints).unwrap_or(usize::MAX) > max_hosts {
+            self.unknown_endpoints()
+        } else {
+            0
+        }
+    }
+
     /// How many endpoints of the cluster the record does not know: Envoy's count minus the hosts
     /// known to be in it.
     pub fn unknown_endpoints(&self) -> u32 {
@@ -423,8 +433,12 @@ impl ClusterState {
                 host.is_static = true;
             }
         }
-        self.hosts
-            .retain(|h| h.is_static || now_ns.saturating_sub(h.last_seen_ns) < policy.host_ttl_ns);
+        let num_endpoints = self.num_endpoints;
+        self.hosts.retain(|h| {
+            h.is_static
+                || (now_ns.saturating_sub(h.last_seen_ns) < policy.host_ttl_ns
+                    && in_subset(&h.address, num_endpoints, policy.max_hosts))
+        });
         self.drop_surplus(now_ns, policy.refresh_interval_ns);
         for host in &mut self.hosts {
             if host.health.tick(&policy.outlier, now_ns) {
@@ -559,8 +573,10 @@ impl ClusterState {
             .retain(|h| !silent.iter().any(|(_, a)| *a == h.address));
     }
 
-    /// The host's entry, created when missing. A full record makes room by forgetting the learned
-    /// host seen least recently: the newest endpoints are never the ones left out.
+    /// The host's entry, created when missing. In a cluster larger than `max_hosts`, only a host of
+    /// the stable subset ([`in_subset`]) is created, and only while there is room. Otherwise a
+    /// full record makes room by forgetting the learned host seen least recently: the newest
+    /// endpoints are never the ones left out.
     fn host_mut_or_insert(
         &mut self,
         address: &str,
@@ -571,6 +587,14 @@ impl ClusterState {
         let i = match self.index(address) {
             Ok(i) => i,
             Err(_) => {
+                let subsetting =
+                    usize::try_from(self.num_endpoints).unwrap_or(usize::MAX) > max_hosts;
+                if subsetting
+                    && (self.hosts.len() >= max_hosts
+                        || !(is_static || in_subset(address, self.num_endpoints, max_hosts)))
+                {
+                    return None;
+                }
                 if self.hosts.len() >= max_hosts {
                     let oldest = self
                         .hosts
@@ -602,6 +626,35 @@ impl ClusterState {
         };
         self.hosts.get_mut(i)
     }
+}
+
+/// The share of `max_hosts_per_cluster` the stable subset of a larger cluster aims at. The subset
+/// is a draw (by a hash of each address), so its size varies by about its square root: at 90 %
+/// of 1,024 hosts, the bound is 3.3 standard deviations away, and a full record admits no
+/// newcomer rather than evicting a host (so a subset never churns).
+pub const SUBSET_FILL: f64 = 0.9;
+
+/// Whether the table keeps `address`: always in a cluster of at most `max_hosts` endpoints; in a
+/// larger one only if the address is in the stable subset, which a hash of the address decides
+/// the same way in every VM and at every tick, so the same hosts stay in and the others are left
+/// to Envoy's fallback policy. The subset changes only when the endpoint count does, and then
+/// mostly by the hosts at its edge.
+pub fn in_subset(address: &str, num_endpoints: u32, max_hosts: usize) -> bool {
+    let n = usize::try_from(num_endpoints).unwrap_or(usize::MAX);
+    if n <= max_hosts {
+        return true;
+    }
+    let keep = SUBSET_FILL * max_hosts as f64 / f64::from(num_endpoints);
+    // FNV-1a, then a finaliser (splitmix64's): similar addresses get unrelated draws.
+    let mut h = address.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    h ^= h >> 30;
+    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h ^= h >> 27;
+    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^= h >> 31;
+    ((h >> 11) as f64 / (1u64 << 53) as f64) < keep
 }
 
 /// Share differences below this are rounding, not a new table.

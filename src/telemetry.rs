@@ -32,6 +32,7 @@ pub enum Metric {
     HostInFlight,
     HostEjected,
     UnknownEndpoints,
+    HostsOutsideSubset,
     CrossZoneRequests,
     SharedRecordErrors,
     PicksNotHonoured,
@@ -40,7 +41,7 @@ pub enum Metric {
 }
 
 impl Metric {
-    pub const ALL: [Metric; 14] = [
+    pub const ALL: [Metric; 15] = [
         Metric::SteeredRequests,
         Metric::FallbackRequests,
         Metric::ManagementDeniedRequests,
@@ -50,6 +51,7 @@ impl Metric {
         Metric::HostInFlight,
         Metric::HostEjected,
         Metric::UnknownEndpoints,
+        Metric::HostsOutsideSubset,
         Metric::CrossZoneRequests,
         Metric::SharedRecordErrors,
         Metric::PicksNotHonoured,
@@ -69,6 +71,7 @@ impl Metric {
             Metric::HostInFlight => "ewma_lb_host_in_flight_requests",
             Metric::HostEjected => "ewma_lb_host_ejected",
             Metric::UnknownEndpoints => "ewma_lb_unknown_endpoints",
+            Metric::HostsOutsideSubset => "ewma_lb_hosts_outside_subset",
             Metric::CrossZoneRequests => "ewma_lb_cross_zone_requests_total",
             Metric::SharedRecordErrors => "ewma_lb_shared_record_errors_total",
             Metric::PicksNotHonoured => "ewma_lb_picks_not_honoured_total",
@@ -92,8 +95,17 @@ impl Metric {
             | Metric::HostInFlight
             | Metric::HostEjected
             | Metric::UnknownEndpoints
+            | Metric::HostsOutsideSubset
             | Metric::BuildInfo => MetricKind::Gauge,
         }
+    }
+
+    /// Whether every VM moves the series by its own deltas ([`Change::Add`]): counters, and the
+    /// gauge of requests in flight, which holds the sum of every VM's contributions. No VM may
+    /// set such a series (not even to 0 when it stops updating it): that would wipe the other
+    /// VMs' contributions, and their later decrements would take Envoy's gauge below zero.
+    pub const fn moved_by_deltas(self) -> bool {
+        matches!(self.kind(), MetricKind::Counter) || matches!(self, Metric::HostInFlight)
     }
 
     /// The label beside `cluster_name`, if any (none for `BuildInfo`, which has no cluster).
@@ -118,6 +130,7 @@ impl Metric {
             | Metric::ManagementDeniedRequests
             | Metric::Ejections
             | Metric::UnknownEndpoints
+            | Metric::HostsOutsideSubset
             | Metric::CrossZoneRequests
             | Metric::SharedRecordErrors
             | Metric::PicksNotHonoured
@@ -136,6 +149,7 @@ impl Metric {
             Metric::HostInFlight => "steered requests not finished yet",
             Metric::HostEjected => "1 while ejected",
             Metric::UnknownEndpoints => "endpoints of the cluster the table does not know yet (they get their share through the fallback)",
+            Metric::HostsOutsideSubset => "endpoints of a cluster larger than max_hosts_per_cluster that the table's stable subset leaves to the fallback",
             Metric::CrossZoneRequests => "sampled requests served by a host outside the proxy's zone",
             Metric::SharedRecordErrors => "stored records that could not be read and were rebuilt",
             Metric::PicksNotHonoured => "picks Envoy did not honour: another host served the first attempt (the cluster does not read the plugin's header, or the host left it)",

@@ -240,11 +240,27 @@ struct LocalCluster {
     reported_bad_record: bool,
     /// Whether Envoy honours this VM's picks (`diagnose`).
     honour: HonourWatch,
+    /// When a shared-data error of this cluster was last warned of, and how many were not
+    /// warned of since (`ERROR_WARNING_INTERVAL_NS`).
+    error_warned_ns: Option<u64>,
+    errors_unwarned: u64,
+    /// The batch dropped its empty entries since the last tick (`host_batch`).
+    batch_pruned: bool,
 }
 
 impl LocalCluster {
-    /// The batch of `host`, created while there is room.
+    /// The batch of `host`, created while there is room. Entries are emptied, not removed, after a
+    /// merge (the next tick's samples of the same host need no allocation); a full batch drops
+    /// its empty entries once a tick to make room. Before, the first 4,096 hosts a VM met held
+    /// every place for good: a larger cluster was never learned beyond them.
     fn host_batch(&mut self, host: &str) -> Option<&mut crate::state::Accumulator> {
+        if !self.batch.hosts.contains_key(host)
+            && self.batch.hosts.len() >= MAX_PENDING_HOSTS
+            && !self.batch_pruned
+        {
+            self.batch.hosts.retain(|_, acc| !acc.is_empty());
+            self.batch_pruned = true;
+        }
         if !self.batch.hosts.contains_key(host) && self.batch.hosts.len() < MAX_PENDING_HOSTS {
             self.batch
                 .hosts
@@ -270,6 +286,20 @@ struct Counts {
     bad_records: u64,
     /// Picks Envoy served by another host on the first attempt.
     not_honoured: u64,
+    /// A cluster the configuration steers, or [`NO_CLUSTER`] (`counts_entry`).
+    steered_label: bool,
+}
+
+impl Counts {
+    /// Nothing to hand over: the counters went to the metrics at the last tick.
+    fn is_empty(&self) -> bool {
+        self.steered == 0
+            && self.denied == 0
+            && self.fallback.iter().all(|n| *n == 0)
+            && self.cross_zone == 0
+            && self.bad_records == 0
+            && self.not_honoured == 0
+    }
 }
 
 /// One VM's balancer.
@@ -284,7 +314,8 @@ pub struct Worker {
     /// The proxy's zone (`xds.node` locality), once the adapter has read it.
     local_zone: Option<String>,
     clusters: Map<String, LocalCluster>,
-    /// By `cluster_name` label; bounded like `clusters`, plus [`NO_CLUSTER`].
+    /// By `cluster_name` label: steered clusters and [`NO_CLUSTER`], and at most [`MAX_CLUSTERS`]
+    /// unlisted ones (`counts_entry`).
     counts: Map<String, Counts>,
     /// The names of `steered_clusters` no request carried yet (`diagnose`).
     steered_watch: SteeredWatch,
@@ -300,7 +331,7 @@ impl Worker {
         let steered_watch = SteeredWatch::new(config.steered_names());
         let mut worker = Worker {
             id,
-            namespace: sync::namespace(config.policy()),
+            namespace: sync::namespace(&config),
             clock: VmClock::new(max_gap_ns.max(MIN_CLOCK_GAP_NS)),
             config,
             rng,
@@ -553,7 +584,7 @@ impl Worker {
                     }
                 }
                 if !honoured {
-                    if let Some(c) = counts_entry(&mut self.counts, cluster) {
+                    if let Some(c) = counts_entry(&mut self.counts, cluster, || true) {
                         c.not_honoured += 1;
                     }
                 }
@@ -574,6 +605,12 @@ impl Worker {
                 .unwrap_or_default();
             !zone.is_empty() && zone != mine
         });
+        // A host outside the stable subset of a cluster larger than the table is the fallback's:
+        // its samples would only be refused when folded.
+        let endpoints = done.num_endpoints.unwrap_or(local.snapshot.num_endpoints);
+        if !crate::state::in_subset(host, endpoints, self.config.policy().max_hosts) {
+            return;
+        }
         if let Some(acc) = local.host_batch(host) {
             acc.record(latency_ms, outcome.is_failure(), penalty_ms);
             if let Some(zone) = done.zone.filter(|z| acc.zone.as_deref() != Some(*z)) {
@@ -581,7 +618,7 @@ impl Worker {
             }
         }
         if remote {
-            if let Some(c) = counts_entry(&mut self.counts, cluster) {
+            if let Some(c) = counts_entry(&mut self.counts, cluster, || true) {
                 c.cross_zone += 1;
             }
         }
@@ -632,7 +669,7 @@ impl Worker {
                         ));
                     }
                     if let Some(e) = sync.replaced {
-                        if let Some(c) = counts_entry(&mut self.counts, name) {
+                        if let Some(c) = counts_entry(&mut self.counts, name, || true) {
                             c.bad_records += 1;
                         }
                         if !local.reported_bad_record {
@@ -666,6 +703,12 @@ impl Worker {
                                     slow_start_ns,
                                     &mut report.metrics,
                                 );
+                                report.metrics.push(update(
+                                    Metric::HostsOutsideSubset,
+                                    name,
+                                    None,
+                                    Change::Set(u64::from(state.outside_subset(policy.max_hosts))),
+                                ));
                             }
                         }
                         local.snapshot = state;
@@ -674,6 +717,14 @@ impl Worker {
                 }
                 Err(e) => report.errors.push((name.clone(), e)),
             }
+            warn_errors(
+                name,
+                local,
+                &report.errors,
+                steady_ns,
+                &mut report.error_warnings,
+            );
+            local.batch_pruned = false;
             in_flight_updates(name, local, &mut report.metrics);
             if let Some(window) = local.honour.check(steady_ns) {
                 report.warnings.push(Warning::NotHonoured {
@@ -811,14 +862,50 @@ impl Worker {
     }
 
     fn counts_of(&mut self, cluster: Option<&str>) -> Option<&mut Counts> {
-        counts_entry(&mut self.counts, cluster.unwrap_or(NO_CLUSTER))
+        let label = cluster.unwrap_or(NO_CLUSTER);
+        let config = &self.config;
+        counts_entry(&mut self.counts, label, || {
+            label == NO_CLUSTER || config.steers(label)
+        })
     }
 }
 
-/// The counters of `label`, created on first sight while there is room.
-fn counts_entry<'a>(counts: &'a mut Map<String, Counts>, label: &str) -> Option<&'a mut Counts> {
-    if !counts.contains_key(label) && counts.len() <= MAX_CLUSTERS {
-        counts.insert(label.to_owned(), Counts::default());
+/// The counters of `label`, created on first sight while there is room. Clusters the
+/// configuration steers (at most [`MAX_CLUSTERS`] have a local entry) and [`NO_CLUSTER`] always
+/// find room: unlisted clusters, which a proxy may meet without bound, have [`MAX_CLUSTERS`] of
+/// their own, and one whose counters were handed over at the last tick (all zero) gives its place
+/// to a newcomer. Before, the first 257 labels of any kind took every place for good.
+fn counts_entry<'a>(
+    counts: &'a mut Map<String, Counts>,
+    label: &str,
+    steered: impl FnOnce() -> bool,
+) -> Option<&'a mut Counts> {
+    if !counts.contains_key(label) {
+        let steered = steered();
+        let room = if steered {
+            counts.len() <= 2 * MAX_CLUSTERS
+        } else {
+            let unlisted = counts.values().filter(|c| !c.steered_label).count();
+            let idle = (unlisted >= MAX_CLUSTERS)
+                .then(|| {
+                    counts
+                        .iter()
+                        .find(|(_, c)| !c.steered_label && c.is_empty())
+                        .map(|(k, _)| k.clone())
+                })
+                .flatten();
+            if let Some(idle) = &idle {
+                counts.remove(idle);
+            }
+            unlisted < MAX_CLUSTERS || idle.is_some()
+        };
+        if room {
+            let fresh = Counts {
+                steered_label: steered,
+                ..Counts::default()
+            };
+            counts.insert(label.to_owned(), fresh);
+        }
     }
     counts.get_mut(label)
 }
@@ -980,6 +1067,32 @@ fn host_gauges(
 }
 
 /// Moves the shared in-flight gauge by this worker's change since the last tick.
+/// How often a cluster's shared-data errors are logged at most. Under contention the same error
+/// ("every compare-and-swap lost") can come every tick of every VM: ten lines a second each.
+const ERROR_WARNING_INTERVAL_NS: u64 = 60_000_000_000;
+
+/// Picks this tick's errors of `cluster` (the last entries of `errors` naming it) to log.
+fn warn_errors(
+    cluster: &str,
+    local: &mut LocalCluster,
+    errors: &[(String, SyncError)],
+    now_ns: u64,
+    out: &mut Vec<(String, SyncError, u64)>,
+) {
+    for (_, e) in errors.iter().filter(|(c, _)| c == cluster) {
+        let due = local
+            .error_warned_ns
+            .is_none_or(|at| now_ns.saturating_sub(at) >= ERROR_WARNING_INTERVAL_NS);
+        if due {
+            out.push((cluster.to_owned(), e.clone(), local.errors_unwarned));
+            local.error_warned_ns = Some(now_ns);
+            local.errors_unwarned = 0;
+        } else {
+            local.errors_unwarned += 1;
+        }
+    }
+}
+
 fn in_flight_updates(cluster: &str, local: &mut LocalCluster, out: &mut Vec<Update>) {
     for (host, n) in &mut local.in_flight {
         if n.now != n.reported {
@@ -1055,7 +1168,10 @@ fn count_updates(cluster: &str, counts: &mut Counts, out: &mut Vec<Update>) {
             ));
         }
     }
-    *counts = Counts::default();
+    *counts = Counts {
+        steered_label: counts.steered_label,
+        ..Counts::default()
+    };
 }
 
 /// What a tick did, for logs and metrics.
@@ -1068,6 +1184,9 @@ pub struct TickReport {
     /// Clusters whose samples could not be written this tick (they are kept), or whose refresh
     /// did not finish (the next refresher redoes it).
     pub errors: Vec<(String, SyncError)>,
+    /// The errors to log: per cluster, the first of `errors`, then at most one a minute, with
+    /// how many of that cluster's errors went unlogged before it.
+    pub error_warnings: Vec<(String, SyncError, u64)>,
     /// Clusters whose stored record could not be read and was rebuilt, the first time each.
     pub bad_records: Vec<(String, DecodeError)>,
     /// What the metrics should say now.

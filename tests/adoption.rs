@@ -214,6 +214,30 @@ fn istio_consistent(all: &[Manifest]) -> Value {
         header
     );
     let cidrs = wp.spec()["pluginConfig"]["management"]["allowed_cidrs"].clone();
+    let guard = &ef.spec()["configPatches"][2];
+    assert_eq!(
+        guard["match"]["listener"]["portNumber"], port,
+        "the management guard is on the called port"
+    );
+    let guard_cidrs: Vec<String> = guard["patch"]["value"]["typed_config"]["rules"]["policies"]
+        ["management-outside-allowlist"]["principals"][0]["not_id"]["or_ids"]["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|id| {
+            let ip = &id["remote_ip"];
+            format!(
+                "{}/{}",
+                ip["address_prefix"].as_str().unwrap(),
+                ip["prefix_len"]
+            )
+        })
+        .collect();
+    assert_eq!(
+        json!(guard_cidrs),
+        cidrs,
+        "the management guard's allowlist is the plugin's"
+    );
     json!({
         "namespace": namespace,
         "service": {"host": host, "port": port},

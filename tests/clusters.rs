@@ -660,3 +660,142 @@ fn one_slow_answer_in_a_large_cluster_costs_the_host_a_dip_not_its_traffic() {
         "a table that believes one answer: {before:?}"
     );
 }
+
+// === Clusters larger than the table =============================================================
+
+/// What a run over a cluster of `endpoints` equal hosts (5 ms each) left: the record's hosts at
+/// each of the last `window` ticks, their sample counts at the end, and the share of the last
+/// `window` ticks' requests the fallback got. Requests the plugin does not steer go to an
+/// endpoint drawn uniformly, as the fallback's least_request over equal hosts does.
+struct LargeRun {
+    host_sets: Vec<Vec<String>>,
+    samples: Vec<u64>,
+    fallback_share: f64,
+    outside_subset: Option<f64>,
+}
+
+fn large_run(endpoints: usize, cfg: &str, ticks: u64, per_tick: usize, window: u64) -> LargeRun {
+    let store = Shared::default();
+    let mut w = Worker::new(config(cfg), 1);
+    let mut rng = fastrand::Rng::with_seed(7);
+    let address = |i: usize| format!("10.{}.{}.{}:80", i / 65_536, (i / 256) % 256, i % 256);
+    let n = u32::try_from(endpoints).unwrap();
+    let (mut host_sets, mut fallback, mut total) = (Vec::new(), 0usize, 0usize);
+    let mut outside_subset = None;
+    for t in 1..=ticks {
+        for _ in 0..per_tick {
+            let host = match steer(&mut w) {
+                Decision::Override(p) => p.host.to_string(),
+                _ => {
+                    if t > ticks - window {
+                        fallback += 1;
+                    }
+                    address(rng.usize(..endpoints))
+                }
+            };
+            if t > ticks - window {
+                total += 1;
+            }
+            served(&mut w, &host, 5.0, n);
+        }
+        let report = w.tick(t * SEC / 10, &mut store.clone());
+        assert!(report.errors.is_empty(), "tick {t}: {:?}", report.errors);
+        for u in &report.metrics {
+            if u.metric == Metric::HostsOutsideSubset {
+                if let Change::Set(v) = u.change {
+                    outside_subset = Some(v as f64);
+                }
+            }
+        }
+        if t > ticks - window {
+            let mut hosts: Vec<String> = store
+                .state()
+                .hosts
+                .iter()
+                .map(|h| h.address.clone())
+                .collect();
+            hosts.sort();
+            host_sets.push(hosts);
+        }
+    }
+    LargeRun {
+        host_sets,
+        samples: store.state().hosts.iter().map(|h| h.samples).collect(),
+        fallback_share: fallback as f64 / total as f64,
+        outside_subset,
+    }
+}
+
+/// 1,100 endpoints, `max_hosts_per_cluster` 1,024: the table keeps a stable subset chosen by a
+/// hash of the address, well inside the bound, and leaves the rest to the fallback. Over the last
+/// 10 s no host joins or leaves the record, every host in it has at least 20 samples, and
+/// `ewma_lb_hosts_outside_subset` says how many endpoints the subset leaves out. Before, every
+/// newcomer evicted the least recently seen host: 100 refreshes, 100 new tables, 649 of 1,024
+/// hosts with under 20 samples.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_cluster_above_max_hosts_settles_on_a_stable_subset() {
+    let run = large_run(1_100, r#"{"exploration_share": 0}"#, 300, 400, 100);
+    let first = &run.host_sets[0];
+    let changed = run.host_sets.iter().filter(|s| *s != first).count();
+    let thin = run.samples.iter().filter(|s| **s < 20).count();
+    eprintln!(
+        "1,100 endpoints: {} hosts in the record, {changed} of {} ticks with another host set, {thin} with under 20 samples, fallback {:.3}, outside the subset {:?}",
+        first.len(),
+        run.host_sets.len(),
+        run.fallback_share,
+        run.outside_subset
+    );
+    assert!((850..=1_024).contains(&first.len()), "{}", first.len());
+    assert_eq!(changed, 0, "the record's hosts churned");
+    assert_eq!(thin, 0, "hosts with under 20 samples");
+    let outside = run.outside_subset.unwrap();
+    assert_eq!(outside, (1_100 - first.len()) as f64);
+    // The fallback gets about the share of the hosts outside the subset.
+    let expected = outside / 1_100.0;
+    assert!(
+        (run.fallback_share - expected).abs() < 0.05,
+        "fallback {:.3}, outside {expected:.3}",
+        run.fallback_share
+    );
+}
+
+/// 16,000 endpoints with `max_hosts_per_cluster` 16,384: the table learns them all (before, a
+/// VM's batch kept the first 4,096 hosts it met for good, and 74 % of requests went to the
+/// fallback for good) and keeps them: over the last 10 s hosts only join (the last few of 16,000
+/// the fallback finds), none leaves.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn sixteen_thousand_endpoints_are_all_learned_and_settle() {
+    let run = large_run(
+        16_000,
+        r#"{"exploration_share": 0, "max_hosts_per_cluster": 16384}"#,
+        400,
+        2_000,
+        100,
+    );
+    let first = &run.host_sets[0];
+    let changed = run.host_sets.iter().filter(|s| *s != first).count();
+    let last = run.host_sets.last().unwrap().len();
+    eprintln!(
+        "16,000 endpoints: {} then {last} hosts in the record, {changed} of {} ticks with another host set, fallback {:.3}, outside the subset {:?}",
+        first.len(),
+        run.host_sets.len(),
+        run.fallback_share,
+        run.outside_subset
+    );
+    assert!(last >= 15_500, "{last} hosts learned");
+    assert!(
+        run.fallback_share < 0.05,
+        "fallback {:.3}",
+        run.fallback_share
+    );
+    for w in run.host_sets.windows(2) {
+        let later: std::collections::BTreeSet<&String> = w[1].iter().collect();
+        assert!(
+            w[0].iter().all(|h| later.contains(h)),
+            "a learned host left"
+        );
+    }
+    assert_eq!(run.outside_subset, Some(0.0));
+}

@@ -146,6 +146,8 @@ fn invalid_configurations_name_the_field_and_the_value() {
         (r#"{"locality": {"min_local_hosts": 0}}"#, "locality.min_local_hosts: must be in [1, 1000], got 0"),
         (r#"{"locality": {"zone": "a"}}"#, "locality.zone: unknown field `zone`, expected one of `enabled`, `spillover_latency_ratio`, `min_local_hosts`"),
         (r#"{"clusters": {"backend": {"endpoints": ["localhost:80"]}}}"#, "clusters.backend.endpoints[0]: must be IP:port, got \"localhost:80\""),
+        (r#"{"clusters": {"backend": {"endpoints": ["[0:0::1]:80"]}}}"#, "clusters.backend.endpoints[0]: must be written as Envoy writes the address, \"[::1]:80\", got \"[0:0::1]:80\""),
+        (r#"{"clusters": {"backend": {"endpoints": ["10.0.0.1:80", "[2001:DB8::1]:80"]}}}"#, "clusters.backend.endpoints[1]: must be written as Envoy writes the address, \"[2001:db8::1]:80\", got \"[2001:DB8::1]:80\""),
         (r#"{"clusters": {"backend": {"hosts": []}}}"#, "clusters.backend.hosts: unknown field `hosts`, expected `endpoints`"),
         (r#"{"steered_clusters": ["outbound|*|reviews"]}"#, "steered_clusters[0]: `*` may only end a prefix, got \"outbound|*|reviews\""),
         (r#"{"steered_clusters": ["a", ""]}"#, "steered_clusters[1]: must be a cluster name or a prefix ending in `*`, got \"\""),
@@ -265,4 +267,28 @@ fn steered_clusters_match_exact_names_and_prefixes() {
     for (json, cluster, want) in cases {
         assert_eq!(steers(json, cluster), *want, "{json} steers {cluster:?}");
     }
+}
+
+/// An allowlist beyond loopback gets a start-up warning naming the field and what it admits
+/// beyond loopback; the default, or loopback listed again, gets none.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn an_allowlist_beyond_loopback_is_warned_of() {
+    let warning = |json: &str| {
+        Config::from_json(json.as_bytes())
+            .unwrap()
+            .guard_warning()
+            .map(str::to_owned)
+    };
+    assert_eq!(warning("{}"), None);
+    assert_eq!(
+        warning(r#"{"management": {"allowed_cidrs": ["::1/128", "127.0.0.0/8"]}}"#),
+        None
+    );
+    let w = warning(r#"{"management": {"allowed_cidrs": ["127.0.0.0/8", "10.0.0.0/8"]}}"#).unwrap();
+    assert!(
+        w.starts_with("management.allowed_cidrs admits \"10.0.0.0/8\":")
+            && w.contains("use_remote_address"),
+        "{w}"
+    );
 }

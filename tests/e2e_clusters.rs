@@ -65,6 +65,13 @@ fn a_cold_start_with_fifty_endpoints_gives_each_its_fair_share() {
     let window = served_between(&records, 1.0, 6.0);
     let total: u64 = window.values().sum();
     let fair = total as f64 / 50.0;
+    // The judgement needs about 100 requests an endpoint (a fair count then stays within
+    // 0.5-2x by 5 standard deviations): a load generator the machine held back says so, rather
+    // than failing the split.
+    assert!(
+        total >= 4_000,
+        "the load generator sent only {total} requests in seconds 1-6 (wanted 5,000): the machine is too loaded to judge the split"
+    );
     let out_of_range: Vec<(&String, &u64)> = window
         .iter()
         .filter(|(_, n)| (**n as f64) < 0.5 * fair || (**n as f64) > 2.0 * fair)
@@ -90,11 +97,9 @@ fn a_cold_start_with_fifty_endpoints_gives_each_its_fair_share() {
         out_of_range.is_empty(),
         "outside 0.5-2x of fair ({fair:.0}): {out_of_range:?}"
     );
-    assert!(
-        errors(&records).is_empty(),
-        "{:?}",
-        errors(&records).first()
-    );
+    // Errors are answers, not arrivals the generator dropped while the machine held it back.
+    let failed: Vec<&Record> = records.iter().filter(|r| r.is_error()).collect();
+    assert!(failed.is_empty(), "{:?}", failed.first());
 }
 
 /// (b) Scale-out under load: 20 endpoints, then 20 more join (one EDS update). Observes the

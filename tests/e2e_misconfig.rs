@@ -237,3 +237,44 @@ fn with_the_shipped_configuration_every_pick_is_honoured_and_nothing_warns() {
         assert_eq!(lines_with(&stack, needle), Vec::<String>::new());
     }
 }
+
+/// An allowlist beyond loopback is only as good as Envoy's client address, which the plugin
+/// cannot tell how Envoy derived (use_remote_address is not a property a filter can read): the
+/// plugin says so at start-up, naming the field and the networks. With use_remote_address false
+/// (the connection manager's default) a client claiming an allowlisted address in
+/// X-Forwarded-For gets through, which is why. The shipped allowlist (loopback) warns of nothing.
+#[test]
+fn an_allowlist_beyond_loopback_is_warned_of_at_start_up() {
+    const WARNING: &str = "management.allowed_cidrs admits";
+    let stack = Stack::start_with(backends(), |c| {
+        c.plugin()?.set_plugin_config(
+            r#"{"management": {"allowed_cidrs": ["127.0.0.0/8", "10.1.2.3/32"]}}"#,
+        )?;
+        let mut http = c.listener(harness::config::LISTENER)?.http()?;
+        http.set_management_guard_cidrs(&["127.0.0.0/8", "10.1.2.3/32"])?;
+        http.set("use_remote_address", false)?;
+        Ok(())
+    })
+    .unwrap();
+    startup_line(&stack);
+    let lines = lines_with(&stack, WARNING);
+    assert!(!lines.is_empty(), "no warning:\n{}", stack.envoy.log());
+    assert!(
+        lines
+            .iter()
+            .all(|l| l.contains("\"10.1.2.3/32\"") && !l.contains("127.0.0.0/8")),
+        "{lines:?}"
+    );
+    // What it warns of: the forged address is let in.
+    let forged = harness::http::get(
+        &format!("{}/actuator/env", stack.url),
+        &[("x-forwarded-for", "10.1.2.3")],
+    )
+    .unwrap();
+    assert_eq!(forged.status, 200, "{forged:?}");
+    drop(stack);
+
+    let stack = Stack::start(backends()).unwrap();
+    startup_line(&stack);
+    assert_eq!(lines_with(&stack, WARNING), Vec::<String>::new());
+}

@@ -173,8 +173,8 @@ fn the_proxy_version_guard_admits_istio_1_27_and_every_later_release() {
             .collect();
         assert_eq!(
             patches.len(),
-            2,
-            "{}: the cluster patch and the header removal",
+            3,
+            "{}: the cluster patch, the header removal and the management guard",
             variant.dir
         );
         for patch in patches {
@@ -221,8 +221,12 @@ fn each_variant_steers_exactly_the_cluster_it_patches_with_the_header_it_strips(
         );
         let patched_cluster = format!("outbound|{port}|{subset}|{service}");
         let header = header_of_cluster_patch(variant.patches("CLUSTER")[0]);
-        let strip = variant.patches("HTTP_FILTER");
-        assert_eq!(strip.len(), 1, "{}: one HTTP_FILTER patch", variant.dir);
+        let strip: Vec<&Value> = variant
+            .patches("HTTP_FILTER")
+            .into_iter()
+            .filter(|p| p["patch"]["value"]["name"] == "ewma-lb.remove-client-override-header")
+            .collect();
+        assert_eq!(strip.len(), 1, "{}: one header removal", variant.dir);
         assert_eq!(
             strip[0]["patch"]["operation"], "INSERT_FIRST",
             "{}: the removal must come before every other filter",
@@ -837,7 +841,7 @@ fn apply_cluster_patches(
     Some(cluster)
 }
 
-/// `INSERT_FIRST` of the HTTP_FILTER patches that match an HCM of a listener on `port`.
+/// `INSERT_FIRST` and `INSERT_BEFORE` of the HTTP_FILTER patches that match an HCM of a listener on `port`.
 fn apply_http_filter_patches(
     envoyfilter: &Value,
     context: &str,
@@ -861,8 +865,17 @@ fn apply_http_filter_patches(
         if !(listener_matches && context_matches(patch, context) && proxy_matches(patch, version)) {
             continue;
         }
+        let value = patch["patch"]["value"].clone();
         match patch["patch"]["operation"].as_str() {
-            Some("INSERT_FIRST") => filters.insert(0, patch["patch"]["value"].clone()),
+            Some("INSERT_FIRST") => filters.insert(0, value),
+            Some("INSERT_BEFORE") => {
+                let before = &l["filterChain"]["filter"]["subFilter"]["name"];
+                let at = filters
+                    .iter()
+                    .position(|f| &f["name"] == before)
+                    .unwrap_or_else(|| panic!("INSERT_BEFORE {before}: not in the chain"));
+                filters.insert(at, value);
+            }
             other => panic!("{other:?} on HTTP_FILTER is not emulated"),
         }
     }
@@ -1134,7 +1147,7 @@ fn the_cluster_patch_leaves_a_cluster_envoy_accepts_whatever_the_mesh_sets() {
 /// The HTTP filter chain of the client's outbound listener as Istio 1.27+ builds it when the
 /// WasmPlugin failed open and its module could not be fetched: pilot-agent puts an allow-all RBAC
 /// filter where the wasm filter was (istio/istio pkg/wasm/convert.go); the EnvoyFilter's
-/// removal is inserted first, as `INSERT_FIRST` does.
+/// removal is inserted first, as `INSERT_FIRST` does, and its management guard before the router.
 fn failed_open_chain(variant: &Variant, port: u16) -> Vec<Value> {
     let mut chain = vec![
         json!({"name": "extensions.istio.io/wasmplugin/default.ewma-lb", "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC"}}),
@@ -1400,5 +1413,96 @@ fn docs_say_what_the_mesh_needs() {
             docs.contains(&format!("- {tag}\n")),
             "docs/istio.md's extraStatTags must list {tag}"
         );
+    }
+}
+
+// === The management guard ======================================================================
+
+/// With the plugin absent (failed open: an allow-all RBAC filter in its place), management paths
+/// from outside the allowlist are still refused, by the EnvoyFilter's native RBAC filter, in a
+/// real Envoy running the chain Istio builds: none reaches a backend, while the health path and
+/// others do. The guard's allowlist is set to 10.0.0.0/8 so that the test's 127.0.0.1 is outside
+/// it, as a client would be. The control: the same chain without the guard passes them all.
+#[test]
+fn the_management_guard_holds_when_the_plugin_failed_open() {
+    let backends = backends(1);
+    for variant in variants() {
+        let port = variant.patches("HTTP_FILTER")[0]["match"]["listener"]["portNumber"]
+            .as_u64()
+            .unwrap();
+        let mut chain = failed_open_chain(&variant, u16::try_from(port).unwrap());
+        let guard = chain
+            .iter()
+            .position(|f| f["name"] == "ewma-lb.management-guard")
+            .unwrap_or_else(|| panic!("{}: no management guard in the chain", variant.dir));
+        assert_eq!(
+            chain[guard + 1]["name"],
+            "envoy.filters.http.router",
+            "{}: the guard runs right before the router, after the plugin",
+            variant.dir
+        );
+        chain[guard]["typed_config"]["rules"]["policies"]["management-outside-allowlist"]
+            ["principals"][0]["not_id"]["or_ids"]["ids"] =
+            json!([{"remote_ip": {"address_prefix": "10.0.0.0", "prefix_len": 8}}]);
+        let cluster = json!({
+            "name": "service",
+            "type": "STATIC",
+            "connect_timeout": "1s",
+            "load_assignment": {"cluster_name": "service", "endpoints": [{"lb_endpoints": [
+                {"endpoint": {"address": {"socket_address": {
+                    "address": "127.0.0.1", "port_value": backends[0].addr().port()}}}}
+            ]}]}
+        });
+        for with_guard in [true, false] {
+            let chain: Vec<Value> = chain
+                .iter()
+                .filter(|f| with_guard || f["name"] != "ewma-lb.management-guard")
+                .cloned()
+                .collect();
+            let listen = free_port().unwrap();
+            let mut config = bootstrap(listen, &[], chain);
+            config["static_resources"]["clusters"] = json!([cluster]);
+            config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+                ["typed_config"]["route_config"]["virtual_hosts"][0]["routes"] =
+                json!([{"match": {"prefix": "/"}, "route": {"cluster": "service"}}]);
+            let envoy = Envoy::start(EnvoyOptions::new(
+                serde_json::to_string_pretty(&config).unwrap(),
+            ))
+            .unwrap_or_else(|e| panic!("envoy: {e:#}"));
+            let get = |path: &str| {
+                harness::http::get(&format!("http://127.0.0.1:{listen}{path}"), &[])
+                    .unwrap()
+                    .status
+            };
+            let before = backends[0].served();
+            let guarded = [
+                "/actuator/env",
+                "/ACTUATOR/env",
+                "/actuator",
+                "/ewma-lb/status",
+                "/actuator/env/..%2F..%2Fhealth",
+            ];
+            let answers: Vec<u16> = guarded.iter().map(|p| get(p)).collect();
+            let passed = backends[0].served() - before;
+            eprintln!(
+                "{}: guard {with_guard}: {answers:?}, {passed} reached the backend",
+                variant.dir
+            );
+            if with_guard {
+                assert_eq!(answers, vec![403; guarded.len()], "{}", variant.dir);
+                assert_eq!(passed, 0, "{}", variant.dir);
+                for open in ["/actuator/health", "/reviews/1"] {
+                    assert_eq!(get(open), 200, "{}: {open}", variant.dir);
+                }
+            } else {
+                assert_eq!(
+                    passed,
+                    guarded.len() as u64,
+                    "{}: without the guard they pass (the control)",
+                    variant.dir
+                );
+            }
+            drop(envoy);
+        }
     }
 }

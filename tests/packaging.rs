@@ -850,6 +850,7 @@ fn the_compose_envoy_config_is_envoy_yaml_bound_for_published_ports() {
             ".admin.address.socket_address.address",
             ".static_resources.listeners[0].address.socket_address.address",
             value_path,
+            ".static_resources.listeners[0].filter_chains[0].filters[0].typed_config.http_filters[2].typed_config.rules.policies.management-outside-allowlist.principals[0].not_id.or_ids.ids",
         ],
         "compose/envoy.yaml differs from envoy.yaml elsewhere: {diffs:?}"
     );
@@ -1213,5 +1214,132 @@ fn the_readme_documents_every_metric_with_its_labels() {
             readme.contains(&row),
             "README's metrics table lacks the row starting {row:?}"
         );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The management guard that holds while the plugin is not running
+
+/// The RBAC `rules` that refuse what the plugin's `management` and `status_path` guard, from
+/// outside its allowlist: management paths by whole segments (not the health paths among them),
+/// the status page, and encoded separators or a backslash anywhere.
+fn guard_rules(plugin: &Value) -> Value {
+    let config = PluginConfig::from_json(plugin.to_string().as_bytes()).unwrap();
+    let path = |kind: &str, p: &str| json!({"url_path": {"path": {kind: p, "ignore_case": true}}});
+    let segments = |exact: &[String], prefix: &[String]| -> Vec<Value> {
+        exact
+            .iter()
+            .map(|e| path("exact", e))
+            .chain(
+                prefix
+                    .iter()
+                    .flat_map(|p| [path("exact", p), path("prefix", &format!("{p}/"))]),
+            )
+            .collect()
+    };
+    let m = &config.management.paths;
+    let mut management = segments(&m.exact, &m.prefix);
+    management.push(path("exact", &config.status_path));
+    let under_management = |p: &&String| {
+        m.prefix
+            .iter()
+            .any(|mp| p.as_str() == mp || p.starts_with(&format!("{mp}/")))
+            || m.exact.contains(p)
+    };
+    let h = &config.health_paths;
+    let health = segments(
+        &h.exact
+            .iter()
+            .filter(under_management)
+            .cloned()
+            .collect::<Vec<_>>(),
+        &h.prefix
+            .iter()
+            .filter(under_management)
+            .cloned()
+            .collect::<Vec<_>>(),
+    );
+    let ids: Vec<Value> = config
+        .management
+        .allowed_cidrs
+        .iter()
+        .map(|c| {
+            let (addr, len) = c.split_once('/').unwrap_or_else(|| {
+                (c.as_str(), if c.contains(':') { "128" } else { "32" })
+            });
+            json!({"remote_ip": {"address_prefix": addr, "prefix_len": len.parse::<u32>().unwrap()}})
+        })
+        .collect();
+    json!({
+        "action": "DENY",
+        "policies": {"management-outside-allowlist": {
+            "permissions": [
+                {"and_rules": {"rules": [
+                    {"or_rules": {"rules": management}},
+                    {"not_rule": {"or_rules": {"rules": health}}},
+                ]}},
+                {"url_path": {"path": {"safe_regex": {"regex": r"(?i).*(%(25)*(2f|5c)|\\).*"}}}},
+            ],
+            "principals": [{"not_id": {"or_ids": {"ids": ids}}}],
+        }},
+    })
+}
+
+/// Every shipped configuration that runs the plugin also carries a native RBAC filter that
+/// refuses exactly what the plugin's configuration guards, from outside exactly its allowlist
+/// (tests/e2e_failure.rs and tests/istio.rs show the filter holding with the plugin down): a
+/// change to one without the other fails here.
+#[test]
+fn every_shipped_management_guard_matches_its_plugin_configuration() {
+    let rbac = "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC";
+    for file in ["envoy-config/envoy.yaml", "envoy-config/compose/envoy.yaml"] {
+        let bootstrap = yaml(file);
+        let filters = &bootstrap["static_resources"]["listeners"][0]["filter_chains"][0]["filters"]
+            [0]["typed_config"]["http_filters"];
+        let names: Vec<&str> = filters
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "envoy.filters.http.header_mutation",
+                "envoy.filters.http.wasm",
+                "envoy.filters.http.rbac",
+                "envoy.filters.http.router"
+            ],
+            "{file}: the guard runs after the plugin, before the router"
+        );
+        assert_eq!(filters[2]["typed_config"]["@type"], rbac);
+        assert_eq!(
+            filters[2]["typed_config"]["rules"],
+            guard_rules(&plugin_config_of(&bootstrap)),
+            "{file}"
+        );
+    }
+    for dir in ["envoy-config/istio", "envoy-config/istio/gateway"] {
+        let all: Vec<_> = manifests(dir)
+            .into_iter()
+            .filter(|m| m.dir() == dir)
+            .collect();
+        let ef = all.iter().find(|m| m.kind() == "EnvoyFilter").unwrap();
+        let guards: Vec<&Value> = ef.spec()["configPatches"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|p| p["patch"]["value"]["name"] == "ewma-lb.management-guard")
+            .collect();
+        assert_eq!(guards.len(), 1, "{dir}: one management guard");
+        assert_eq!(guards[0]["patch"]["value"]["typed_config"]["@type"], rbac);
+        for wp in all.iter().filter(|m| m.kind() == "WasmPlugin") {
+            assert_eq!(
+                guards[0]["patch"]["value"]["typed_config"]["rules"],
+                guard_rules(&wp.spec()["pluginConfig"]),
+                "{}",
+                wp.file
+            );
+        }
     }
 }

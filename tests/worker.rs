@@ -63,6 +63,40 @@ fn no_sample_is_lost_under_contention() {
     assert_eq!(merged, recorded);
 }
 
+/// A VM whose every write loses its compare-and-swap has an error every tick; it logs the first
+/// at once, then one a minute saying how many it did not log (before: one line per tick, ten a
+/// second per VM).
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn lost_compare_and_swaps_are_warned_of_once_a_minute() {
+    let store = Shared::default();
+    let mut w = Worker::new(defaults(), 1);
+    finish_ok(&mut w, "10.0.0.1:80", 5.0);
+    w.tick(SEC / 10, &mut store.clone());
+    store.0.borrow_mut().lose_every = Some(1);
+    let (mut errors, mut warned) = (0u64, Vec::new());
+    // 130 s of ticks of 100 ms, a request in each.
+    for t in 2..=1_301u64 {
+        finish_ok(&mut w, "10.0.0.1:80", 5.0);
+        let report = w.tick(t * SEC / 10, &mut store.clone());
+        errors += report.errors.len() as u64;
+        warned.extend(report.error_warnings.into_iter().map(|(_, _, n)| (t, n)));
+    }
+    assert!(
+        errors >= 1_000,
+        "the store should fail nearly every tick: {errors}"
+    );
+    let at: Vec<u64> = warned.iter().map(|(t, _)| *t).collect();
+    assert_eq!(at.len(), 3, "warned at ticks {at:?}");
+    assert_eq!(at[1] - at[0], 600, "{at:?}");
+    let unlogged: u64 = warned.iter().map(|(_, n)| n).sum();
+    assert_eq!(warned[0].1, 0);
+    assert!(
+        unlogged + 3 <= errors && unlogged + 3 + 200 >= errors,
+        "{warned:?} of {errors}"
+    );
+}
+
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn one_refresh_per_interval_whoever_ticks() {
@@ -588,6 +622,42 @@ fn the_in_flight_gauge_moves_by_this_workers_change_since_the_last_tick() {
     );
 }
 
+/// Every series a worker moves by deltas is one the metrics adapter never sets when it evicts
+/// it (`Metric::moved_by_deltas`): before, evicting the in-flight gauge set it to 0, wiping the
+/// other VMs' requests in flight, and their later decrements took Envoy's gauge below zero.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn no_series_moved_by_deltas_is_ever_set() {
+    let cfg = r#"{"exploration_share": 0, "clusters": {"backend": {"endpoints": ["10.0.0.1:80", "10.0.0.2:80"]}}}"#;
+    let (store, mut w) = ticked(cfg, 1);
+    let mut seen = Vec::new();
+    for t in 2..40u64 {
+        steer(&mut w);
+        finish_ok(&mut w, "10.0.0.1:80", 5.0);
+        if t % 3 == 0 {
+            w.finish(
+                CLUSTER,
+                &Finished {
+                    picked: Some("10.0.0.2:80"),
+                    in_flight: true,
+                    ..Finished::default()
+                },
+            );
+        }
+        seen.extend(changes(&w.tick(t * SEC / 2, &mut store.clone())));
+    }
+    assert!(seen
+        .iter()
+        .any(|(m, _, c)| *m == Metric::HostInFlight && matches!(c, Change::Add(_))));
+    for (metric, _, change) in &seen {
+        assert_eq!(
+            matches!(change, Change::Add(_)),
+            metric.moved_by_deltas(),
+            "{metric:?} moved by {change:?}"
+        );
+    }
+}
+
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn adopting_a_table_sets_every_hosts_gauges() {
@@ -691,6 +761,107 @@ fn clusters_outside_steered_clusters_are_left_to_envoy_and_counted() {
     // No state for it: only the steered cluster has a record.
     let clusters: Vec<&str> = w.snapshots().map(|(name, _)| name).collect();
     assert_eq!(clusters, vec![CLUSTER]);
+}
+
+/// A proxy that routes to many clusters the plugin does not steer (300 here, one a tick) still
+/// counts the steered cluster's requests, and every unlisted cluster's fallback too. Before, the
+/// first 257 labels took every place of the VM's counters for good: after 300 unlisted clusters
+/// the steered cluster's requests were counted nowhere.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn many_unlisted_clusters_never_starve_a_steered_ones_counters() {
+    let cfg =
+        r#"{"exploration_share": 0, "clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}}"#;
+    let (store, mut w) = ticked(cfg, 1);
+    let request = |w: &mut Worker, cluster: &str| {
+        w.route(
+            &Request {
+                path: b"/",
+                cluster: Some(cluster),
+                ..Default::default()
+            },
+            || None,
+        )
+    };
+    let mut unlisted_counted = 0;
+    for i in 0..300u64 {
+        let name = format!("other-{i}");
+        request(&mut w, &name);
+        let report = w.tick((2 + i) * SEC / 10, &mut store.clone());
+        unlisted_counted += report
+            .metrics
+            .iter()
+            .filter(|u| u.metric == Metric::FallbackRequests && u.cluster == name)
+            .count();
+    }
+    assert_eq!(unlisted_counted, 300);
+    for _ in 0..5 {
+        request(&mut w, CLUSTER);
+    }
+    let report = w.tick(40 * SEC, &mut store.clone());
+    let steered: Vec<Change> = report
+        .metrics
+        .iter()
+        .filter(|u| u.metric == Metric::SteeredRequests && u.cluster == CLUSTER)
+        .map(|u| u.change)
+        .collect();
+    assert_eq!(steered, vec![Change::Add(5)]);
+}
+
+/// Two listeners on one `vm_id` share the VMs' shared data. Configurations that differ in static
+/// endpoints, `failure_penalty_ms`, `latency_ceiling_ms` or the gRPC failure codes keep separate
+/// records: each listener's table holds its own static hosts. Before, their records shared a key
+/// (the fingerprint covered only the policy), and each refresh dropped the other's hosts.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn listeners_that_differ_outside_the_policy_keep_separate_records() {
+    let a = r#"{"clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}}"#;
+    let pairs = [
+        (
+            a,
+            r#"{"clusters": {"backend": {"endpoints": ["10.0.0.2:80"]}}}"#,
+        ),
+        (
+            a,
+            r#"{"clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}, "failure_penalty_ms": 2000}"#,
+        ),
+        (
+            a,
+            r#"{"clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}, "latency_ceiling_ms": 5000}"#,
+        ),
+        (
+            a,
+            r#"{"clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}, "grpc_failure_status_codes": ["INTERNAL"]}"#,
+        ),
+    ];
+    for (one, other) in pairs {
+        let store = Shared::default();
+        let mut first = Worker::new(config(one), 1);
+        let mut second = Worker::new(config(other), 2);
+        assert_ne!(
+            first.record_key(CLUSTER),
+            second.record_key(CLUSTER),
+            "{other}"
+        );
+        for t in 1..=10u64 {
+            first.tick(t * SEC / 2, &mut store.clone());
+            second.tick(t * SEC / 2, &mut store.clone());
+        }
+        let hosts = |w: &Worker| -> Vec<String> {
+            let mut h: Vec<String> = store
+                .record(&w.record_key(CLUSTER))
+                .hosts
+                .iter()
+                .map(|h| h.address.clone())
+                .collect();
+            h.sort();
+            h
+        };
+        assert_eq!(hosts(&first), vec!["10.0.0.1:80"], "{other}");
+    }
+    // The same configuration written twice is one record.
+    let (x, y) = (Worker::new(config(a), 1), Worker::new(config(a), 2));
+    assert_eq!(x.record_key(CLUSTER), y.record_key(CLUSTER));
 }
 
 #[test]
@@ -953,14 +1124,14 @@ fn a_refresher_that_dies_before_or_after_writing_the_record_is_redone_once() {
 fn vms_that_come_and_go_reuse_slots_and_lose_nothing() {
     let store = Shared::default();
     // The main thread's VM: no traffic, no slot, refreshes (and so keeps the record's clock).
-    let mut main = Worker::new(
-        config(r#"{"clusters": {"backend": {"endpoints": ["10.0.0.9:80"]}}}"#),
-        100,
-    );
+    // Every VM of a listener has its configuration (a static endpoint, so the main VM has a
+    // table to refresh).
+    let cfg = r#"{"clusters": {"backend": {"endpoints": ["10.0.0.9:80"]}}}"#;
+    let mut main = Worker::new(config(cfg), 100);
     let mut recorded = 0;
     let mut t = SEC;
     for seed in 0..12 {
-        let mut w = Worker::new(defaults(), seed);
+        let mut w = Worker::new(config(cfg), seed);
         // Joins midway, serves for a second beside the main VM, and is restarted.
         for _ in 0..10 {
             finish_ok(&mut w, HOST, 50.0);
@@ -975,8 +1146,8 @@ fn vms_that_come_and_go_reuse_slots_and_lose_nothing() {
     assert_eq!(samples(&store, HOST), recorded);
     assert_eq!(keys_of_kind(&store, "slot"), 1, "one slot, reused");
     // Two at once hold two slots.
-    let mut a = Worker::new(defaults(), 50);
-    let mut b = Worker::new(defaults(), 51);
+    let mut a = Worker::new(config(cfg), 50);
+    let mut b = Worker::new(config(cfg), 51);
     for _ in 0..3 {
         for w in [&mut a, &mut b] {
             finish_ok(w, HOST, 50.0);

@@ -25,7 +25,7 @@ pub use eds::{EdsFile, Endpoint};
 pub use envoy::{Envoy, EnvoyOptions};
 pub use latency::Latency;
 pub use load::{LoadSpec, Record};
-pub use paths::{plugin_wasm, repo_root, tool};
+pub use paths::{plugin_wasm, repo_root, test_module, tool};
 pub use poll::{poll, within};
 pub use ports::free_port;
 pub use stack::Stack;

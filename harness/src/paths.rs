@@ -30,6 +30,33 @@ pub fn plugin_wasm() -> Result<PathBuf> {
     Ok(path)
 }
 
+/// A proxy-wasm module of the tests (`tests/modules/NAME`, a crate of its own workspace), built
+/// as the plugin is built (./wasm-build.sh) into `target/test-modules/NAME.wasm`, once per
+/// process: the tests of one binary run in parallel, and two builds would write the same file.
+pub fn test_module(name: &str) -> Result<PathBuf> {
+    static BUILT: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+    let mut built = BUILT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some((_, path)) = built.iter().find(|(n, _)| n == name) {
+        return Ok(path.clone());
+    }
+    let root = repo_root();
+    let out = root
+        .join("target/test-modules")
+        .join(format!("{}.wasm", name.replace('-', "_")));
+    let status = std::process::Command::new(root.join("wasm-build.sh"))
+        .arg(root.join("tests/modules").join(name))
+        .arg(&out)
+        .stdout(std::process::Stdio::null())
+        .status()?;
+    if !status.success() || !out.is_file() {
+        bail!("building tests/modules/{name} failed (./wasm-build.sh; is the wasm32-wasip1 target installed?)");
+    }
+    built.push((name.to_string(), out.clone()));
+    Ok(out)
+}
+
 /// A command-line tool the tests run: the one ./test.sh installed into the repository's `.venv`
 /// (a pinned version) when it is there, else the first on `PATH`; an error that says how to get
 /// it when neither has it.

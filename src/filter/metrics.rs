@@ -8,8 +8,9 @@
 //! Additions are summed in this VM's memory and handed to the host once per tick (`flush`).
 //!
 //! The host keeps every series a VM defines, for good, and offers no delete. So a VM keeps at
-//! most `MAX_SERIES` in use: past that, the series updated least recently is evicted (a gauge is
-//! set to 0 first, so a forgotten host does not keep its last weight) and counted in
+//! most `MAX_SERIES` in use: past that, the series updated least recently is evicted (a gauge every
+//! VM sets is set to 0 first, so a forgotten host does not keep its last weight; one every VM
+//! moves by deltas, requests in flight, keeps what the VMs added) and counted in
 //! `ewma_lb_metric_series_evicted_total`, and the new series takes its place.
 
 use proxy_wasm::hostcalls;
@@ -23,7 +24,7 @@ const MAX_SERIES: usize = 4096;
 
 struct Series {
     id: u32,
-    kind: MetricKind,
+    metric: Metric,
     /// Added since the last flush.
     pending: i64,
     /// When it was last updated, in updates applied by this VM.
@@ -104,7 +105,7 @@ impl Metrics {
             let id = define(update)?;
             let series = Series {
                 id,
-                kind: update.metric.kind(),
+                metric: update.metric,
                 pending: 0,
                 last_used: self.applied,
             };
@@ -125,14 +126,12 @@ impl Metrics {
             return;
         };
         if let Some(series) = self.series.remove(&key) {
-            match series.kind {
-                MetricKind::Gauge => {
-                    let _ = hostcalls::record_metric(series.id, 0);
-                }
-                MetricKind::Counter if series.pending != 0 => {
+            if series.metric.moved_by_deltas() {
+                if series.pending != 0 {
                     let _ = hostcalls::increment_metric(series.id, series.pending);
                 }
-                MetricKind::Counter => {}
+            } else if series.metric.kind() == MetricKind::Gauge {
+                let _ = hostcalls::record_metric(series.id, 0);
             }
             self.evicted += 1;
         }

@@ -66,6 +66,9 @@ impl RootContext for Root {
                 ""
             }
         );
+        if let Some(warning) = config.guard_warning() {
+            warn!("ewma-lb: {warning}");
+        }
         let mut worker = Worker::new(config, random_seed());
         learn_local_zone(&mut worker);
         let mut vm = Vm::new(worker);
@@ -98,8 +101,13 @@ impl RootContext for Root {
         for (cluster, e) in &report.bad_records {
             warn!("ewma-lb: the shared record of cluster {cluster} could not be read ({e}); rebuilt it (counted in ewma_lb_shared_record_errors_total)");
         }
-        for (cluster, e) in &report.errors {
-            warn!("ewma-lb: samples for cluster {cluster} kept for the next tick: {e}");
+        for (cluster, e, unlogged) in &report.error_warnings {
+            let more = if *unlogged > 0 {
+                format!(" ({unlogged} more since the last such warning)")
+            } else {
+                String::new()
+            };
+            warn!("ewma-lb: samples for cluster {cluster} kept for the next tick: {e}{more}");
         }
         for warning in &report.warnings {
             warn!("ewma-lb: {warning}");

@@ -101,6 +101,24 @@ impl<'a> HttpManager<'a> {
         ))
     }
 
+    /// The networks the shipped native RBAC filter (the management guard that holds while the
+    /// plugin is not running) lets reach management paths: set them with the plugin's
+    /// `management.allowed_cidrs`, as an operator would.
+    pub fn set_management_guard_cidrs(&mut self, cidrs: &[&str]) -> Result<&mut Self> {
+        let ids: Vec<Value> = cidrs
+            .iter()
+            .map(|c| {
+                let (addr, len) = c.split_once('/').unwrap_or((c, if c.contains(':') { "128" } else { "32" }));
+                serde_json::json!({"remote_ip": {"address_prefix": addr, "prefix_len": len.parse::<u32>().unwrap_or(0)}})
+            })
+            .collect();
+        self.set(
+            "http_filters[name=envoy.filters.http.rbac].typed_config.rules.policies.management-outside-allowlist.principals[0].not_id.or_ids.ids",
+            Value::Array(ids),
+        )?;
+        Ok(self)
+    }
+
     /// Takes the HTTP filter `name` out of the chain; an error if the chain has none.
     pub fn remove_http_filter(&mut self, name: &str) -> Result<Value> {
         self.remove(&format!("http_filters[name={name}]"))
