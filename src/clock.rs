@@ -2,7 +2,7 @@
 //!
 //! The host offers two clocks: the wall clock (`proxy_get_current_time`), which NTP or an
 //! operator can step back or forward, and WASI's monotonic clock, which Rust's `Instant` reads
-//! (README, "Time"). Every timer of the plugin must survive steps either way: a step back must
+//! (docs/architecture.md, "Time"). Every timer of the plugin must survive steps either way: a step back must
 //! not freeze refreshes or stretch ejections, a step forward must not become a latency sample.
 //!
 //! - [`VmClock`] turns whatever the adapter reads into steady time: it never goes back, and a

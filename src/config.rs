@@ -32,7 +32,7 @@ use crate::weights::WeightParams;
 // === The JSON form ===
 
 /// The whole plugin configuration as written. Every field is optional; see README,
-/// "Configuration", and schema/ewma-lb.schema.json.
+/// "Configuration", docs/configuration.md and schema/ewma-lb.schema.json.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct PluginConfig {
     /// Request header the cluster's `override_host` policy reads (`override_host_sources`).

@@ -234,8 +234,8 @@ impl fmt::Display for GrpcCode {
 pub struct GrpcCodes(u32);
 
 impl GrpcCodes {
-    /// The codes that are the host's failure unless configured otherwise (README, "gRPC and
-    /// HTTP/2" says why each).
+    /// The codes that are the host's failure unless configured otherwise (docs/grpc.md says why
+    /// each).
     pub const DEFAULT_FAILURES: [GrpcCode; 6] = [
         GrpcCode::Unknown,
         GrpcCode::DeadlineExceeded,

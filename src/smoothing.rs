@@ -466,9 +466,9 @@ impl Default for Smoother {
 
 /// Default time constant. Linkerd, Finagle and ingress-nginx use 10 s; ours is shorter so a host
 /// that recovers earns its share back within seconds: a host's estimate comes back down from a
-/// slow phase at this pace, and its share follows. 2 s (the previous default) was the shortest
-/// that did not swing equal hosts' shares with the weights following every refresh; with the
-/// noise band of `weights` 1 s is calm too and recovers sooner (bench/README.md, "Defaults").
+/// slow phase at this pace, and its share follows. So short a memory swings equal hosts' shares
+/// when the weights follow every refresh; the noise band of `weights` keeps it calm
+/// (bench/README.md, "Defaults").
 pub const DEFAULT_TAU_MS: u64 = 1_000;
 
 /// Default `peak_samples`: at 200 requests a second over four hosts and two workers, a tick's

@@ -55,10 +55,9 @@ impl Default for WeightParams {
             noise_band: 2.0,
             noise_gain: 0.1,
             // 1 s: the plugin measures a newcomer from its first tick, and its latency, not the
-            // ramp, keeps a cold host light after that; the ramp only spares it the first burst.
-            // A 20 -> 40 scale-out under load gives the newcomers 86-94 % of their fair share
-            // over their first 10 s with 1 s, 84-87 % with 2 s and 64 % with 5 s (README,
-            // "Clusters that change"; the target is 80 %).
+            // ramp, keeps a cold host light after that; the ramp only spares it the first burst,
+            // and a longer one keeps newcomers below their fair share for longer (bench/README.md,
+            // "Clusters that change").
             slow_start_ns: ms_to_ns(1_000),
             slow_start_min_factor: 0.1,
         }

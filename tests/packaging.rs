@@ -6,7 +6,8 @@
 //!   EnvoyExtensionPolicy) passes both the schema and the plugin's own parser;
 //! - the docker-compose stack runs the very envoy.yaml and plugin the end-to-end tests run, on the
 //!   Envoy release the tests use, and `docker-compose config` accepts it;
-//! - the Grafana dashboard refers to what exists.
+//! - the Grafana dashboard refers to what exists;
+//! - the metrics tables of README.md and docs/observability.md list what the plugin exports.
 
 #![allow(clippy::panic, clippy::indexing_slicing, clippy::unwrap_used)] // tests fail by panicking
 #![cfg(not(target_arch = "wasm32"))] // real processes: native only
@@ -20,7 +21,8 @@ mod variants;
 
 use ewma_lb::config::{ClusterConfig, Config, PluginConfig};
 use ewma_lb::pick::PickAlgorithm;
-use ewma_lb::telemetry::Metric;
+use ewma_lb::telemetry::{Metric, MetricKind};
+use ewma_lb::worker::FallbackReason;
 use harness::repo_root;
 use serde_json::{json, Value};
 use shipped::{manifests, read, yaml};
@@ -1199,16 +1201,21 @@ fn the_dashboard_queries_metrics_the_plugin_defines() {
     );
 }
 
+/// A metrics table's labels cell: `` `cluster_name`, `host` ``.
+fn labels_cell(metric: Metric) -> String {
+    metric
+        .labels()
+        .iter()
+        .map(|l| format!("`{l}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 #[test]
 fn the_readme_documents_every_metric_with_its_labels() {
     let readme = read("README.md");
     for metric in Metric::ALL {
-        let labels = metric
-            .labels()
-            .iter()
-            .map(|l| format!("`{l}`"))
-            .collect::<Vec<_>>()
-            .join(", ");
+        let labels = labels_cell(metric);
         let row = format!("| `{}` | {labels} |", metric.name());
         assert!(
             readme.contains(&row),
@@ -1339,6 +1346,56 @@ fn every_shipped_management_guard_matches_its_plugin_configuration() {
                 guard_rules(&wp.spec()["pluginConfig"]),
                 "{}",
                 wp.file
+            );
+        }
+    }
+}
+
+/// docs/observability.md's table has a type column (counter or gauge) after the name. Its rows are
+/// checked against the plugin as README's are, so the two tables cannot drift apart.
+#[test]
+fn the_observability_doc_documents_every_metric_with_its_kind_and_labels() {
+    let doc = read("docs/observability.md");
+    let rows: Vec<&str> = doc
+        .lines()
+        .filter(|l| l.starts_with("| `ewma_lb_"))
+        .collect();
+    for metric in Metric::ALL {
+        let kind = match metric.kind() {
+            MetricKind::Counter => "counter",
+            MetricKind::Gauge => "gauge",
+        };
+        let labels = labels_cell(metric);
+        let row = format!("| `{}` | {kind} | {labels} |", metric.name());
+        assert!(
+            rows.iter().any(|r| r.starts_with(&row)),
+            "docs/observability.md's metrics table lacks the row starting {row:?}"
+        );
+    }
+    let defined: BTreeSet<&str> = Metric::ALL.iter().map(|m| m.name()).collect();
+    for row in rows {
+        let name = row.split('`').nth(1).unwrap_or_default();
+        assert!(
+            defined.contains(name),
+            "docs/observability.md documents {name}, which the plugin does not define"
+        );
+    }
+}
+
+/// Both metrics tables name every `reason` of the fallback counter.
+#[test]
+fn the_metrics_tables_name_every_fallback_reason() {
+    for file in ["README.md", "docs/observability.md"] {
+        let text = read(file);
+        let row = text
+            .lines()
+            .find(|l| l.starts_with(&format!("| `{}` |", Metric::FallbackRequests.name())))
+            .unwrap_or_else(|| panic!("{file} has no row for the fallback counter"));
+        for reason in FallbackReason::ALL {
+            assert!(
+                row.contains(&format!("`{}`", reason.label())),
+                "{file}'s fallback row does not name the reason {:?}",
+                reason.label()
             );
         }
     }

@@ -40,8 +40,8 @@ pub struct Policy {
 }
 
 /// The plugin's defaults before this round's changes (issue 11), as a plugin configuration: the
-/// `ewma_lb_previous` variant runs them beside `ewma_lb`. README, "Configuration", says what
-/// changed and why.
+/// `ewma_lb_previous` variant runs them beside `ewma_lb`. bench/README.md, "Defaults", says
+/// what changed and why.
 pub fn previous_defaults() -> Value {
     serde_json::json!({
         "smoothing": {"algorithm": "peak_ewma", "tau_ms": 2000, "peak_samples": 1},

@@ -17,7 +17,7 @@ use crate::sync::{SharedStore, StoreError};
 
 /// The host's monotonic clock in ns since this VM first read it. `Instant` reads WASI's
 /// `clock_time_get` with the monotonic clock, which Envoy serves from its own steady clock, so
-/// no wall-clock step reaches the plugin's timers (README, "Time").
+/// no wall-clock step reaches the plugin's timers (docs/architecture.md, "Time").
 pub fn monotonic_ns() -> u64 {
     static START: OnceLock<Instant> = OnceLock::new();
     let elapsed = START.get_or_init(Instant::now).elapsed();

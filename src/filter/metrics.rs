@@ -19,7 +19,7 @@ use proxy_wasm::types::MetricType;
 use crate::map::Map;
 use crate::telemetry::{Build, Change, Metric, MetricKind, Update, CLUSTER_LABEL, NO_CLUSTER};
 
-/// Series one VM keeps updating at most (README, "Observability").
+/// Series one VM keeps updating at most (docs/observability.md).
 const MAX_SERIES: usize = 4096;
 
 struct Series {
