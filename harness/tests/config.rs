@@ -149,12 +149,14 @@ fn the_policy_swap_leaves_envoy_alone_to_choose() {
         .iter()
         .map(|f| f["name"].as_str().unwrap())
         .collect();
-    // The plugin is gone; the native filter that strips a client's override header stays (the
-    // cluster no longer reads that header, and it costs Envoy's own policies nothing to speak of).
+    // The plugin is gone; the native filters around it stay: the one that strips a client's
+    // override header (the cluster no longer reads that header) and the RBAC guard of the
+    // management paths. Envoy's own policies run with what ships, as the plugin does.
     assert_eq!(
         names,
         [
             "envoy.filters.http.header_mutation",
+            "envoy.filters.http.rbac",
             "envoy.filters.http.router"
         ],
         "{filters}"
