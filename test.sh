@@ -87,4 +87,4 @@ cargo run --quiet -p ewma-bench -- simulate bench/scenarios/fleet/fleet.toml --s
 
 step "ewma-lb-tune smoke (a real Envoy's access log, bench/tune/; measures nothing)"
 cargo run --quiet -p ewma-bench --bin ewma-lb-tune -- bench/tune/sample-access.log.gz --quick --seeds 1 \
-  --warmup 3 --no-progress --out target/tune-smoke.json --report target/tune-smoke.md >/dev/null
+  --warmup 3 --no-progress --out target/tune-smoke.json --report target/tune-smoke.md --plot target/tune-smoke >/dev/null

@@ -54,6 +54,10 @@ struct Cli {
     /// Also write the report (markdown) here.
     #[arg(long)]
     report: Option<PathBuf>,
+    /// Also draw each candidate's p50, p99 and p99.9 into this directory
+    /// (tune-percentiles.svg and .png; needs a TrueType font, bench/README.md).
+    #[arg(long)]
+    plot: Option<PathBuf>,
     /// Only the smoother and its time constant (fewer candidates).
     #[arg(long)]
     quick: bool,
@@ -98,6 +102,11 @@ fn main() -> Result<()> {
         "Wrote {} (checked by the plugin's parser): the plugin configuration to apply.",
         cli.out.display()
     );
+    if let Some(dir) = cli.plot {
+        for f in ewma_bench::tune::plot(&report, &dir)? {
+            println!("Wrote {}.", f.display());
+        }
+    }
     if let Some(path) = cli.report {
         std::fs::write(&path, &report.markdown)
             .with_context(|| format!("writing {}", path.display()))?;

@@ -366,3 +366,36 @@ fn markdown(r: &TuneReport, opts: &TuneOptions) -> String {
     let _ = writeln!(md, "{CAVEAT}");
     md
 }
+
+/// Draws p50, p99 and p99.9 of every candidate (x: its row number in the table, 0 the current
+/// settings), each the median over the seeds, and the log's own p99, into `dir` (svg and png).
+pub fn plot(report: &TuneReport, dir: &std::path::Path) -> Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let line = |label: &str, f: fn(&RoundFigures) -> f64| crate::plot::Line {
+        label: label.to_owned(),
+        points: report
+            .outcomes
+            .iter()
+            .enumerate()
+            .map(|(i, o)| (i as f64, o.spread(f).median))
+            .collect(),
+    };
+    let n = report.outcomes.len().saturating_sub(1) as f64;
+    let lines = [
+        line("p50", |r| r.p50_ms),
+        line("p99", |r| r.p99_ms),
+        line("p99.9", |r| r.p999_ms),
+        crate::plot::Line {
+            label: "the log's p99".into(),
+            points: vec![(0.0, report.logged.p99_ms), (n, report.logged.p99_ms)],
+        },
+    ];
+    crate::plot::lines(
+        dir,
+        "tune-percentiles",
+        "ewma-lb-tune: replayed latency per candidate (median over seeds)",
+        ("candidate (row of the table; 0 = current settings)", "ms"),
+        false,
+        &lines,
+    )
+}
