@@ -26,7 +26,7 @@ struct Cli {
     /// Replay from this many seconds after the log's first request ...
     #[arg(long, default_value_t = 0.0)]
     from: f64,
-    /// ... for this many seconds (the window kept in memory: 24 bytes a request).
+    /// ... for this many seconds (the window kept in memory: about 64 bytes a request).
     #[arg(long, default_value_t = 600.0)]
     duration: f64,
     /// Width of the time buckets of the host models, seconds: well under the period of any
