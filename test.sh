@@ -84,3 +84,7 @@ cargo run --quiet -p ewma-bench -- compare bench/scenarios/grpc.toml --smoke --n
 
 step "fleet simulator smoke (10 proxies, 6 simulated seconds)"
 cargo run --quiet -p ewma-bench -- simulate bench/scenarios/fleet/fleet.toml --smoke --out target/sim-smoke
+
+step "ewma-lb-tune smoke (a real Envoy's access log, bench/tune/; measures nothing)"
+cargo run --quiet -p ewma-bench --bin ewma-lb-tune -- bench/tune/sample-access.log.gz --quick --seeds 1 \
+  --warmup 3 --no-progress --out target/tune-smoke.json --report target/tune-smoke.md --plot target/tune-smoke >/dev/null

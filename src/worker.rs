@@ -53,6 +53,10 @@ pub struct Pick {
     /// A different host for the retry of a failed connection: Envoy tries the addresses of the
     /// header in order.
     pub alternative: Option<Rc<str>>,
+    /// The host was due a probe (`probe`), not drawn by weight.
+    pub probe: bool,
+    /// The version of the pick table it came from.
+    pub table_version: u64,
 }
 
 impl Pick {
@@ -101,6 +105,43 @@ impl Decision {
                 )
             }
             Decision::Deny | Decision::Status => false,
+        }
+    }
+
+    /// The request's decision as the access log reads it (the filter state
+    /// `wasm.ewma_lb_decision`): `REASON HOST VERSION`, `-` for what there is none of.
+    /// REASON is `steered` or `probe` (a pick: HOST is the picked host), `fallback:WHY` with
+    /// WHY the `reason` label of `ewma_lb_fallback_requests_total`, `health_path`,
+    /// `management`, `denied` or `status`. VERSION is the pick table's version
+    /// (`table_version` of the status page): the pick's own, or for a fallback `table_version`,
+    /// the cluster's table at the time. Written into `out` (cleared first), so one buffer
+    /// serves every request.
+    pub fn write_log_value(&self, table_version: Option<u64>, out: &mut String) {
+        use std::fmt::Write as _;
+        out.clear();
+        let (reason, host, version) = match self {
+            Decision::Override(pick) => (
+                if pick.probe { "probe" } else { "steered" },
+                Some(&*pick.host),
+                Some(pick.table_version),
+            ),
+            Decision::Fallback(FallbackReason::HealthPath) => ("health_path", None, None),
+            Decision::Fallback(FallbackReason::Management) => ("management", None, None),
+            Decision::Fallback(why) => {
+                out.push_str("fallback:");
+                (why.label(), None, table_version)
+            }
+            Decision::Deny => ("denied", None, None),
+            Decision::Status => ("status", None, None),
+        };
+        out.push_str(reason);
+        out.push(' ');
+        out.push_str(host.unwrap_or("-"));
+        match version.filter(|v| *v > 0) {
+            Some(v) => {
+                let _ = write!(out, " {v}");
+            }
+            None => out.push_str(" -"),
         }
     }
 }
@@ -465,13 +506,13 @@ impl Worker {
                 .and_then(|h| counts.get(&**h))
                 .map_or(0, |n| n.now)
         };
-        let first = match probes.due(now_ns, in_flight) {
+        let (first, probe) = match probes.due(now_ns, in_flight) {
             Some(i) => {
                 table.count_served(i);
-                i
+                (i, true)
             }
             None => match table.pick(config.pick(), rng, in_flight) {
-                Some(i) => i,
+                Some(i) => (i, false),
                 None => return Decision::Fallback(FallbackReason::TableNotReady),
             },
         };
@@ -484,7 +525,20 @@ impl Worker {
             .weighted_except(rng, first)
             .and_then(|i| local.table.host(i))
             .cloned();
-        Decision::Override(Pick { host, alternative })
+        Decision::Override(Pick {
+            host,
+            alternative,
+            probe,
+            table_version: local.table_version,
+        })
+    }
+
+    /// The version of the pick table this worker uses for `cluster`; `None` before it has one.
+    pub fn table_version(&self, cluster: &str) -> Option<u64> {
+        self.clusters
+            .get(cluster)
+            .map(|c| c.table_version)
+            .filter(|v| *v > 0)
     }
 
     /// Counts a request picked for `host` in flight there: from the end of the request, which is

@@ -13,7 +13,9 @@ use std::collections::HashMap;
 use ewma_lb::outcome::Outcome;
 use ewma_lb::telemetry::{Change, Metric, Update};
 use ewma_lb::worker::{Decision, FallbackReason, Finished, Pick, Request, Worker};
-use store::{config, defaults, keys_of_kind, samples, steer, ticked, Shared, CLUSTER, MS, SEC};
+use store::{
+    config, defaults, finish_pick, keys_of_kind, samples, steer, ticked, Shared, CLUSTER, MS, SEC,
+};
 
 fn header_value(pick: &Pick) -> String {
     let mut out = String::new();
@@ -981,17 +983,7 @@ fn a_host_out_of_favour_is_probed_by_time_shared_by_the_workers() {
                 if slow && tick > 200 {
                     probes[k] += 1;
                 }
-                let done = Finished {
-                    picked: Some(&pick.host),
-                    in_flight: true,
-                    served_by: Some(&pick.host),
-                    attempts: 1,
-                    latency_ms: if slow { 400.0 } else { 4.0 },
-                    outcome: Some(Outcome::Success),
-                    num_endpoints: Some(2),
-                    ..Finished::default()
-                };
-                w.finish(CLUSTER, &done);
+                finish_pick(w, &pick.host, if slow { 400.0 } else { 4.0 });
             }
             w.tick(t0 + 100 * MS, &mut store.clone());
         }

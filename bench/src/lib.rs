@@ -17,4 +17,5 @@ pub mod protocol;
 pub mod scenario;
 pub mod sim;
 pub mod tables;
+pub mod tune;
 pub mod windows;

@@ -53,6 +53,14 @@ pub fn set_request_header(name: &str, value: Option<&str>) -> bool {
     hostcalls::set_map_value(MapType::HttpRequestHeaders, name, value).is_ok()
 }
 
+/// Sets the request's filter state `wasm.NAME` to `value` (bytes): what the access log reads as
+/// `%FILTER_STATE(wasm.NAME:PLAIN)%`. The SDK panics on any status but Ok, like its header
+/// setters; Envoy answers Ok for a request context (it has stream info) and a key set once per
+/// request (the default state is mutable bytes), which is the only way it is called.
+pub fn set_filter_state(name: &str, value: &str) -> bool {
+    hostcalls::set_property(vec![name], Some(value.as_bytes())).is_ok()
+}
+
 /// proxy-wasm shared data of this VM id.
 pub struct SharedData;
 

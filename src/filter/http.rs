@@ -50,6 +50,9 @@ impl Http {
 
 impl Context for Http {}
 
+/// The filter state (`wasm.` + this) that holds each request's decision (`Decision::write_log_value`).
+const DECISION_STATE: &str = "ewma_lb_decision";
+
 /// Body of the local reply to a management path from outside the allowlist.
 const FORBIDDEN_BODY: &[u8] = b"forbidden: management endpoint\n";
 
@@ -95,6 +98,7 @@ impl HttpContext for Http {
         let Vm {
             worker,
             header_value,
+            decision_value,
             ..
         } = &mut *vm;
         let path = host::request_header_bytes(":path").unwrap_or_default();
@@ -110,6 +114,13 @@ impl HttpContext for Http {
             || host::property_string(&["source", "address"]),
         );
         trace!("ewma-lb: {} -> {decision}", path.escape_ascii());
+        // Why the request goes where it goes, for the access log: one host call.
+        let version = match &decision {
+            Decision::Fallback(_) => cluster.as_deref().and_then(|c| worker.table_version(c)),
+            _ => None,
+        };
+        decision.write_log_value(version, decision_value);
+        host::set_filter_state(DECISION_STATE, decision_value);
         let header = worker.config().override_header();
         // The client's copy is replaced or removed whatever happens: client input never chooses
         // the host.

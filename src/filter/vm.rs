@@ -9,6 +9,8 @@ pub struct Vm {
     pub metrics: Metrics,
     /// Reused for every override header value, so a steered request allocates none.
     pub header_value: String,
+    /// Reused for every request's decision property (`wasm.ewma_lb_decision`).
+    pub decision_value: String,
 }
 
 impl Vm {
@@ -17,6 +19,7 @@ impl Vm {
             worker,
             metrics: Metrics::default(),
             header_value: String::new(),
+            decision_value: String::new(),
         }
     }
 }

@@ -139,6 +139,22 @@ pub fn steer(w: &mut Worker) -> ewma_lb::worker::Decision {
     )
 }
 
+/// The end of a request `w` picked `host` for (counted in flight), served by it in `latency_ms`,
+/// in a cluster of two endpoints.
+pub fn finish_pick(w: &mut Worker, host: &str, latency_ms: f64) {
+    let done = ewma_lb::worker::Finished {
+        picked: Some(host),
+        in_flight: true,
+        served_by: Some(host),
+        attempts: 1,
+        latency_ms,
+        outcome: Some(ewma_lb::outcome::Outcome::Success),
+        num_endpoints: Some(2),
+        ..Default::default()
+    };
+    w.finish(CLUSTER, &done);
+}
+
 /// The number of samples of `host` in [`CLUSTER`]'s record.
 pub fn samples(store: &Shared, host: &str) -> u64 {
     store.state().host(host).map_or(0, |h| h.samples)

@@ -51,6 +51,19 @@ pub struct RunOutput {
     pub wall_s: f64,
 }
 
+/// One answered request as an access log line would tell it ([`run_logged`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoggedRequest {
+    pub arrival_ns: u64,
+    /// Index of the host in `SimSpec::hosts`.
+    pub host: u32,
+    pub latency_ns: u64,
+    pub outcome: Outcome,
+    /// The plugin's decision as the access log's `ewma_lb` field has it; `None` for Envoy's own
+    /// balancers.
+    pub decision: Option<String>,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Event {
     Arrival,
@@ -97,6 +110,8 @@ struct Req {
     in_service: bool,
     /// Its class's factor on the host's service time (`SimSpec::costs`).
     cost: f64,
+    /// The decision's access log value, kept only by [`run_logged`].
+    decision: Option<String>,
 }
 
 struct Host {
@@ -138,6 +153,19 @@ pub fn run(spec: &SimSpec, policy: &Policy) -> Result<RunOutput> {
     let mut out = engine.out;
     out.wall_s = started.elapsed().as_secs_f64();
     Ok(out)
+}
+
+/// [`run`], also returning every answered request in the order of their answers, as an access
+/// log has them (synthetic logs for `ewma-lb-tune`'s tests).
+pub fn run_logged(spec: &SimSpec, policy: &Policy) -> Result<(RunOutput, Vec<LoggedRequest>)> {
+    let started = Instant::now();
+    let mut engine = Engine::new(spec, policy)?;
+    engine.log = Some(Vec::new());
+    engine.run();
+    let log = engine.log.take().unwrap_or_default();
+    let mut out = engine.out;
+    out.wall_s = started.elapsed().as_secs_f64();
+    Ok((out, log))
 }
 
 /// The plugin configuration a plugin policy runs with in the simulation: the policy's, plus
@@ -187,6 +215,8 @@ struct Engine<'a> {
     arrivals_end_ns: u64,
     end_ns: u64,
     out: RunOutput,
+    log: Option<Vec<LoggedRequest>>,
+    decision_buf: String,
 }
 
 impl<'a> Engine<'a> {
@@ -273,6 +303,8 @@ impl<'a> Engine<'a> {
                 fallback: 0,
                 wall_s: 0.0,
             },
+            log: None,
+            decision_buf: String::new(),
         };
         for (p, proxy) in engine.proxies.iter().enumerate() {
             for w in 0..proxy.workers.len() {
@@ -306,13 +338,18 @@ impl<'a> Engine<'a> {
         }
         engine.schedule(engine.measure_from_ns, Event::Measure);
         engine.schedule(engine.arrivals_end_ns, Event::MeasureEnd);
-        match spec.arrivals {
+        match &spec.arrivals {
             Arrivals::Closed { clients } => {
-                for _ in 0..clients {
+                for _ in 0..*clients {
                     engine.schedule(0, Event::Arrival);
                 }
             }
             Arrivals::Uniform | Arrivals::Poisson => engine.schedule(0, Event::Arrival),
+            Arrivals::Trace(times) => {
+                if let Some(first) = times.first().copied() {
+                    engine.schedule(first, Event::Arrival);
+                }
+            }
         }
         Ok(engine)
     }
@@ -373,7 +410,8 @@ impl Engine<'_> {
             0
         };
         self.next_arrival += 1;
-        let next_ns = match spec.arrivals {
+        let next_ns = match &spec.arrivals {
+            Arrivals::Trace(times) => times.get(self.next_arrival as usize).copied(),
             Arrivals::Uniform => {
                 Some((self.next_arrival as f64 * NS_PER_SEC as f64 / spec.rate) as u64)
             }
@@ -428,6 +466,10 @@ impl Engine<'_> {
                 };
                 let decision = vm.route(&request, || None);
                 sampled = decision.is_sampled();
+                if self.log.is_some() {
+                    let version = vm.table_version(CLUSTER);
+                    decision.write_log_value(version, &mut self.decision_buf);
+                }
                 match decision {
                     Decision::Override(pick) => {
                         self.out.steered += 1;
@@ -470,6 +512,10 @@ impl Engine<'_> {
             answered: false,
             served: false,
             in_service: false,
+            decision: match (&self.log, self.balancer) {
+                (Some(_), Balancer::Plugin) => Some(self.decision_buf.clone()),
+                _ => None,
+            },
         };
         let id = match self.free.pop() {
             Some(id) => {
@@ -540,15 +586,17 @@ impl Engine<'_> {
         let t_s = self.now_ns as f64 / NS_PER_SEC as f64;
         let failing = spec.failing_at(t_s);
         let cost = self.reqs[id as usize].cost;
-        let (service_ns, failed) =
-            if failing > 0.0 && self.service_rng.random_bool(failing.min(1.0)) {
-                (FAST_FAILURE_NS, true)
-            } else {
-                let d = spec.latency_at(t_s).sample(&mut self.service_rng);
-                let failed =
-                    spec.fail_rate > 0.0 && self.service_rng.random_bool(spec.fail_rate.min(1.0));
-                ((d.as_nanos() as f64 * cost) as u64, failed)
-            };
+        let (service_ns, failed) = if let Some(model) = &spec.model {
+            let (d, failed) = model.sample(t_s, &mut self.service_rng);
+            ((d.as_nanos() as f64 * cost) as u64, failed)
+        } else if failing > 0.0 && self.service_rng.random_bool(failing.min(1.0)) {
+            (FAST_FAILURE_NS, true)
+        } else {
+            let d = spec.latency_at(t_s).sample(&mut self.service_rng);
+            let failed =
+                spec.fail_rate > 0.0 && self.service_rng.random_bool(spec.fail_rate.min(1.0));
+            ((d.as_nanos() as f64 * cost) as u64, failed)
+        };
         self.reqs[id as usize].failed = failed;
         self.reqs[id as usize].in_service = true;
         let done_ns = self.now_ns.saturating_add(service_ns);
@@ -649,6 +697,15 @@ impl Engine<'_> {
         }
         let r = &mut self.reqs[id as usize];
         r.answered = true;
+        if let Some(log) = &mut self.log {
+            log.push(LoggedRequest {
+                arrival_ns: r.arrival_ns,
+                host: r.host,
+                latency_ns,
+                outcome,
+                decision: r.decision.take(),
+            });
+        }
         let (p, w, host) = (r.proxy as usize, r.worker as usize, r.host as usize);
         let proxy = &mut self.proxies[p];
         proxy.active[host] = proxy.active[host].saturating_sub(1);

@@ -194,6 +194,7 @@ fn parse_fleet(text: &str, stem: &str, smoke: bool) -> Result<SimSpec> {
                 phases: phases.clone(),
                 failing: failing.clone(),
                 join_s,
+                model: None,
             });
         }
     }

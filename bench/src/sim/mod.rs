@@ -56,7 +56,7 @@ pub struct SimSpec {
 }
 
 /// How requests arrive.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Arrivals {
     /// Evenly spaced, as the benchmark's open-loop load generator sends them.
     Uniform,
@@ -65,6 +65,21 @@ pub enum Arrivals {
     /// Closed loop: this many clients, each sending its next request when its last one is
     /// answered (`rate` is ignored).
     Closed { clients: usize },
+    /// At these times (ns since the start, sorted): the arrivals of an access log
+    /// (`ewma-lb-tune`); `rate` is ignored.
+    Trace(std::sync::Arc<[u64]>),
+}
+
+impl Arrivals {
+    /// For reports: `uniform`, `poisson`, `closed`, `trace`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Arrivals::Uniform => "uniform",
+            Arrivals::Poisson => "poisson",
+            Arrivals::Closed { .. } => "closed",
+            Arrivals::Trace(_) => "trace",
+        }
+    }
 }
 
 /// A class of requests on the route: `share` of them cost `factor` times a host's service time
@@ -93,6 +108,42 @@ pub struct HostSpec {
     pub failing: Vec<FailPhase>,
     /// When the host joins the cluster (0: from the start): a scale-out.
     pub join_s: f64,
+    /// A service model fitted from an access log (`ewma-lb-tune`): when set, it gives every
+    /// request's service time and failure instead of `latency`, `phases`, `fail_rate` and
+    /// `failing`.
+    pub model: Option<std::sync::Arc<FittedHost>>,
+}
+
+/// What a request costs one host, fitted from an access log (`tune::model`): its service time is
+/// a level that moves with time (one per bucket of `bucket_s`) times a residual drawn from the
+/// ones the log showed (the host's queue is its `capacity`); it fails with its bucket's failure
+/// rate.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FittedHost {
+    pub bucket_s: f64,
+    /// ln(ms) with nothing else in flight, per bucket.
+    pub level: Vec<f64>,
+    /// Failure probability per bucket.
+    pub fail: Vec<f64>,
+    /// Residuals of ln(ms) around the fit, to draw from (never empty: `[0]` for none).
+    pub residuals: Vec<f64>,
+}
+
+impl FittedHost {
+    /// A service time and whether the request fails, for a request whose service starts at `t_s`.
+    pub fn sample<R: rand::Rng + ?Sized>(&self, t_s: f64, rng: &mut R) -> (Duration, bool) {
+        let last = self.level.len().saturating_sub(1);
+        let b = ((t_s / self.bucket_s).max(0.0) as usize).min(last);
+        let level = self.level.get(b).copied().unwrap_or(0.0);
+        let residual = match self.residuals.len() {
+            0 => 0.0,
+            n => self.residuals[rng.random_range(0..n)],
+        };
+        let ms = (level + residual).exp().min(3_600_000.0);
+        let fail = self.fail.get(b).copied().unwrap_or(0.0).clamp(0.0, 1.0);
+        let failed = fail > 0.0 && rng.random_bool(fail);
+        (Duration::from_secs_f64(ms / 1000.0), failed)
+    }
 }
 
 /// A window of fast failures.
@@ -116,6 +167,7 @@ impl HostSpec {
             phases: Vec::new(),
             failing: Vec::new(),
             join_s: 0.0,
+            model: None,
         }
     }
 
@@ -331,7 +383,7 @@ fn settings(spec: &SimSpec, seeds: &[u64]) -> serde_json::Value {
         "workers": spec.workers,
         "hosts": spec.hosts.len(),
         "rate_per_s": spec.rate,
-        "arrivals": format!("{:?}", spec.arrivals).to_lowercase(),
+        "arrivals": spec.arrivals.label(),
         "duration_s": spec.duration.as_secs_f64(),
         "warmup_s": spec.warmup.as_secs_f64(),
         "route_timeout_s": spec.route_timeout.as_secs_f64(),

@@ -1,0 +1,401 @@
+//! `ewma-lb-tune`: the plugin's settings, chosen from an access log of its own traffic.
+//!
+//! Reads the logs (`log`), fits what a request costs each host (`model`), replays the log's
+//! arrivals through the simulator over those models with candidate settings (`replay`), and
+//! writes the best as a configuration the plugin's own parser accepts.
+
+pub mod log;
+pub mod model;
+pub mod replay;
+pub mod synth;
+
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde_json::Value;
+
+use crate::figures::{RoundFigures, Spread};
+use replay::{Candidate, Collector, Dataset, Outcome, ReplayOptions, Window};
+
+/// What to tune from.
+#[derive(Clone, Debug)]
+pub struct TuneOptions {
+    pub logs: Vec<PathBuf>,
+    /// The plugin configuration that ran while the logs were written (JSON).
+    pub current: Value,
+    pub window: Window,
+    /// Width of the time buckets of the host models.
+    pub bucket: Duration,
+    pub replay: ReplayOptions,
+    pub progress: bool,
+    /// Only the smoother stage (a smoke run).
+    pub quick: bool,
+}
+
+/// Everything a tuning run found.
+#[derive(Clone, Debug)]
+pub struct TuneReport {
+    pub read: log::ReadSummary,
+    pub data_summary: String,
+    pub logged: RoundFigures,
+    /// Every candidate, the current settings first.
+    pub outcomes: Vec<Outcome>,
+    /// Index of the recommended candidate in `outcomes`: the lowest median p99 when it beat the
+    /// current settings on every seed, else 0 (keep them).
+    pub best: usize,
+    /// Index of the candidate with the lowest median p99.
+    pub lowest: usize,
+    /// How far the replay of the current settings' p99 is from the log's, as a share of the
+    /// log's: above [`MAX_FIT_ERROR`] nothing is recommended.
+    pub fit_error: f64,
+    /// The lowest's p99 gain over the current settings, % of the current p99, per seed: median
+    /// and range.
+    pub gain_pct: Spread,
+    /// The configuration to apply, accepted by the plugin's parser.
+    pub recommended: Value,
+    /// The report, markdown.
+    pub markdown: String,
+}
+
+/// The most the replay of the current settings' p99 may be off the log's (a share of it) for a
+/// recommendation: further apart, the model misses what makes this log's tail.
+pub const MAX_FIT_ERROR: f64 = 0.25;
+
+/// The caveat every report carries.
+pub const CAVEAT: &str = "A replay is a model, not what would have happened: the log shows what the hosts did under \
+the settings that ran; the replay draws each request's latency from a per-host fit of latency against time and load \
+(and failures against time), and what another policy would really have met can differ where the log holds little \
+(a host that was avoided was measured only by its probes). Check the recommendation the way any change is checked: \
+apply it, and watch p99 and the per-host shares (docs/tuning.md).";
+
+/// Checks a plugin configuration with the plugin's own parser.
+pub fn check_config(config: &Value) -> Result<()> {
+    let text = serde_json::to_string(config)?;
+    ewma_lb::config::Config::from_json(text.as_bytes())
+        .map(|_| ())
+        .map_err(|e| anyhow!("the plugin refuses the configuration: {e}"))
+}
+
+/// Reads the logs, fits, replays and recommends.
+pub fn tune(opts: &TuneOptions) -> Result<TuneReport> {
+    check_config(&opts.current).context("--config")?;
+    let mut collector = Collector::new(opts.window.clone());
+    let read = log::read(&opts.logs, opts.progress, |e| collector.add(e))?;
+    if read.usable == 0 {
+        bail!("{}", no_usable_line(&read));
+    }
+    let data = collector.finish()?;
+    if data.arrivals.len() < 100 {
+        bail!(
+            "only {} requests of cluster {} in the window: too few to fit a model (widen --duration or --from)",
+            data.arrivals.len(),
+            data.cluster
+        );
+    }
+    let fits = replay::fit_all(&data, opts.bucket.as_secs_f64());
+    let spec = replay::spec(&data, &fits, &opts.replay);
+    let logged = replay::logged(&data, opts.replay.warmup);
+    let failures = fits.iter().any(|f| f.failure_rate > 0.0);
+
+    let first = replay::candidates(&opts.current, None, failures);
+    let bar = if opts.progress {
+        let bar = indicatif::ProgressBar::new(first.len() as u64);
+        if let Ok(style) = indicatif::ProgressStyle::with_template(
+            "replaying {pos}/{len} candidates x {msg} seeds [{bar:30}] {eta} left",
+        ) {
+            bar.set_style(style);
+        }
+        bar.set_message(opts.replay.seeds.len().to_string());
+        bar
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let mut outcomes = Vec::new();
+    let run = |c: Candidate, outcomes: &mut Vec<Outcome>| -> Result<()> {
+        check_config(&c.config).with_context(|| format!("candidate {}", c.name))?;
+        let rounds = replay::replay(&spec, &c.name, &c.config, &opts.replay)?;
+        outcomes.push(Outcome {
+            candidate: c,
+            rounds,
+        });
+        bar.inc(1);
+        Ok(())
+    };
+    for c in first {
+        run(c, &mut outcomes)?;
+    }
+    if !opts.quick {
+        let best_first = best_of(&outcomes);
+        let second = replay::candidates(
+            &opts.current,
+            Some(&outcomes[best_first].candidate),
+            failures,
+        );
+        bar.inc_length(second.len() as u64);
+        for c in second {
+            run(c, &mut outcomes)?;
+        }
+    }
+    bar.finish_and_clear();
+    let lowest = best_of(&outcomes);
+    let gains = |i: usize| -> Vec<f64> {
+        outcomes[0]
+            .rounds
+            .iter()
+            .zip(&outcomes[i].rounds)
+            .map(|(cur, b)| 100.0 * (cur.p99_ms - b.p99_ms) / cur.p99_ms.max(1e-9))
+            .collect()
+    };
+    let gain_pct = Spread::of(gains(lowest)).unwrap_or_default();
+    // A change is recommended only when the model reproduces the log (the replay of the current
+    // settings is near the log's own p99) and the change beats the current settings on every
+    // seed: a gain within the replay's own noise is no reason to change.
+    let replayed_p99 = outcomes[0].spread(|r| r.p99_ms).median;
+    let fit_error = (replayed_p99 - logged.p99_ms).abs() / logged.p99_ms.max(1e-9);
+    let fit_ok = fit_error <= MAX_FIT_ERROR;
+    let best = if fit_ok && gain_pct.min > 0.0 {
+        lowest
+    } else {
+        0
+    };
+    let recommended = outcomes[best].candidate.config.clone();
+    check_config(&recommended).context("the recommendation")?;
+    let data_summary = describe_data(&data, &fits);
+    let mut report = TuneReport {
+        read,
+        data_summary,
+        logged,
+        outcomes,
+        best,
+        lowest,
+        fit_error,
+        gain_pct,
+        recommended,
+        markdown: String::new(),
+    };
+    report.markdown = markdown(&report, opts);
+    Ok(report)
+}
+
+/// The best candidate: the lowest median p99 over the seeds; the current settings on a tie.
+fn best_of(outcomes: &[Outcome]) -> usize {
+    let mut best = 0;
+    for (i, o) in outcomes.iter().enumerate() {
+        if o.spread(|r| r.p99_ms).median < outcomes[best].spread(|r| r.p99_ms).median {
+            best = i;
+        }
+    }
+    best
+}
+
+/// The error for logs with no usable line: what was missing, and where.
+pub fn no_usable_line(read: &log::ReadSummary) -> String {
+    let mut s = format!("no usable line in {} lines", read.lines);
+    if !read.missing.is_empty() {
+        let fields: Vec<String> = read
+            .missing
+            .iter()
+            .map(|(f, n)| format!("{f} (missing from {n})"))
+            .collect();
+        let _ = write!(
+            s,
+            "; the fields replay needs are {}: {}",
+            log::REQUIRED.join(", "),
+            fields.join(", ")
+        );
+    }
+    if read.unparsable > 0 {
+        let _ = write!(s, "; {} lines are not JSON objects", read.unparsable);
+    }
+    if read.no_upstream > 0 {
+        let _ = write!(
+            s,
+            "; {} requests reached no upstream host",
+            read.no_upstream
+        );
+    }
+    if let Some((f, n, why)) = read.skipped.first() {
+        let _ = write!(s, "; first skipped: {}:{n}: {why}", f.display());
+    }
+    s.push_str(". The shipped envoy.yaml's access log has every field (README, \"Access log\").");
+    s
+}
+
+fn describe_data(data: &Dataset, fits: &[model::HostFit]) -> String {
+    let mut s = format!(
+        "Cluster `{}`: {} requests over {:.1} s ({:.0} req/s), {} hosts; {} other lines left out (other clusters, \
+         outside the window, health and management requests).\n\n",
+        data.cluster,
+        data.arrivals.len(),
+        data.span_s,
+        data.arrivals.len() as f64 / data.span_s.max(1e-9),
+        data.hosts.len(),
+        data.left_out
+    );
+    if !data.decisions.is_empty() {
+        let d: Vec<String> = data
+            .decisions
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        let _ = writeln!(s, "The plugin's decisions in the log: {}.\n", d.join(", "));
+    }
+    s.push_str("| host | requests | buckets measured | service ms (min-median-max over time) | servers (a queue beyond) | mean in flight | failures % |\n|---|---|---|---|---|---|---|\n");
+    for (h, f) in data.hosts.iter().zip(fits) {
+        let mut levels: Vec<f64> = f.model.level.iter().map(|l| l.exp()).collect();
+        levels.sort_by(f64::total_cmp);
+        let pick = |q: f64| {
+            levels
+                .get(((levels.len() - 1) as f64 * q) as usize)
+                .copied()
+                .unwrap_or(0.0)
+        };
+        let _ = writeln!(
+            s,
+            "| {h} | {} | {} of {} | {:.1}-{:.1}-{:.1} | {} | {:.2} | {:.2} |",
+            f.samples,
+            f.measured_buckets,
+            f.model.level.len(),
+            pick(0.0),
+            pick(0.5),
+            pick(1.0),
+            f.servers
+                .map_or("no limit seen".to_owned(), |k| k.to_string()),
+            f.mean_in_flight,
+            100.0 * f.failure_rate
+        );
+    }
+    s
+}
+
+fn markdown(r: &TuneReport, opts: &TuneOptions) -> String {
+    let mut md = String::from("# ewma-lb-tune\n\n");
+    let _ = writeln!(
+        md,
+        "Read {} lines: {} usable, {} reached no upstream host, {} skipped ({} not JSON, {} missing a field, {} with a bad value).",
+        r.read.lines,
+        r.read.usable,
+        r.read.no_upstream,
+        r.read.skipped_count(),
+        r.read.unparsable,
+        r.read.missing_lines,
+        r.read.bad_value
+    );
+    for (f, n, why) in &r.read.skipped {
+        let _ = writeln!(md, "- skipped {}:{n}: {why}", f.display());
+    }
+    if r.read.skipped_count() as usize > r.read.skipped.len() {
+        let _ = writeln!(
+            md,
+            "- ... and {} more",
+            r.read.skipped_count() as usize - r.read.skipped.len()
+        );
+    }
+    md.push('\n');
+    md.push_str(&r.data_summary);
+    let cur = &r.outcomes[0];
+    let _ = writeln!(
+        md,
+        "\n**Model fit**: the log itself (after the first {:.0} s) p50 {:.1} ms, p99 {:.1} ms, errors {:.2} %; \
+         the replay of the settings that produced it (`--config`) p50 {} ms, p99 {} ms, errors {} % \
+         (median (min-max) over seeds {:?}). The further apart, the less the table below can be trusted.\n",
+        opts.replay.warmup.as_secs_f64(),
+        r.logged.p50_ms,
+        r.logged.p99_ms,
+        r.logged.errors_pct,
+        cur.spread(|f| f.p50_ms).show(1),
+        cur.spread(|f| f.p99_ms).show(1),
+        cur.spread(|f| f.errors_pct).show(2),
+        opts.replay.seeds
+    );
+    let _ = writeln!(
+        md,
+        "Replayed: {} worker VMs, route timeout {:?}, the first {:.0} s left out of the figures; each figure the median \
+         (min-max) over the seeds. Flapping: the flapping index (pp, bench/README.md); share moved: how much of the \
+         traffic the candidate sends to other hosts than the log shows.\n",
+        opts.replay.workers,
+        opts.replay.route_timeout,
+        opts.replay.warmup.as_secs_f64()
+    );
+    md.push_str(&replay::table(&r.outcomes, &r.logged.shares_pct));
+    md.push('\n');
+    let best = &r.outcomes[r.best];
+    if r.fit_error > MAX_FIT_ERROR {
+        let _ = writeln!(
+            md,
+            "**No recommendation: the model does not reproduce this log.** The replay of the current settings has p99 {} ms \
+             against the log's {:.1} ms, {:.0} % apart (at most {:.0} % for a recommendation): what makes this log's tail \
+             (changes shorter than a bucket, requests of very different costs, other proxies) is not in the model. Keep \
+             the current settings; a shorter `--bucket` may help.",
+            cur.spread(|f| f.p99_ms).show(1),
+            r.logged.p99_ms,
+            100.0 * r.fit_error,
+            100.0 * MAX_FIT_ERROR
+        );
+    } else if r.best == 0 {
+        let lowest = &r.outcomes[r.lowest];
+        match r.lowest {
+            0 => md.push_str("**Recommendation: keep the current settings**: no candidate had a lower median p99.\n"),
+            _ => {
+                let _ = writeln!(
+                    md,
+                    "**Recommendation: keep the current settings**: the lowest median p99, {} (#{}), gained {} % \
+                     (median (min-max) over the seeds), not on every seed: within the replay's noise.",
+                    lowest.candidate.name,
+                    r.lowest,
+                    r.gain_pct.show(1)
+                );
+            }
+        }
+    } else {
+        let _ = writeln!(
+            md,
+            "**Recommendation: {}** (#{}), changing `{}`: p99 {} ms against {} ms now, a gain of {} % \
+             (median (min-max) over the seeds, each seed's replay of both against the same arrivals).\n",
+            best.candidate.name,
+            r.best,
+            best.candidate.change,
+            best.spread(|f| f.p99_ms).show(1),
+            cur.spread(|f| f.p99_ms).show(1),
+            r.gain_pct.show(1),
+        );
+        md.push_str("The best of many candidates looks better on the seeds it was picked on than it will elsewhere: take the lower end of the gain.\n\n");
+    }
+    let _ = writeln!(md, "{CAVEAT}");
+    md
+}
+
+/// Draws p50, p99 and p99.9 of every candidate (x: its row number in the table, 0 the current
+/// settings), each the median over the seeds, and the log's own p99, into `dir` (svg and png).
+pub fn plot(report: &TuneReport, dir: &std::path::Path) -> Result<Vec<PathBuf>> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let line = |label: &str, f: fn(&RoundFigures) -> f64| crate::plot::Line {
+        label: label.to_owned(),
+        points: report
+            .outcomes
+            .iter()
+            .enumerate()
+            .map(|(i, o)| (i as f64, o.spread(f).median))
+            .collect(),
+    };
+    let n = report.outcomes.len().saturating_sub(1) as f64;
+    let lines = [
+        line("p50", |r| r.p50_ms),
+        line("p99", |r| r.p99_ms),
+        line("p99.9", |r| r.p999_ms),
+        crate::plot::Line {
+            label: "the log's p99".into(),
+            points: vec![(0.0, report.logged.p99_ms), (n, report.logged.p99_ms)],
+        },
+    ];
+    crate::plot::lines(
+        dir,
+        "tune-percentiles",
+        "ewma-lb-tune: replayed latency per candidate (median over seeds)",
+        ("candidate (row of the table; 0 = current settings)", "ms"),
+        false,
+        &lines,
+    )
+}

@@ -1,0 +1,336 @@
+//! Known answers for `ewma-lb-tune` (issue 18): the simulator writes an access log from a world
+//! under some settings; the tool reads only the log. The answer is known because the world is:
+//! each test runs the world again under the tool's recommendation (not a replay of the fitted
+//! model) and checks that its p99 is really lower, by a margin, than under the settings that
+//! wrote the log, or at least not higher where the replay sees no gain; where the model does not
+//! reproduce the log's tail, the tool must recommend nothing.
+//!
+//! The issue expected "a host alternating with period P wants a time constant well under P" and
+//! "rare spikes want a long one or no peak". Run on the true worlds, the first did not hold for
+//! this plugin (its pick compares requests in flight, and rises persist before they count): p99
+//! moved by 10 % or less across 0.25-10 s for periods of 2-8 s, and a 250 ms time constant was the
+//! worst. The worlds below are ones where the true answer is clear.
+
+#![allow(clippy::unwrap_used, clippy::indexing_slicing, clippy::panic)]
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ewma_bench::policy::Policy;
+use ewma_bench::sim::{Arrivals, Cost, HostSpec, SimSpec};
+use ewma_bench::tune::replay::{ReplayOptions, Window};
+use ewma_bench::tune::{synth, tune, TuneOptions, TuneReport};
+use harness::latency::Latency;
+use harness::Phase;
+use serde_json::{json, Value};
+
+fn world(hosts: Vec<HostSpec>, rate: f64, secs: u64, costs: Vec<Cost>) -> SimSpec {
+    SimSpec {
+        name: "world".into(),
+        description: String::new(),
+        proxies: 1,
+        workers: 2,
+        hosts,
+        rate,
+        arrivals: Arrivals::Poisson,
+        costs,
+        duration: Duration::from_secs(secs),
+        warmup: Duration::from_secs(0),
+        route_timeout: Duration::from_secs(5),
+        policies: Vec::new(),
+        plugin_config: json!({}),
+        static_endpoints: false,
+        seed: 11,
+    }
+}
+
+/// Writes the world's log under `config` and tunes from it (the smoother stage).
+fn tune_world(name: &str, spec: &SimSpec, config: Value, seeds: &[u64]) -> TuneReport {
+    let dir = std::env::temp_dir().join(format!("ewma-tune-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path: PathBuf = dir.join("access.log");
+    let mut file = std::io::BufWriter::new(std::fs::File::create(&path).unwrap());
+    let policy = Policy::variant("current", config.clone()).unwrap();
+    let lines = synth::write_log(spec, &policy, &mut file).unwrap();
+    file.flush().unwrap();
+    drop(file);
+    assert!(lines > 1000, "{lines} lines");
+    let report = tune(&TuneOptions {
+        logs: vec![path],
+        current: config,
+        window: Window {
+            cluster: None,
+            from_s: 0.0,
+            duration_s: 3600.0,
+        },
+        bucket: Duration::from_millis(500),
+        replay: ReplayOptions {
+            workers: 2,
+            route_timeout: Duration::from_secs(5),
+            warmup: Duration::from_secs(3),
+            seeds: seeds.to_vec(),
+            threads: 2,
+        },
+        progress: false,
+        quick: true,
+    })
+    .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    eprintln!("{}", report.markdown);
+    report
+}
+
+fn smoothing(report: &TuneReport) -> &Value {
+    &report.recommended["smoothing"]
+}
+
+/// The p99 `config` gets on the true world (not a replay), median over seeds 1 and 2.
+fn true_p99(spec: &SimSpec, config: &Value) -> f64 {
+    let s = SimSpec {
+        policies: vec![Policy::variant("truth", config.clone()).unwrap()],
+        warmup: Duration::from_secs(3),
+        ..spec.clone()
+    };
+    let r = ewma_bench::sim::run_all(&s, &[1, 2], 2, false).unwrap();
+    r[0].figures.median(|f| Some(f.p99_ms)).unwrap()
+}
+
+/// A host of 4 servers at 8-12 ms that queues the rest.
+fn queueing_host(name: &str) -> HostSpec {
+    HostSpec {
+        capacity: Some(4),
+        ..HostSpec::new(
+            name,
+            Latency::Uniform {
+                lo_ms: 8,
+                hi_ms: 12,
+            },
+        )
+    }
+}
+
+/// A host, one of three that queue (4 servers at 10 ms), alternating slow and fast with period
+/// `period_s`.
+fn alternating_world(period_s: f64, slow: Latency, rate: f64) -> SimSpec {
+    let mut alternating = queueing_host("alternating");
+    let mut t = 0.0;
+    while t < 40.0 {
+        alternating.phases.push(Phase {
+            from_s: t,
+            to_s: t + period_s / 2.0,
+            latency: slow.clone(),
+        });
+        t += period_s;
+    }
+    world(
+        vec![
+            alternating,
+            queueing_host("steady1"),
+            queueing_host("steady2"),
+        ],
+        rate,
+        40,
+        Vec::new(),
+    )
+}
+
+/// The tool, from a log written under `current`, recommends a change that is really better:
+/// on the true world (run again under the recommendation, not replayed) its p99 is at least
+/// `margin` lower than the current settings', and the tool's own gain holds on every seed.
+fn finds_the_better_setting(name: &str, spec: &SimSpec, current: Value, margin: f64) -> TuneReport {
+    let report = tune_world(name, spec, current.clone(), &[1, 2]);
+    assert!(
+        report.best > 0,
+        "no change recommended\n{}",
+        report.markdown
+    );
+    assert!(report.gain_pct.min > 0.0, "{}", report.markdown);
+    let (now, then) = (
+        true_p99(spec, &current),
+        true_p99(spec, &report.recommended),
+    );
+    assert!(
+        then <= now * (1.0 - margin),
+        "true p99 {then:.1} ms under the recommendation against {now:.1} ms now\n{}",
+        report.markdown
+    );
+    eprintln!("true p99: {now:.1} ms now, {then:.1} ms recommended");
+    report
+}
+
+#[test]
+fn a_host_alternating_every_2_s_is_not_followed_with_a_time_constant_of_250_ms() {
+    // On the true world a 250 ms time constant chases every phase (p99 147 ms against 95-105
+    // for 0.5-10 s): the tool must see that from the log written under it.
+    let spec = alternating_world(
+        4.0,
+        Latency::Uniform {
+            lo_ms: 150,
+            hi_ms: 250,
+        },
+        800.0,
+    );
+    let current = json!({"smoothing": {"algorithm": "peak_ewma", "tau_ms": 250}});
+    let report = finds_the_better_setting("alternating", &spec, current, 0.2);
+    let tau = smoothing(&report)["tau_ms"].as_f64().unwrap();
+    assert!(tau >= 500.0, "{}", report.markdown);
+}
+
+#[test]
+fn a_host_alternating_every_4_s_is_not_made_worse() {
+    // Period 8 s, 50 ms when slow: on the true world a 500 ms time constant gives p99 102 ms,
+    // 2-10 s 68 ms. The replay does not see that gain (its figures for 1-10 s are within 20 % of
+    // 500 ms, with 250 ms and no peak ahead by a few %, not on every seed): the tool keeps the
+    // current settings, a miss but not a harm. Whatever it recommends must not be worse.
+    let spec = alternating_world(
+        8.0,
+        Latency::Uniform {
+            lo_ms: 40,
+            hi_ms: 60,
+        },
+        850.0,
+    );
+    let current = json!({"smoothing": {"algorithm": "peak_ewma", "tau_ms": 500}});
+    let report = tune_world("period-8", &spec, current.clone(), &[1, 2]);
+    let (now, then) = (
+        true_p99(&spec, &current),
+        true_p99(&spec, &report.recommended),
+    );
+    assert!(
+        then <= now * 1.05,
+        "true p99 {then:.1} ms under the recommendation against {now:.1} ms now\n{}",
+        report.markdown
+    );
+}
+
+#[test]
+fn where_the_model_misses_the_tail_nothing_is_recommended() {
+    // Each host stalls for 100 ms (300 ms a request) once every 8 s, at its own times: rare
+    // isolated spikes, shorter than a bucket of the model (500 ms), which takes each bucket's
+    // median. The replay's p99 is far from the log's, and the tool says so instead of
+    // recommending from it.
+    let host = |name: &str, offset_s: f64| {
+        let mut h = queueing_host(name);
+        let mut t = offset_s;
+        while t < 40.0 {
+            h.phases.push(Phase {
+                from_s: t,
+                to_s: t + 0.1,
+                latency: Latency::Fixed(300),
+            });
+            t += 8.0;
+        }
+        h
+    };
+    let spec = world(
+        vec![host("a", 2.0), host("b", 4.7), host("c", 7.3)],
+        850.0,
+        40,
+        Vec::new(),
+    );
+    let current = json!({
+        "smoothing": {"algorithm": "peak_ewma", "tau_ms": 10000, "peak_samples": 1},
+        "persistence_ms": 0
+    });
+    let report = tune_world("spikes", &spec, current.clone(), &[1, 2]);
+    assert!(
+        report.fit_error > ewma_bench::tune::MAX_FIT_ERROR,
+        "{}",
+        report.markdown
+    );
+    assert_eq!(report.best, 0, "{}", report.markdown);
+    assert_eq!(report.recommended, current);
+    assert!(report
+        .markdown
+        .contains("No recommendation: the model does not reproduce this log"));
+}
+
+fn options(logs: Vec<PathBuf>) -> TuneOptions {
+    TuneOptions {
+        logs,
+        current: json!({}),
+        window: Window {
+            cluster: None,
+            from_s: 0.0,
+            duration_s: 600.0,
+        },
+        bucket: Duration::from_secs(1),
+        replay: ReplayOptions {
+            workers: 2,
+            route_timeout: Duration::from_secs(5),
+            warmup: Duration::from_secs(1),
+            seeds: vec![1],
+            threads: 1,
+        },
+        progress: false,
+        quick: true,
+    }
+}
+
+#[test]
+fn a_log_with_no_usable_line_is_an_error_naming_what_is_missing() {
+    let dir = std::env::temp_dir().join(format!("ewma-tune-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("bad.log");
+    std::fs::write(
+        &path,
+        "[2026-01-01 00:00:00.000][1][info][main] starting main dispatch loop\n\
+         {\"start_time\": \"2026-01-01T00:00:00.000Z\", \"path\": \"/\", \"response_code\": 200}\n\
+         \u{0}\u{1}binary\n\
+         {\"upstream_host\": \"10.0.0.1:80\", \"duration\": 3}\n",
+    )
+    .unwrap();
+    let e = tune(&options(vec![path.clone()])).unwrap_err().to_string();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(e.contains("no usable line in 4 lines"), "{e}");
+    assert!(e.contains("upstream_host (missing from 1)"), "{e}");
+    assert!(e.contains("duration (missing from 1)"), "{e}");
+    assert!(e.contains("start_time (missing from 1)"), "{e}");
+    assert!(e.contains("2 lines are not JSON objects"), "{e}");
+    assert!(e.contains("bad.log:1: not JSON"), "{e}");
+}
+
+#[test]
+fn bad_lines_among_good_ones_are_counted_with_their_numbers_and_gzip_reads_the_same() {
+    let dir = std::env::temp_dir().join(format!("ewma-tune-mixed-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let spec = SimSpec {
+        hosts: vec![
+            HostSpec::new("a", Latency::Fixed(10)),
+            HostSpec::new("b", Latency::Fixed(20)),
+        ],
+        ..world(Vec::new(), 100.0, 8, Vec::new())
+    };
+    let mut text = Vec::new();
+    synth::write_log(&spec, &Policy::get("ewma_lb").unwrap(), &mut text).unwrap();
+    let mut lines: Vec<&[u8]> = text.split(|b| *b == b'\n').collect();
+    lines.insert(10, b"not json at all");
+    lines.insert(20, b"{\"truncated\": ");
+    let joined = lines.join(&b'\n');
+    let plain = dir.join("access.log");
+    std::fs::write(&plain, &joined).unwrap();
+    let gz = dir.join("access.log.gz");
+    let mut enc = flate2::write::GzEncoder::new(
+        std::fs::File::create(&gz).unwrap(),
+        flate2::Compression::fast(),
+    );
+    enc.write_all(&joined).unwrap();
+    enc.finish().unwrap();
+    let a = tune(&options(vec![plain])).unwrap();
+    let b = tune(&options(vec![gz])).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(a.read.unparsable, 2);
+    let numbers: Vec<u64> = a.read.skipped.iter().map(|(_, n, _)| *n).collect();
+    assert_eq!(numbers, vec![11, 21]);
+    assert!(
+        a.markdown.contains("access.log:11: not JSON"),
+        "{}",
+        a.markdown
+    );
+    assert_eq!(a.read.usable, b.read.usable);
+    assert_eq!(
+        a.outcomes[0].rounds, b.outcomes[0].rounds,
+        "gzip reads the same lines"
+    );
+}

@@ -1,0 +1,148 @@
+//! End to end, issue 18: the shipped config writes one JSON access log line per request, and each
+//! line says what the backends saw: the host that served the request, and the plugin's decision
+//! for it (filter state `wasm.ewma_lb_decision`), checked against which backend counted the
+//! request's path.
+
+#![allow(clippy::panic, clippy::indexing_slicing, clippy::unwrap_used)] // tests fail by panicking
+#![cfg(not(target_arch = "wasm32"))] // real processes: native only
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use harness::{http, within, BackendSpec, Stack};
+use serde_json::Value;
+
+/// The access log lines Envoy wrote so far (the shipped config logs to stdout), by path.
+fn log_lines(stack: &Stack) -> HashMap<String, Value> {
+    let text = std::fs::read_to_string(stack.envoy.dir().join("stdout.txt")).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|v| Some((v["path"].as_str()?.to_owned(), v)))
+        .collect()
+}
+
+#[test]
+fn every_request_logs_the_host_that_served_it_and_why_the_plugin_sent_it_there() {
+    let stack = Stack::start(vec![
+        BackendSpec::new("fast1", "uniform:5-15".parse().unwrap()),
+        BackendSpec::new("fast2", "uniform:5-15".parse().unwrap()),
+        BackendSpec::new("slow", "uniform:150-250".parse().unwrap()),
+    ])
+    .unwrap();
+    stack.load(100.0, 4).unwrap(); // the table forms
+    stack.reset_counts();
+    // 400 requests, each on its own path, so the backend that counted a path is the one that
+    // served that request.
+    let paths: Vec<String> = (0..400).map(|i| format!("/req/{i}")).collect();
+    std::thread::scope(|s| {
+        for chunk in paths.chunks(100) {
+            let url = &stack.url;
+            s.spawn(move || {
+                for p in chunk {
+                    let r = http::get(&format!("{url}{p}"), &[]).unwrap();
+                    assert_eq!(r.status, 200, "{p}");
+                }
+            });
+        }
+    });
+    assert_eq!(
+        http::get(&format!("{}/healthz", stack.url), &[])
+            .unwrap()
+            .status,
+        200
+    );
+    assert_eq!(
+        http::get(&format!("{}/actuator/env", stack.url), &[])
+            .unwrap()
+            .status,
+        200
+    );
+    assert_eq!(
+        http::get(&format!("{}/ewma-lb/status", stack.url), &[])
+            .unwrap()
+            .status,
+        200
+    );
+    let mut served_by: HashMap<String, String> = HashMap::new();
+    for b in &stack.backends {
+        for (path, n) in b.path_counts() {
+            assert_eq!(n, 1, "{path} served {n} times by {}", b.name());
+            if let Some(other) = served_by.insert(path.clone(), b.addr().to_string()) {
+                panic!("{path} served by {other} and {}", b.addr());
+            }
+        }
+    }
+    let expected = paths.len() + 3;
+    let mut lines = HashMap::new();
+    let found = within(Duration::from_secs(10), || {
+        lines = log_lines(&stack);
+        paths.iter().all(|p| lines.contains_key(p)) && lines.len() >= expected
+    });
+    assert!(
+        found.is_some(),
+        "{} of {expected} lines logged",
+        lines.len()
+    );
+
+    let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
+    let mut versions = Vec::new();
+    for p in &paths {
+        let line = &lines[p];
+        let upstream = line["upstream_host"].as_str().unwrap();
+        assert_eq!(
+            Some(upstream),
+            served_by.get(p).map(String::as_str),
+            "{line}"
+        );
+        assert_eq!(line["upstream_cluster"], "backend", "{line}");
+        assert_eq!(line["response_code"], 200, "{line}");
+        assert!(line["duration"].as_u64().is_some(), "{line}");
+        assert!(line["response_duration"].as_u64().is_some(), "{line}");
+        assert!(line["start_time"].as_str().is_some(), "{line}");
+        let decision: Vec<&str> = line["ewma_lb"].as_str().unwrap().split(' ').collect();
+        let [reason, host, version] = decision[..] else {
+            panic!("{line}")
+        };
+        *reasons.entry(reason.to_owned()).or_default() += 1;
+        match reason {
+            // A pick names the host, and that host served the request.
+            "steered" | "probe" => {
+                assert_eq!(host, upstream, "{line}");
+                versions.push(version.parse::<u64>().unwrap());
+            }
+            r if r.starts_with("fallback:") => assert_eq!(host, "-", "{line}"),
+            _ => panic!("unexpected decision: {line}"),
+        }
+    }
+    // After the warm-up the table steers nearly everything (exploration, 0.2 %, is the rest).
+    assert!(
+        reasons.get("steered").copied().unwrap_or(0) >= 380,
+        "{reasons:?}"
+    );
+    assert!(versions.iter().all(|v| *v > 0), "{versions:?}");
+    // The slow host gets no steered request: the floor, probes only.
+    let slow = stack.backend("slow").unwrap().addr().to_string();
+    let steered_slow = paths
+        .iter()
+        .filter(|p| {
+            lines[*p]["ewma_lb"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("steered {slow} "))
+        })
+        .count();
+    assert!(steered_slow <= 4, "{steered_slow} steered to the slow host");
+
+    let health = &lines["/healthz"];
+    assert_eq!(health["ewma_lb"], "health_path - -", "{health}");
+    assert!(
+        served_by.contains_key("/healthz"),
+        "the probe reached a backend"
+    );
+    let management = &lines["/actuator/env"];
+    assert_eq!(management["ewma_lb"], "management - -", "{management}");
+    // The status page is the plugin's own answer: no upstream.
+    let status = &lines["/ewma-lb/status"];
+    assert_eq!(status["ewma_lb"], "status - -", "{status}");
+    assert!(!served_by.contains_key("/ewma-lb/status"));
+}
