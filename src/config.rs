@@ -23,6 +23,7 @@ use crate::outcome::{GrpcCode, GrpcCodes};
 use crate::outlier::OutlierParams;
 use crate::pick::PickAlgorithm;
 use crate::rules::{default_health_paths, normalize, ManagementConfig, PathSet, Rules};
+use crate::score::{LoadMetric, ScoreParams, MAX_UTILIZATION_CAP};
 use crate::smoothing::{Smoother, MAX_PEAK_SAMPLES, MAX_SMA_WINDOW};
 use crate::state::Policy;
 use crate::sync::MAX_RECORD_HOSTS;
@@ -60,6 +61,8 @@ pub struct PluginConfig {
     pub host_ttl_ms: u64,
     pub max_hosts_per_cluster: usize,
     pub outlier_detection: OutlierConfig,
+    /// How latency, error rate and the load a host reports make its score (`score`).
+    pub score: ScoreConfig,
     /// Zone-aware steering: keep traffic in the proxy's zone while it serves well.
     pub locality: LocalityConfig,
     /// The Envoy clusters the plugin may steer: exact names, or prefixes ending in `*`. Only
@@ -109,6 +112,52 @@ pub struct OutlierConfig {
     pub base_ejection_ms: u64,
     pub max_ejection_ms: u64,
     pub max_ejection_share: f64,
+}
+
+/// `score`: the JSON form of [`ScoreParams`], the metric by name.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ScoreConfig {
+    pub error_weight: f64,
+    pub load_weight: f64,
+    pub max_utilization: f64,
+    pub load_metric: String,
+}
+
+impl Default for ScoreConfig {
+    fn default() -> Self {
+        let p = ScoreParams::default();
+        ScoreConfig {
+            error_weight: p.error_weight,
+            load_weight: p.load_weight,
+            max_utilization: p.max_utilization,
+            load_metric: p.load_metric.into(),
+        }
+    }
+}
+
+impl ScoreConfig {
+    fn compile(self) -> Result<ScoreParams, ConfigError> {
+        let load_metric = LoadMetric::parse(&self.load_metric).ok_or_else(|| {
+            err(
+                "score.load_metric",
+                format!(
+                    "must be `auto`, `cpu_utilization`, `application_utilization`, `named_metrics.<name>` or `none`, got {}",
+                    quoted(&self.load_metric)
+                ),
+            )
+        })?;
+        Ok(ScoreParams {
+            error_weight: in_range("score.error_weight", self.error_weight, 0.0, 10.0)?,
+            load_weight: in_range("score.load_weight", self.load_weight, 0.0, 10.0)?,
+            max_utilization: in_range(
+                "score.max_utilization",
+                self.max_utilization,
+                0.5,
+                MAX_UTILIZATION_CAP,
+            )?,
+            load_metric,
+        })
+    }
 }
 
 /// `locality`: the JSON form of [`LocalityParams`].
@@ -162,6 +211,7 @@ impl Default for PluginConfig {
             host_ttl_ms: 60_000,
             max_hosts_per_cluster: 1024,
             outlier_detection: OutlierConfig::default(),
+            score: ScoreConfig::default(),
             locality: LocalityConfig::default(),
             steered_clusters: vec![ANY_CLUSTER.into()],
             grpc_failure_status_codes: GrpcCodes::DEFAULT_FAILURES
@@ -222,6 +272,7 @@ json_struct!(PluginConfig {
     host_ttl_ms,
     max_hosts_per_cluster,
     outlier_detection,
+    score,
     locality,
     steered_clusters,
     grpc_failure_status_codes,
@@ -248,6 +299,12 @@ json_struct!(OutlierConfig {
     base_ejection_ms,
     max_ejection_ms,
     max_ejection_share
+});
+json_struct!(ScoreConfig {
+    error_weight,
+    load_weight,
+    max_utilization,
+    load_metric
 });
 json_struct!(LocalityConfig {
     enabled,
@@ -506,6 +563,7 @@ impl PluginConfig {
             MAX_RECORD_HOSTS,
         )?;
         let outlier = self.outlier_detection.compile()?;
+        let score = self.score.compile()?;
         let locality = self.locality.compile()?;
         let steered = SteeredClusters::compile(&self.steered_clusters)?;
         let static_endpoints = compile_clusters(self.clusters, max_hosts, &steered)?;
@@ -524,6 +582,7 @@ impl PluginConfig {
                 max_hosts,
                 persistence_ns: ms_to_ns(persistence_ms),
                 probe_interval_ns: ms_to_ns(probe_interval_ms),
+                score,
             },
             failure_penalty_ms: failure_penalty_ms as f64,
             latency_ceiling_ms: latency_ceiling_ms as f64,

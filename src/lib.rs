@@ -17,6 +17,7 @@ pub mod persistence;
 pub mod pick;
 pub mod probe;
 pub mod rules;
+pub mod score;
 pub mod smoothing;
 pub mod state;
 pub mod status;

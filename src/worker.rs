@@ -16,6 +16,7 @@ use crate::outcome::{GrpcCode, Outcome};
 use crate::pick::PickTable;
 use crate::probe::{self, Probes};
 use crate::rules::{normalize_bytes, PathClass};
+use crate::score::{parse_load_report, LoadMetric, ScoreParams};
 use crate::state::{ClusterBatch, ClusterState, Policy};
 use crate::status::{ClusterStatus, HostPhase, Status};
 use crate::sync::{
@@ -195,6 +196,9 @@ pub struct Finished<'a> {
     pub num_endpoints: Option<u32>,
     /// `upstream.locality.zone` of `served_by` (asked for once a host, see [`Worker::wants_zone`]).
     pub zone: Option<&'a str>,
+    /// The upstream response's `endpoint-load-metrics` header, as the host sent it: the load
+    /// `served_by` reports (`score`). Never a request header: a client's report counts for nothing.
+    pub load_report: Option<&'a [u8]>,
 }
 
 /// This worker's requests to one host that have not finished, and how many of them the metrics
@@ -270,6 +274,8 @@ struct Counts {
     bad_records: u64,
     /// Picks Envoy served by another host on the first attempt.
     not_honoured: u64,
+    /// Load reports ignored as malformed or out of range.
+    load_report_errors: u64,
 }
 
 /// One VM's balancer.
@@ -501,6 +507,13 @@ impl Worker {
             .is_some_and(|c| c.batch.num_endpoints.is_none())
     }
 
+    /// Whether the adapter should read a response's load report (`score`): not when the score
+    /// ignores them.
+    pub fn reads_load_reports(&self) -> bool {
+        let score = &self.config.policy().score;
+        score.load_weight > 0.0 && score.load_metric != LoadMetric::Off
+    }
+
     /// Whether the adapter should read the zone of `host` (not known yet).
     pub fn wants_zone(&self, cluster: &str, host: &str) -> bool {
         let Some(local) = self.clusters.get(cluster) else {
@@ -561,6 +574,19 @@ impl Worker {
         }
         let outcome =
             Outcome::with_grpc(done.outcome, done.grpc_status, self.config.grpc_failures());
+        let load = match done
+            .load_report
+            .map(|r| parse_load_report(r, &self.config.policy().score.load_metric))
+        {
+            Some(Ok(load)) => load,
+            Some(Err(_)) => {
+                if let Some(c) = counts_entry(&mut self.counts, cluster) {
+                    c.load_report_errors += 1;
+                }
+                None
+            }
+            None => None,
+        };
         let (Some(host), Some(outcome)) = (done.served_by, outcome) else {
             return;
         };
@@ -576,6 +602,9 @@ impl Worker {
         });
         if let Some(acc) = local.host_batch(host) {
             acc.record(latency_ms, outcome.is_failure(), penalty_ms);
+            if let Some(utilization) = load {
+                acc.report_load(utilization);
+            }
             if let Some(zone) = done.zone.filter(|z| acc.zone.as_deref() != Some(*z)) {
                 acc.zone = Some(zone.to_owned());
             }
@@ -660,6 +689,7 @@ impl Worker {
                                 &local.snapshot,
                                 &state,
                                 slow_start_ns,
+                                &policy.score,
                                 &mut report.metrics,
                             );
                         }
@@ -758,9 +788,14 @@ impl Worker {
                     .clock
                     .estimate(steady_ns)
                     .unwrap_or(local.snapshot.clock_ns);
-                ClusterStatus::new(name, &local.snapshot, now_ns, slow_start_ns, |h| {
-                    local.in_flight(h)
-                })
+                ClusterStatus::new(
+                    name,
+                    &local.snapshot,
+                    now_ns,
+                    slow_start_ns,
+                    &self.config.policy().score,
+                    |h| local.in_flight(h),
+                )
             })
             .collect();
         let status = Status {
@@ -935,17 +970,30 @@ fn host_gauges(
     old: &ClusterState,
     new: &ClusterState,
     slow_start_ns: u64,
+    score: &ScoreParams,
     out: &mut Vec<Update>,
 ) {
-    const HOST_GAUGES: [Metric; 3] = [Metric::HostWeight, Metric::HostLatency, Metric::HostEjected];
+    const HOST_GAUGES: [Metric; 6] = [
+        Metric::HostWeight,
+        Metric::HostLatency,
+        Metric::HostEjected,
+        Metric::HostErrorRate,
+        Metric::HostUtilization,
+        Metric::HostScore,
+    ];
     for h in &new.hosts {
         let ejected = HostPhase::of(h, new.clock_ns, slow_start_ns) == HostPhase::Ejected;
-        let latency_us = h.latency.value_ms().map_or(0, ms_to_whole_us);
-        for (metric, value) in
-            HOST_GAUGES
-                .into_iter()
-                .zip([share_to_ppm(h.share), latency_us, u64::from(ejected)])
-        {
+        let terms = h.terms(new.clock_ns);
+        let latency_us = terms.latency_ms.map_or(0, ms_to_whole_us);
+        let values = [
+            share_to_ppm(h.share),
+            latency_us,
+            u64::from(ejected),
+            share_to_ppm(terms.error_rate),
+            terms.utilization.map_or(0, share_to_ppm),
+            terms.score_ms(score).map_or(0, ms_to_whole_us),
+        ];
+        for (metric, value) in HOST_GAUGES.into_iter().zip(values) {
             out.push(update(
                 metric,
                 cluster,
@@ -1035,6 +1083,7 @@ fn count_updates(cluster: &str, counts: &mut Counts, out: &mut Vec<Update>) {
         (Metric::CrossZoneRequests, counts.cross_zone),
         (Metric::SharedRecordErrors, counts.bad_records),
         (Metric::PicksNotHonoured, counts.not_honoured),
+        (Metric::LoadReportErrors, counts.load_report_errors),
     ];
     for (metric, n) in plain.into_iter().filter(|(_, n)| *n > 0) {
         out.push(update(metric, cluster, None, Change::Add(n as i64)));
