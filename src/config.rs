@@ -63,6 +63,8 @@ pub struct PluginConfig {
     pub outlier_detection: OutlierConfig,
     /// How latency, error rate and the load a host reports make its score (`score`).
     pub score: ScoreConfig,
+    /// Where each VM reads Envoy's own health of the hosts (`health`).
+    pub envoy_health: EnvoyHealthConfig,
     /// Zone-aware steering: keep traffic in the proxy's zone while it serves well.
     pub locality: LocalityConfig,
     /// The Envoy clusters the plugin may steer: exact names, or prefixes ending in `*`. Only
@@ -160,6 +162,23 @@ impl ScoreConfig {
     }
 }
 
+/// `envoy_health`: a cluster pointing at Envoy's admin address, and how often to ask it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct EnvoyHealthConfig {
+    /// Empty: Envoy's health is not read (hosts it marks unhealthy still get picks).
+    pub admin_cluster: String,
+    pub poll_interval_ms: u64,
+}
+
+impl Default for EnvoyHealthConfig {
+    fn default() -> Self {
+        EnvoyHealthConfig {
+            admin_cluster: String::new(),
+            poll_interval_ms: 1_000,
+        }
+    }
+}
+
 /// `locality`: the JSON form of [`LocalityParams`].
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct LocalityConfig {
@@ -212,6 +231,7 @@ impl Default for PluginConfig {
             max_hosts_per_cluster: 1024,
             outlier_detection: OutlierConfig::default(),
             score: ScoreConfig::default(),
+            envoy_health: EnvoyHealthConfig::default(),
             locality: LocalityConfig::default(),
             steered_clusters: vec![ANY_CLUSTER.into()],
             grpc_failure_status_codes: GrpcCodes::DEFAULT_FAILURES
@@ -273,6 +293,7 @@ json_struct!(PluginConfig {
     max_hosts_per_cluster,
     outlier_detection,
     score,
+    envoy_health,
     locality,
     steered_clusters,
     grpc_failure_status_codes,
@@ -306,6 +327,10 @@ json_struct!(ScoreConfig {
     max_utilization,
     load_metric
 });
+json_struct!(EnvoyHealthConfig {
+    admin_cluster,
+    poll_interval_ms
+});
 json_struct!(LocalityConfig {
     enabled,
     spillover_latency_ratio,
@@ -330,6 +355,9 @@ pub struct Config {
     static_endpoints: Map<String, Vec<String>>,
     status_path: String,
     shadow: bool,
+    /// `envoy_health`: the admin cluster (`None`: off) and the poll interval.
+    admin_cluster: Option<String>,
+    health_poll_ns: u64,
 }
 
 impl Config {
@@ -418,6 +446,17 @@ impl Config {
 
     pub fn shadow(&self) -> bool {
         self.shadow
+    }
+
+    /// The cluster to ask Envoy's admin `/clusters` through; `None` when Envoy's health is not
+    /// read (`health`).
+    pub fn admin_cluster(&self) -> Option<&str> {
+        self.admin_cluster.as_deref()
+    }
+
+    /// How often each VM asks it.
+    pub fn health_poll_ns(&self) -> u64 {
+        self.health_poll_ns
     }
 }
 
@@ -564,6 +603,25 @@ impl PluginConfig {
         )?;
         let outlier = self.outlier_detection.compile()?;
         let score = self.score.compile()?;
+        let admin_cluster = self.envoy_health.admin_cluster;
+        if admin_cluster
+            .bytes()
+            .any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
+        {
+            return Err(err(
+                "envoy_health.admin_cluster",
+                format!(
+                    "cluster names have no white space, got {}",
+                    quoted(&admin_cluster)
+                ),
+            ));
+        }
+        let poll_interval_ms = in_range(
+            "envoy_health.poll_interval_ms",
+            self.envoy_health.poll_interval_ms,
+            100,
+            60_000,
+        )?;
         let locality = self.locality.compile()?;
         let steered = SteeredClusters::compile(&self.steered_clusters)?;
         let static_endpoints = compile_clusters(self.clusters, max_hosts, &steered)?;
@@ -594,6 +652,8 @@ impl PluginConfig {
             static_endpoints,
             status_path,
             shadow: self.shadow,
+            admin_cluster: (!admin_cluster.is_empty()).then_some(admin_cluster),
+            health_poll_ns: ms_to_ns(poll_interval_ms),
         })
     }
 }

@@ -8,6 +8,7 @@
 pub mod clock;
 pub mod config;
 pub mod diagnose;
+pub mod health;
 pub mod json;
 pub mod locality;
 pub mod map;

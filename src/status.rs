@@ -59,6 +59,9 @@ pub struct HostStatus<'a> {
     pub ejected_for_ms: u64,
     /// Requests this worker has in flight to the host.
     pub in_flight: u32,
+    /// Envoy's admin `/clusters` marks the host unhealthy (its active health checks, EDS health
+    /// or outlier detection): this worker does not pick it (`envoy_health`).
+    pub envoy_unhealthy: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -94,6 +97,7 @@ impl<'a> ClusterStatus<'a> {
         slow_start_ns: u64,
         score: &ScoreParams,
         in_flight: impl Fn(&str) -> u32,
+        envoy_unhealthy: impl Fn(&str) -> bool,
     ) -> Self {
         ClusterStatus {
             cluster,
@@ -122,6 +126,7 @@ impl<'a> ClusterStatus<'a> {
                             h.health.ejected_until_ns.saturating_sub(now_ns),
                         ),
                         in_flight: in_flight(&h.address),
+                        envoy_unhealthy: envoy_unhealthy(&h.address),
                     }
                 })
                 .collect(),

@@ -11,7 +11,7 @@ use std::rc::Rc;
 use crate::clock::VmClock;
 use crate::config::Config;
 use crate::diagnose::{HonourWatch, SteeredWatch, Warning};
-use crate::map::Map;
+use crate::map::{Map, Set};
 use crate::outcome::{GrpcCode, Outcome};
 use crate::pick::PickTable;
 use crate::probe::{self, Probes};
@@ -244,6 +244,8 @@ struct LocalCluster {
     reported_bad_record: bool,
     /// Whether Envoy honours this VM's picks (`diagnose`).
     honour: HonourWatch,
+    /// Hosts Envoy's admin `/clusters` last marked unhealthy: out of the pick table (`health`).
+    unhealthy: Set<String>,
 }
 
 impl LocalCluster {
@@ -294,6 +296,9 @@ pub struct Worker {
     counts: Map<String, Counts>,
     /// The names of `steered_clusters` no request carried yet (`diagnose`).
     steered_watch: SteeredWatch,
+    /// When this VM last asked Envoy for its hosts' health, and last got an answer (`health`).
+    health_asked_ns: Option<u64>,
+    health_answered_ns: u64,
 }
 
 impl Worker {
@@ -314,6 +319,8 @@ impl Worker {
             clusters: Map::default(),
             counts: Map::default(),
             steered_watch,
+            health_asked_ns: None,
+            health_answered_ns: 0,
         };
         // The main-thread VM never sees a request; configured clusters still get refreshed.
         let names: Vec<String> = worker.config.static_clusters().map(str::to_owned).collect();
@@ -507,6 +514,63 @@ impl Worker {
             .is_some_and(|c| c.batch.num_endpoints.is_none())
     }
 
+    /// Whether the adapter should ask Envoy's admin `/clusters` for its hosts' health now, at the
+    /// host clock's reading `raw_now_ns`; notes the question as asked. Only a VM with a table
+    /// asks: the main thread's VM never picks.
+    pub fn envoy_health_due(&mut self, raw_now_ns: u64) -> bool {
+        if self.config.admin_cluster().is_none()
+            || self.clusters.values().all(|c| c.table.is_empty())
+        {
+            return false;
+        }
+        let now_ns = self.clock.now(raw_now_ns);
+        let due = self
+            .health_asked_ns
+            .is_none_or(|at| now_ns.saturating_sub(at) >= self.config.health_poll_ns());
+        if due {
+            self.health_asked_ns = Some(now_ns);
+        }
+        due
+    }
+
+    /// Takes in Envoy's answer to `/clusters`: each steered cluster's pick table leaves out the
+    /// hosts marked unhealthy there, and takes back the ones no longer marked.
+    pub fn envoy_health(&mut self, raw_now_ns: u64, clusters_text: &[u8]) {
+        let now_ns = self.clock.now(raw_now_ns);
+        self.health_answered_ns = now_ns;
+        let mut unhealthy =
+            crate::health::unhealthy_hosts(clusters_text, |c| self.config.steers(c));
+        let policy = self.config.policy();
+        for (name, local) in &mut self.clusters {
+            let hosts = unhealthy.remove(name).unwrap_or_default();
+            if hosts != local.unhealthy {
+                local.unhealthy = hosts;
+                let state = local.snapshot.clone();
+                adopt(local, &state, policy, now_ns);
+            }
+        }
+    }
+
+    /// Forgets what Envoy said of its hosts' health once it has not answered for
+    /// [`HEALTH_STALE_POLLS`] intervals: without an answer the table decides again.
+    fn forget_stale_health(&mut self, now_ns: u64) {
+        let stale_after = self
+            .config
+            .health_poll_ns()
+            .saturating_mul(HEALTH_STALE_POLLS);
+        if now_ns.saturating_sub(self.health_answered_ns) < stale_after {
+            return;
+        }
+        let policy = self.config.policy();
+        for local in self.clusters.values_mut() {
+            if !local.unhealthy.is_empty() {
+                local.unhealthy.clear();
+                let state = local.snapshot.clone();
+                adopt(local, &state, policy, now_ns);
+            }
+        }
+    }
+
     /// Whether the adapter should read a response's load report (`score`): not when the score
     /// ignores them.
     pub fn reads_load_reports(&self) -> bool {
@@ -623,6 +687,7 @@ impl Worker {
         let steady_ns = self.clock.now(raw_now_ns);
         let mut report = TickReport::default();
         self.evict_idle(steady_ns);
+        self.forget_stale_health(steady_ns);
         let local_zone = self.local_zone.as_deref().filter(|z| !z.is_empty());
         let policy = self.config.policy();
         let slow_start_ns = policy.weights.slow_start_ns;
@@ -795,6 +860,7 @@ impl Worker {
                     slow_start_ns,
                     &self.config.policy().score,
                     |h| local.in_flight(h),
+                    |h| local.unhealthy.contains(h),
                 )
             })
             .collect();
@@ -881,14 +947,23 @@ fn record_shows_traffic(store: &dyn SharedStore, key: &str, max_hosts: usize) ->
 /// pick draws above it, see `pick`) and each host's probe interval (`probe`), measured against
 /// the latency the table's traffic gets on average.
 fn adopt(local: &mut LocalCluster, state: &ClusterState, policy: &Policy, now_ns: u64) {
-    let live = state.hosts.iter().filter(|h| h.share > 0.0);
+    // A host Envoy marked unhealthy gets nothing from this VM, neither picks nor probes.
+    let unhealthy = &local.unhealthy;
+    let share_of = |h: &crate::state::HostState| match unhealthy.contains(&h.address) {
+        true => 0.0,
+        false => h.share,
+    };
+    let live = state.hosts.iter().filter(|h| share_of(h) > 0.0);
     let floor = crate::weights::floor(&policy.weights, live.clone().count());
     let (weighted, mass) = live
         .filter_map(|h| h.latency.value_ms().map(|v| (v * h.share, h.share)))
         .fold((0.0, 0.0), |(w, m), (v, s)| (w + v, m + s));
     let reference_ms = (mass > 0.0).then(|| weighted / mass);
     let table = PickTable::with_floor(
-        state.hosts.iter().map(|h| (h.address.as_str(), h.share)),
+        state
+            .hosts
+            .iter()
+            .map(|h| (h.address.as_str(), share_of(h))),
         floor,
     );
     // Only hosts at the floor, which the pick never draws, are probed. A host above it gets its
@@ -898,7 +973,7 @@ fn adopt(local: &mut LocalCluster, state: &ClusterState, policy: &Policy, now_ns
     let intervals = state
         .hosts
         .iter()
-        .filter(|h| h.share > 0.0 && h.share.is_finite())
+        .filter(|h| share_of(h) > 0.0 && h.share.is_finite())
         .map(|h| match at_floor(h.share) {
             true => {
                 probe::interval_ns(policy.probe_interval_ns, h.latency.value_ms(), reference_ms)
@@ -915,6 +990,9 @@ fn adopt(local: &mut LocalCluster, state: &ClusterState, policy: &Policy, now_ns
     local.table = table;
     local.table_version = state.table_version;
 }
+
+/// Polls without an answer after which Envoy's health is forgotten.
+const HEALTH_STALE_POLLS: u64 = 5;
 
 /// Shares this close above the floor (relatively) are at it: rounding of the table's fit.
 const FLOOR_TOLERANCE: f64 = 1e-6;

@@ -319,6 +319,21 @@ fn the_score_is_the_cost_of_a_success() {
     }
 }
 
+/// One request `host` answered in 50 ms, with `report` in its response headers.
+fn served_in_50ms(w: &mut Worker, host: &str, report: Option<&[u8]>) {
+    w.finish(
+        CLUSTER,
+        &Finished {
+            served_by: Some(host),
+            attempts: 1,
+            latency_ms: 50.0,
+            outcome: Some(Outcome::Success),
+            load_report: report,
+            ..Finished::default()
+        },
+    );
+}
+
 /// Three equally fast hosts through the worker and the shared record: the one whose responses
 /// report 90 % utilisation drops to a small share although its latency is the others'; a
 /// malformed report is counted and changes nothing; with `load_weight` 0 reports change nothing.
@@ -338,17 +353,7 @@ fn a_host_reporting_a_high_load_loses_its_share_at_equal_latency() {
                     } else {
                         Some(b"TEXT cpu_utilization=0.1")
                     };
-                    w.finish(
-                        CLUSTER,
-                        &Finished {
-                            served_by: Some(host),
-                            attempts: 1,
-                            latency_ms: 50.0,
-                            outcome: Some(Outcome::Success),
-                            load_report: report,
-                            ..Finished::default()
-                        },
-                    );
+                    served_in_50ms(&mut w, host, report);
                 }
             }
             let report = w.tick(tick * 100 * MS, &mut store.clone());
@@ -447,4 +452,106 @@ fn a_host_failing_a_fifth_of_its_requests_is_penalised_in_proportion() {
     // 1.25^-2.5 ≈ 0.57 of the other's weight: a share near 0.36 instead of near 0.5.
     assert!(penalty_only > 0.45, "{penalty_only}");
     assert!(with_errors < 0.42 && with_errors > 0.3, "{with_errors}");
+}
+
+/// `/clusters` as Envoy 1.40 prints it (lines abridged), read for the steered clusters.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn envoys_health_flags_are_read_from_its_clusters_page() {
+    let text = b"backend::observability_name::backend
+backend::default_priority::max_connections::1024
+backend::127.0.0.1:8081::cx_active::2
+backend::127.0.0.1:8081::health_flags::healthy
+backend::127.0.0.1:8082::health_flags::/failed_active_hc
+backend::127.0.0.1:8083::health_flags::/failed_active_hc/active_hc_timeout
+backend::[::1]:8084::health_flags::/failed_outlier_check
+backend::[::1]:8085::health_flags::/degraded_active_hc
+backend::10.0.0.9:80::health_flags::/pending_active_hc
+other::127.0.0.1:9000::health_flags::/failed_eds_health
+envoy_admin::127.0.0.1:9901::health_flags::healthy
+::127.0.0.1:1::health_flags::/failed_active_hc
+garbage \xff\xfe::health_flags::
+";
+    let got = ewma_lb::health::unhealthy_hosts(text, |c| c == "backend" || c == "other");
+    let mut backend: Vec<&str> = got["backend"].iter().map(String::as_str).collect();
+    backend.sort_unstable();
+    assert_eq!(
+        backend,
+        ["127.0.0.1:8082", "127.0.0.1:8083", "[::1]:8084"],
+        "degraded and pending hosts still take traffic in Envoy's own balancers"
+    );
+    assert_eq!(got["other"].len(), 1);
+    assert!(!got.contains_key("envoy_admin"), "not a steered cluster");
+    assert!(ewma_lb::health::unhealthy_hosts(b"", |_| true).is_empty());
+}
+
+/// A host Envoy reports unhealthy leaves this worker's picks at once and comes back when Envoy
+/// reports it healthy; with no answer for five intervals the table decides alone again.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn hosts_envoy_marks_unhealthy_leave_the_picks() {
+    use ewma_lb::worker::{Decision, Request};
+    let store = Shared::default();
+    let mut w = Worker::new(
+        config(r#"{"envoy_health": {"admin_cluster": "envoy_admin"}}"#),
+        1,
+    );
+    let hosts = ["10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80"];
+    let mut t = 0;
+    let mut run = |w: &mut Worker, ticks: u64| {
+        for _ in 0..ticks {
+            t += 100 * MS;
+            for host in hosts {
+                served_in_50ms(w, host, None);
+            }
+            w.tick(t, &mut store.clone());
+        }
+        t
+    };
+    let picked = |w: &mut Worker, now: u64| -> Vec<String> {
+        (0..600)
+            .filter_map(|_| {
+                match w.route(
+                    &Request {
+                        path: b"/work",
+                        cluster: Some(CLUSTER),
+                        now_ns: now,
+                        body_pending: false,
+                    },
+                    || None,
+                ) {
+                    Decision::Override(p) => Some(p.host.to_string()),
+                    _ => None,
+                }
+            })
+            .collect()
+    };
+    let now = run(&mut w, 20);
+    assert!(w.envoy_health_due(now), "a VM with a table asks");
+    assert!(!w.envoy_health_due(now + 10 * MS), "once per interval");
+    w.envoy_health(
+        now,
+        b"backend::10.0.0.2:80::health_flags::/failed_active_hc\nbackend::10.0.0.1:80::health_flags::healthy\n",
+    );
+    let picks = picked(&mut w, now);
+    assert!(picks.len() > 500, "{}", picks.len());
+    assert!(
+        !picks.iter().any(|h| h == "10.0.0.2:80"),
+        "an unhealthy host is never picked"
+    );
+    let status: serde_json::Value = serde_json::from_str(&w.status_json()).unwrap();
+    assert!(status["clusters"][0]["hosts"][1]["envoy_unhealthy"]
+        .as_bool()
+        .unwrap());
+    // Healthy again: back in the picks at once.
+    w.envoy_health(now + SEC, b"backend::10.0.0.2:80::health_flags::healthy\n");
+    assert!(picked(&mut w, now + SEC).iter().any(|h| h == "10.0.0.2:80"));
+    // Unhealthy, then Envoy stops answering: after 5 intervals the table decides alone.
+    w.envoy_health(
+        now + SEC,
+        b"backend::10.0.0.2:80::health_flags::/failed_active_hc\n",
+    );
+    let later = run(&mut w, 70);
+    assert!(later - (now + SEC) >= 5 * SEC);
+    assert!(picked(&mut w, later).iter().any(|h| h == "10.0.0.2:80"));
 }
