@@ -85,6 +85,9 @@ struct Shared {
     /// Business requests being served (queued ones included).
     in_flight: AtomicUsize,
     orca: Mutex<Option<spec::Orca>>,
+    /// Business requests answered per second, for the load reports: (start of the current
+    /// second, answered in it, the rate of the last whole second).
+    rate: Mutex<(Instant, u64, f64)>,
     /// What the health path answers.
     health_status: AtomicU16,
 }
@@ -121,6 +124,21 @@ impl Shared {
             self.counts.failed.fetch_add(1, Ordering::Relaxed);
         }
         fail
+    }
+
+    /// The rate of business answers over the last whole second; `answered`: count one more.
+    fn answered_per_second(&self, answered: bool) -> f64 {
+        let mut rate = lock(&self.rate);
+        let elapsed = rate.0.elapsed();
+        if elapsed >= Duration::from_secs(1) {
+            // A silence of several seconds is a rate of 0, not the last busy second's.
+            let whole = elapsed.as_secs_f64().floor().max(1.0);
+            *rate = (Instant::now(), 0, rate.1 as f64 / whole);
+        }
+        if answered {
+            rate.1 += 1;
+        }
+        rate.2
     }
 
     fn count_path(&self, path: &str) {
@@ -235,6 +253,7 @@ impl Backend {
             open_conns: AtomicUsize::new(0),
             in_flight: AtomicUsize::new(0),
             orca: Mutex::new(spec.orca),
+            rate: Mutex::new((Instant::now(), 0, 0.0)),
             health_status: AtomicU16::new(200),
         });
         let serving = spawn_accept(&rt, listener, shared.clone());
@@ -486,9 +505,11 @@ async fn handle_http(req: Request<Incoming>, sh: Arc<Shared>) -> Response<Full<B
         let in_flight = sh.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
         // The load as the request arrived: what a host reports with its answer is the state it
         // was in, and a report taken after the request left would always miss that request.
-        report = lock(&sh.orca).as_ref().map(|o| o.header(in_flight));
+        let rps = sh.answered_per_second(false);
+        report = lock(&sh.orca).as_ref().map(|o| o.header(in_flight, rps));
         let failed = sh.work().await;
         sh.in_flight.fetch_sub(1, Ordering::Relaxed);
+        sh.answered_per_second(true);
         if failed {
             StatusCode::SERVICE_UNAVAILABLE
         } else {

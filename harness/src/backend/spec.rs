@@ -55,16 +55,18 @@ pub enum Orca {
 }
 
 impl Orca {
-    /// The header value with `in_flight` business requests being served.
-    pub fn header(&self, in_flight: usize) -> String {
+    /// The header value with `in_flight` business requests being served and `rps` answered a
+    /// second lately (`rps_fractional`: Envoy's client_side_weighted_round_robin weighs a host
+    /// by it and ignores a report without it).
+    pub fn header(&self, in_flight: usize, rps: f64) -> String {
         match self {
-            Orca::Fixed(u) => format!("TEXT cpu_utilization={u}"),
+            Orca::Fixed(u) => format!("TEXT cpu_utilization={u}, rps_fractional={rps:.1}"),
             Orca::Busy {
                 capacity,
                 background,
             } => {
                 let u = in_flight as f64 / (*capacity).max(1) as f64 + background;
-                format!("TEXT cpu_utilization={u:.4}")
+                format!("TEXT cpu_utilization={u:.4}, rps_fractional={rps:.1}")
             }
             Orca::Raw(value) => value.clone(),
         }
@@ -258,10 +260,19 @@ mod tests {
                 background: 0.5
             }
         );
-        assert_eq!(Orca::Fixed(0.3).header(7), "TEXT cpu_utilization=0.3");
+        assert_eq!(
+            Orca::Fixed(0.3).header(7, 12.0),
+            "TEXT cpu_utilization=0.3, rps_fractional=12.0"
+        );
         // Two of four workers busy, plus half a host of background work.
-        assert_eq!(busy.header(2), "TEXT cpu_utilization=1.0000");
-        assert_eq!(busy.header(0), "TEXT cpu_utilization=0.5000");
+        assert_eq!(
+            busy.header(2, 0.0),
+            "TEXT cpu_utilization=1.0000, rps_fractional=0.0"
+        );
+        assert_eq!(
+            busy.header(0, 5.5),
+            "TEXT cpu_utilization=0.5000, rps_fractional=5.5"
+        );
         for bad in [
             "fixed",
             "fixed:-1",

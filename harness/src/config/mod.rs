@@ -206,6 +206,19 @@ impl EnvoyConfig {
         self.remove_plugin()
     }
 
+    /// The policy swap to Envoy's `client_side_weighted_round_robin` (see
+    /// [`Cluster::use_client_side_wrr`]), and no plugin.
+    pub fn use_client_side_wrr(
+        &mut self,
+        cluster: &str,
+        blackout: &str,
+        weight_update_period: &str,
+    ) -> Result<&mut Self> {
+        self.cluster(cluster)?
+            .use_client_side_wrr(blackout, weight_update_period)?;
+        self.remove_plugin()
+    }
+
     /// Every wasm module given by a relative file name, made relative to `base` instead (Envoy
     /// reads them from its working directory); how many there were.
     pub fn resolve_module_paths(&mut self, base: &Path) -> usize {
