@@ -22,6 +22,8 @@ const UNHEALTHY_FLAGS: [&str; 3] = [
 ];
 
 const HEALTH_FLAGS: &str = "::health_flags::";
+/// Envoy's flag of a host whose first active check has not answered yet.
+const PENDING_FIRST_CHECK: &str = "pending_active_hc";
 
 /// The hosts `/clusters` reports unhealthy, by cluster, for the clusters `wanted` accepts. Lines
 /// that are not health flags, or that do not parse, are skipped.
@@ -40,9 +42,11 @@ pub fn unhealthy_hosts(text: &[u8], wanted: impl Fn(&str) -> bool) -> Map<String
         if cluster.is_empty() || address.is_empty() || !wanted(cluster) {
             continue;
         }
-        let unhealthy = flags
-            .split('/')
-            .any(|flag| UNHEALTHY_FLAGS.contains(&flag.trim()));
+        // A host Envoy has not checked yet (just added by EDS) carries `failed_active_hc` beside
+        // `pending_active_hc`: it is new, not failing, and the picks may find it at once.
+        let mut flags = flags.split('/').map(str::trim);
+        let unhealthy = flags.clone().any(|flag| UNHEALTHY_FLAGS.contains(&flag))
+            && !flags.any(|flag| flag == PENDING_FIRST_CHECK);
         let hosts = out.entry(cluster.to_owned()).or_default();
         if unhealthy {
             hosts.insert(address.to_owned());

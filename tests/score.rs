@@ -467,6 +467,7 @@ backend::127.0.0.1:8083::health_flags::/failed_active_hc/active_hc_timeout
 backend::[::1]:8084::health_flags::/failed_outlier_check
 backend::[::1]:8085::health_flags::/degraded_active_hc
 backend::10.0.0.9:80::health_flags::/pending_active_hc
+backend::10.0.0.10:80::health_flags::/failed_active_hc/pending_active_hc
 other::127.0.0.1:9000::health_flags::/failed_eds_health
 envoy_admin::127.0.0.1:9901::health_flags::healthy
 ::127.0.0.1:1::health_flags::/failed_active_hc
@@ -478,7 +479,7 @@ garbage \xff\xfe::health_flags::
     assert_eq!(
         backend,
         ["127.0.0.1:8082", "127.0.0.1:8083", "[::1]:8084"],
-        "degraded and pending hosts still take traffic in Envoy's own balancers"
+        "degraded hosts still take traffic in Envoy's own balancers; hosts not checked yet are new, not failing"
     );
     assert_eq!(got["other"].len(), 1);
     assert!(!got.contains_key("envoy_admin"), "not a steered cluster");
