@@ -23,6 +23,7 @@ use crate::outcome::{GrpcCode, GrpcCodes};
 use crate::outlier::OutlierParams;
 use crate::pick::PickAlgorithm;
 use crate::rules::{default_health_paths, normalize, ManagementConfig, PathSet, Rules};
+use crate::score::{LoadMetric, ScoreParams, MAX_UTILIZATION_CAP};
 use crate::smoothing::{Smoother, MAX_PEAK_SAMPLES, MAX_SMA_WINDOW};
 use crate::state::Policy;
 use crate::sync::MAX_RECORD_HOSTS;
@@ -60,6 +61,10 @@ pub struct PluginConfig {
     pub host_ttl_ms: u64,
     pub max_hosts_per_cluster: usize,
     pub outlier_detection: OutlierConfig,
+    /// How latency, error rate and the load a host reports make its score (`score`).
+    pub score: ScoreConfig,
+    /// Where each VM reads Envoy's own health of the hosts (`health`).
+    pub envoy_health: EnvoyHealthConfig,
     /// Zone-aware steering: keep traffic in the proxy's zone while it serves well.
     pub locality: LocalityConfig,
     /// The Envoy clusters the plugin may steer: exact names, or prefixes ending in `*`. Only
@@ -109,6 +114,69 @@ pub struct OutlierConfig {
     pub base_ejection_ms: u64,
     pub max_ejection_ms: u64,
     pub max_ejection_share: f64,
+}
+
+/// `score`: the JSON form of [`ScoreParams`], the metric by name.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ScoreConfig {
+    pub error_weight: f64,
+    pub load_weight: f64,
+    pub max_utilization: f64,
+    pub load_metric: String,
+}
+
+impl Default for ScoreConfig {
+    fn default() -> Self {
+        let p = ScoreParams::default();
+        ScoreConfig {
+            error_weight: p.error_weight,
+            load_weight: p.load_weight,
+            max_utilization: p.max_utilization,
+            load_metric: p.load_metric.into(),
+        }
+    }
+}
+
+impl ScoreConfig {
+    fn compile(self) -> Result<ScoreParams, ConfigError> {
+        let load_metric = LoadMetric::parse(&self.load_metric).ok_or_else(|| {
+            err(
+                "score.load_metric",
+                format!(
+                    "must be `auto`, `cpu_utilization`, `application_utilization`, `named_metrics.<name>` or `none`, got {}",
+                    quoted(&self.load_metric)
+                ),
+            )
+        })?;
+        Ok(ScoreParams {
+            error_weight: in_range("score.error_weight", self.error_weight, 0.0, 10.0)?,
+            load_weight: in_range("score.load_weight", self.load_weight, 0.0, 10.0)?,
+            max_utilization: in_range(
+                "score.max_utilization",
+                self.max_utilization,
+                0.5,
+                MAX_UTILIZATION_CAP,
+            )?,
+            load_metric,
+        })
+    }
+}
+
+/// `envoy_health`: a cluster pointing at Envoy's admin address, and how often to ask it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct EnvoyHealthConfig {
+    /// Empty: Envoy's health is not read (hosts it marks unhealthy still get picks).
+    pub admin_cluster: String,
+    pub poll_interval_ms: u64,
+}
+
+impl Default for EnvoyHealthConfig {
+    fn default() -> Self {
+        EnvoyHealthConfig {
+            admin_cluster: String::new(),
+            poll_interval_ms: 1_000,
+        }
+    }
 }
 
 /// `locality`: the JSON form of [`LocalityParams`].
@@ -162,6 +230,8 @@ impl Default for PluginConfig {
             host_ttl_ms: 60_000,
             max_hosts_per_cluster: 1024,
             outlier_detection: OutlierConfig::default(),
+            score: ScoreConfig::default(),
+            envoy_health: EnvoyHealthConfig::default(),
             locality: LocalityConfig::default(),
             steered_clusters: vec![ANY_CLUSTER.into()],
             grpc_failure_status_codes: GrpcCodes::DEFAULT_FAILURES
@@ -222,6 +292,8 @@ json_struct!(PluginConfig {
     host_ttl_ms,
     max_hosts_per_cluster,
     outlier_detection,
+    score,
+    envoy_health,
     locality,
     steered_clusters,
     grpc_failure_status_codes,
@@ -249,6 +321,16 @@ json_struct!(OutlierConfig {
     max_ejection_ms,
     max_ejection_share
 });
+json_struct!(ScoreConfig {
+    error_weight,
+    load_weight,
+    max_utilization,
+    load_metric
+});
+json_struct!(EnvoyHealthConfig {
+    admin_cluster,
+    poll_interval_ms
+});
 json_struct!(LocalityConfig {
     enabled,
     spillover_latency_ratio,
@@ -274,6 +356,9 @@ pub struct Config {
     status_path: String,
     shadow: bool,
     guard_warning: Option<String>,
+    /// `envoy_health`: the admin cluster (`None`: off) and the poll interval.
+    admin_cluster: Option<String>,
+    health_poll_ns: u64,
 }
 
 impl Config {
@@ -370,6 +455,17 @@ impl Config {
 
     pub fn shadow(&self) -> bool {
         self.shadow
+    }
+
+    /// The cluster to ask Envoy's admin `/clusters` through; `None` when Envoy's health is not
+    /// read (`health`).
+    pub fn admin_cluster(&self) -> Option<&str> {
+        self.admin_cluster.as_deref()
+    }
+
+    /// How often each VM asks it.
+    pub fn health_poll_ns(&self) -> u64 {
+        self.health_poll_ns
     }
 }
 
@@ -515,6 +611,26 @@ impl PluginConfig {
             MAX_RECORD_HOSTS,
         )?;
         let outlier = self.outlier_detection.compile()?;
+        let score = self.score.compile()?;
+        let admin_cluster = self.envoy_health.admin_cluster;
+        if admin_cluster
+            .bytes()
+            .any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
+        {
+            return Err(err(
+                "envoy_health.admin_cluster",
+                format!(
+                    "cluster names have no white space, got {}",
+                    quoted(&admin_cluster)
+                ),
+            ));
+        }
+        let poll_interval_ms = in_range(
+            "envoy_health.poll_interval_ms",
+            self.envoy_health.poll_interval_ms,
+            100,
+            60_000,
+        )?;
         let locality = self.locality.compile()?;
         let steered = SteeredClusters::compile(&self.steered_clusters)?;
         let static_endpoints = compile_clusters(self.clusters, max_hosts, &steered)?;
@@ -534,6 +650,7 @@ impl PluginConfig {
                 max_hosts,
                 persistence_ns: ms_to_ns(persistence_ms),
                 probe_interval_ns: ms_to_ns(probe_interval_ms),
+                score,
             },
             failure_penalty_ms: failure_penalty_ms as f64,
             latency_ceiling_ms: latency_ceiling_ms as f64,
@@ -546,6 +663,8 @@ impl PluginConfig {
             status_path,
             shadow: self.shadow,
             guard_warning,
+            admin_cluster: (!admin_cluster.is_empty()).then_some(admin_cluster),
+            health_poll_ns: ms_to_ns(poll_interval_ms),
         })
     }
 }

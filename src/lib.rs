@@ -8,6 +8,7 @@
 pub mod clock;
 pub mod config;
 pub mod diagnose;
+pub mod health;
 pub mod json;
 pub mod locality;
 pub mod map;
@@ -17,6 +18,7 @@ pub mod persistence;
 pub mod pick;
 pub mod probe;
 pub mod rules;
+pub mod score;
 pub mod smoothing;
 pub mod state;
 pub mod status;

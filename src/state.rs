@@ -19,6 +19,7 @@ use crate::locality::{self, LocalityParams, ZoneInput};
 use crate::map::Map;
 use crate::outlier::{ejection_budget, Health, OutlierParams};
 use crate::persistence;
+use crate::score::{ErrorRate, Load, ScoreParams, Terms};
 use crate::smoothing::{Batch, Estimate, Smoother};
 use crate::units::NS_PER_SEC;
 use crate::weights::{self, HostInput, WeightParams};
@@ -37,6 +38,9 @@ pub struct Accumulator {
     pub not_honoured: u32,
     /// `upstream.locality.zone`, once reported.
     pub zone: Option<String>,
+    /// Sum and count of the utilisations the host reported (`score`).
+    pub load_sum: f64,
+    pub load_reports: u32,
 }
 
 impl Accumulator {
@@ -54,6 +58,12 @@ impl Accumulator {
         }
     }
 
+    /// Adds one utilisation the host reported in a response (`score::parse_load_report`).
+    pub fn report_load(&mut self, utilization: f64) {
+        self.load_sum += utilization;
+        self.load_reports = self.load_reports.saturating_add(1);
+    }
+
     /// Adds a later batch of the same host: counts add up, the trailing failures are the later
     /// batch's (and run on from this one's when it had no success).
     pub fn absorb(&mut self, later: &Accumulator) {
@@ -68,6 +78,8 @@ impl Accumulator {
         };
         self.had_success |= later.had_success;
         self.not_honoured = self.not_honoured.saturating_add(later.not_honoured);
+        self.load_sum += later.load_sum;
+        self.load_reports = self.load_reports.saturating_add(later.load_reports);
         if later.zone.is_some() {
             self.zone.clone_from(&later.zone);
         }
@@ -142,14 +154,25 @@ pub struct HostState {
     /// Since when (record time) every batch has risen beyond the spread without the estimate
     /// taking it in; 0 when the last batch did not.
     pub rising_since_ns: u64,
-    /// Smoothed share of failed requests, for operators (the score already includes failures).
-    pub error_rate: f64,
+    /// Smoothed share of failed requests: the score's error term (`score`).
+    pub errors: ErrorRate,
+    /// Smoothed utilisation the host reports: the score's load term (`score`).
+    pub load: Load,
     pub health: Health,
     /// Share of steered traffic in the table in force; 0 for ejected and not yet weighted hosts.
     pub share: f64,
 }
 
 impl HostState {
+    /// The score's three terms at `now_ns` (`score`).
+    pub fn terms(&self, now_ns: u64) -> Terms {
+        Terms {
+            latency_ms: self.latency.value_ms(),
+            error_rate: self.errors.value(),
+            utilization: self.load.value(now_ns),
+        }
+    }
+
     /// How long the host has been on its slow-start ramp; `u64::MAX` for a host that never
     /// needed one (`active_since_ns` 0: met while the plugin learned the cluster).
     pub fn active_for_ns(&self, now_ns: u64) -> u64 {
@@ -213,6 +236,8 @@ pub struct Policy {
     pub persistence_ns: u64,
     /// How often each worker probes a host the table sends nothing (`probe`).
     pub probe_interval_ns: u64,
+    /// How latency, error rate and reported load make a host's score.
+    pub score: ScoreParams,
 }
 
 /// What a merge did to the table.
@@ -345,7 +370,6 @@ impl ClusterState {
             if let Some(zone) = acc.zone.as_deref().filter(|z| *z != host.zone) {
                 host.zone = zone.to_owned();
             }
-            let dt_ns = now_ns.saturating_sub(host.latency.updated_ns());
             host.samples = host.samples.saturating_add(u64::from(acc.latency.count));
             if persistence::admits(host, acc, now_ns, policy) {
                 persistence::observed(host, acc, now_ns, policy);
@@ -353,9 +377,14 @@ impl ClusterState {
                     .smoother
                     .observe(&mut host.latency, &acc.latency, now_ns);
             }
-            let rate = f64::from(acc.failures) / f64::from(acc.latency.count);
-            let keep = (-(dt_ns as f64) / ERROR_RATE_TAU_NS).exp();
-            host.error_rate = keep * host.error_rate + (1.0 - keep) * rate;
+            host.errors.observe(acc.latency.count, acc.failures, now_ns);
+            if acc.load_reports > 0 {
+                host.load.observe(
+                    acc.load_sum / f64::from(acc.load_reports),
+                    acc.load_reports,
+                    now_ns,
+                );
+            }
             if !host.health.is_ejected(now_ns) {
                 host.health
                     .record(acc.failures, acc.trailing_failures, acc.had_success);
@@ -447,6 +476,7 @@ impl ClusterState {
                 host.active_since_ns = now_ns.max(1);
                 host.share = 0.0;
                 host.latency = Estimate::default();
+                host.errors = ErrorRate::default();
             }
         }
         let ejected = self.eject_failing(now_ns, &policy.outlier);
@@ -461,7 +491,7 @@ impl ClusterState {
             .hosts
             .iter()
             .map(|h| HostInput {
-                score_ms: h.latency.value_ms(),
+                score_ms: h.terms(now_ns).score_ms(&policy.score),
                 uncertainty: persistence::uncertainty(h),
                 active_for_ns: h.active_for_ns(now_ns),
                 ejected: out(h),
@@ -659,6 +689,3 @@ pub fn in_subset(address: &str, num_endpoints: u32, max_hosts: usize) -> bool {
 
 /// Share differences below this are rounding, not a new table.
 const SHARE_EPSILON: f64 = 1e-9;
-
-/// Time constant of the operator-facing error rate.
-const ERROR_RATE_TAU_NS: f64 = (10 * NS_PER_SEC) as f64;

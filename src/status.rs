@@ -2,6 +2,7 @@
 
 use serde::Serialize;
 
+use crate::score::ScoreParams;
 use crate::state::{ClusterState, HostState};
 use crate::telemetry::Build;
 use crate::units::ns_to_whole_ms;
@@ -41,17 +42,26 @@ pub struct HostStatus<'a> {
     pub zone: Option<&'a str>,
     /// Share of steered traffic, 0-1.
     pub weight: f64,
+    /// What the weight is computed from: latency × error factor × load factor (README,
+    /// "The score"), in ms; `null` before any sample.
+    pub score_ms: Option<f64>,
     /// Smoothed latency (failures count as the penalty latency); `null` before any sample.
     pub latency_ms: Option<f64>,
     pub samples: u64,
     /// Smoothed share of failed requests, 0-1.
     pub error_rate: f64,
+    /// Smoothed utilisation the host reports (ORCA `endpoint-load-metrics`); `null` when it
+    /// reports none.
+    pub utilization: Option<f64>,
     pub state: HostPhase,
     pub consecutive_failures: u32,
     /// Time left of an ejection; 0 when not ejected.
     pub ejected_for_ms: u64,
     /// Requests this worker has in flight to the host.
     pub in_flight: u32,
+    /// Envoy's admin `/clusters` marks the host unhealthy (its active health checks, EDS health
+    /// or outlier detection): this worker does not pick it (`envoy_health`).
+    pub envoy_unhealthy: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -85,7 +95,9 @@ impl<'a> ClusterStatus<'a> {
         state: &'a ClusterState,
         now_ns: u64,
         slow_start_ns: u64,
+        score: &ScoreParams,
         in_flight: impl Fn(&str) -> u32,
+        envoy_unhealthy: impl Fn(&str) -> bool,
     ) -> Self {
         ClusterStatus {
             cluster,
@@ -97,19 +109,25 @@ impl<'a> ClusterStatus<'a> {
             hosts: state
                 .hosts
                 .iter()
-                .map(|h| HostStatus {
-                    host: &h.address,
-                    zone: (!h.zone.is_empty()).then_some(h.zone.as_str()),
-                    weight: h.share,
-                    latency_ms: h.latency.value_ms(),
-                    samples: h.samples,
-                    error_rate: h.error_rate,
-                    state: HostPhase::of(h, now_ns, slow_start_ns),
-                    consecutive_failures: h.health.consecutive_failures,
-                    ejected_for_ms: ns_to_whole_ms(
-                        h.health.ejected_until_ns.saturating_sub(now_ns),
-                    ),
-                    in_flight: in_flight(&h.address),
+                .map(|h| {
+                    let terms = h.terms(now_ns);
+                    HostStatus {
+                        host: &h.address,
+                        zone: (!h.zone.is_empty()).then_some(h.zone.as_str()),
+                        weight: h.share,
+                        score_ms: terms.score_ms(score),
+                        latency_ms: terms.latency_ms,
+                        samples: h.samples,
+                        error_rate: terms.error_rate,
+                        utilization: terms.utilization,
+                        state: HostPhase::of(h, now_ns, slow_start_ns),
+                        consecutive_failures: h.health.consecutive_failures,
+                        ejected_for_ms: ns_to_whole_ms(
+                            h.health.ejected_until_ns.saturating_sub(now_ns),
+                        ),
+                        in_flight: in_flight(&h.address),
+                        envoy_unhealthy: envoy_unhealthy(&h.address),
+                    }
                 })
                 .collect(),
         }

@@ -31,17 +31,21 @@ pub enum Metric {
     HostLatency,
     HostInFlight,
     HostEjected,
+    HostErrorRate,
+    HostUtilization,
+    HostScore,
     UnknownEndpoints,
     HostsOutsideSubset,
     CrossZoneRequests,
     SharedRecordErrors,
     PicksNotHonoured,
+    LoadReportErrors,
     MetricSeriesEvicted,
     BuildInfo,
 }
 
 impl Metric {
-    pub const ALL: [Metric; 15] = [
+    pub const ALL: [Metric; 19] = [
         Metric::SteeredRequests,
         Metric::FallbackRequests,
         Metric::ManagementDeniedRequests,
@@ -50,11 +54,15 @@ impl Metric {
         Metric::HostLatency,
         Metric::HostInFlight,
         Metric::HostEjected,
+        Metric::HostErrorRate,
+        Metric::HostUtilization,
+        Metric::HostScore,
         Metric::UnknownEndpoints,
         Metric::HostsOutsideSubset,
         Metric::CrossZoneRequests,
         Metric::SharedRecordErrors,
         Metric::PicksNotHonoured,
+        Metric::LoadReportErrors,
         Metric::MetricSeriesEvicted,
         Metric::BuildInfo,
     ];
@@ -70,11 +78,15 @@ impl Metric {
             Metric::HostLatency => "ewma_lb_host_latency_microseconds",
             Metric::HostInFlight => "ewma_lb_host_in_flight_requests",
             Metric::HostEjected => "ewma_lb_host_ejected",
+            Metric::HostErrorRate => "ewma_lb_host_error_rate_ppm",
+            Metric::HostUtilization => "ewma_lb_host_utilization_ppm",
+            Metric::HostScore => "ewma_lb_host_score_microseconds",
             Metric::UnknownEndpoints => "ewma_lb_unknown_endpoints",
             Metric::HostsOutsideSubset => "ewma_lb_hosts_outside_subset",
             Metric::CrossZoneRequests => "ewma_lb_cross_zone_requests_total",
             Metric::SharedRecordErrors => "ewma_lb_shared_record_errors_total",
             Metric::PicksNotHonoured => "ewma_lb_picks_not_honoured_total",
+            Metric::LoadReportErrors => "ewma_lb_load_report_errors_total",
             Metric::MetricSeriesEvicted => "ewma_lb_metric_series_evicted_total",
             Metric::BuildInfo => "ewma_lb_build_info",
         }
@@ -89,11 +101,15 @@ impl Metric {
             | Metric::CrossZoneRequests
             | Metric::SharedRecordErrors
             | Metric::PicksNotHonoured
+            | Metric::LoadReportErrors
             | Metric::MetricSeriesEvicted => MetricKind::Counter,
             Metric::HostWeight
             | Metric::HostLatency
             | Metric::HostInFlight
             | Metric::HostEjected
+            | Metric::HostErrorRate
+            | Metric::HostUtilization
+            | Metric::HostScore
             | Metric::UnknownEndpoints
             | Metric::HostsOutsideSubset
             | Metric::BuildInfo => MetricKind::Gauge,
@@ -125,7 +141,10 @@ impl Metric {
             Metric::HostWeight
             | Metric::HostLatency
             | Metric::HostInFlight
-            | Metric::HostEjected => &[CLUSTER_LABEL, "host"],
+            | Metric::HostEjected
+            | Metric::HostErrorRate
+            | Metric::HostUtilization
+            | Metric::HostScore => &[CLUSTER_LABEL, "host"],
             Metric::SteeredRequests
             | Metric::ManagementDeniedRequests
             | Metric::Ejections
@@ -134,6 +153,7 @@ impl Metric {
             | Metric::CrossZoneRequests
             | Metric::SharedRecordErrors
             | Metric::PicksNotHonoured
+            | Metric::LoadReportErrors
             | Metric::MetricSeriesEvicted => &[CLUSTER_LABEL],
         }
     }
@@ -148,11 +168,15 @@ impl Metric {
             Metric::HostLatency => "smoothed latency",
             Metric::HostInFlight => "steered requests not finished yet",
             Metric::HostEjected => "1 while ejected",
+            Metric::HostErrorRate => "smoothed share of failed requests, parts per million (the score's error term)",
+            Metric::HostUtilization => "smoothed utilisation the host reports in ORCA endpoint-load-metrics, parts per million; 0 when it reports none (the score's load term)",
+            Metric::HostScore => "the score the weight is computed from: latency x error factor x load factor",
             Metric::UnknownEndpoints => "endpoints of the cluster the table does not know yet (they get their share through the fallback)",
             Metric::HostsOutsideSubset => "endpoints of a cluster larger than max_hosts_per_cluster that the table's stable subset leaves to the fallback",
             Metric::CrossZoneRequests => "sampled requests served by a host outside the proxy's zone",
             Metric::SharedRecordErrors => "stored records that could not be read and were rebuilt",
             Metric::PicksNotHonoured => "picks Envoy did not honour: another host served the first attempt (the cluster does not read the plugin's header, or the host left it)",
+            Metric::LoadReportErrors => "ORCA load reports (endpoint-load-metrics) ignored as malformed, out of range or too long",
             Metric::MetricSeriesEvicted => "metric series this VM stopped updating to stay under its series cap (gauges zeroed first)",
             Metric::BuildInfo => "1, labelled with the running build's version and git commit",
         }

@@ -11,11 +11,12 @@ use std::rc::Rc;
 use crate::clock::VmClock;
 use crate::config::Config;
 use crate::diagnose::{HonourWatch, SteeredWatch, Warning};
-use crate::map::Map;
+use crate::map::{Map, Set};
 use crate::outcome::{GrpcCode, Outcome};
 use crate::pick::PickTable;
 use crate::probe::{self, Probes};
 use crate::rules::{normalize_bytes, PathClass};
+use crate::score::{parse_load_report, LoadMetric, ScoreParams};
 use crate::state::{ClusterBatch, ClusterState, Policy};
 use crate::status::{ClusterStatus, HostPhase, Status};
 use crate::sync::{
@@ -236,6 +237,9 @@ pub struct Finished<'a> {
     pub num_endpoints: Option<u32>,
     /// `upstream.locality.zone` of `served_by` (asked for once a host, see [`Worker::wants_zone`]).
     pub zone: Option<&'a str>,
+    /// The upstream response's `endpoint-load-metrics` header, as the host sent it: the load
+    /// `served_by` reports (`score`). Never a request header: a client's report counts for nothing.
+    pub load_report: Option<&'a [u8]>,
 }
 
 /// This worker's requests to one host that have not finished, and how many of them the metrics
@@ -287,6 +291,8 @@ struct LocalCluster {
     errors_unwarned: u64,
     /// The batch dropped its empty entries since the last tick (`host_batch`).
     batch_pruned: bool,
+    /// Hosts Envoy's admin `/clusters` last marked unhealthy: out of the pick table (`health`).
+    unhealthy: Set<String>,
 }
 
 impl LocalCluster {
@@ -329,6 +335,8 @@ struct Counts {
     not_honoured: u64,
     /// A cluster the configuration steers, or [`NO_CLUSTER`] (`counts_entry`).
     steered_label: bool,
+    /// Load reports ignored as malformed or out of range.
+    load_report_errors: u64,
 }
 
 impl Counts {
@@ -340,6 +348,7 @@ impl Counts {
             && self.cross_zone == 0
             && self.bad_records == 0
             && self.not_honoured == 0
+            && self.load_report_errors == 0
     }
 }
 
@@ -360,6 +369,9 @@ pub struct Worker {
     counts: Map<String, Counts>,
     /// The names of `steered_clusters` no request carried yet (`diagnose`).
     steered_watch: SteeredWatch,
+    /// When this VM last asked Envoy for its hosts' health, and last got an answer (`health`).
+    health_asked_ns: Option<u64>,
+    health_answered_ns: u64,
 }
 
 impl Worker {
@@ -380,6 +392,8 @@ impl Worker {
             clusters: Map::default(),
             counts: Map::default(),
             steered_watch,
+            health_asked_ns: None,
+            health_answered_ns: 0,
         };
         // The main-thread VM never sees a request; configured clusters still get refreshed.
         let names: Vec<String> = worker.config.static_clusters().map(str::to_owned).collect();
@@ -586,6 +600,70 @@ impl Worker {
             .is_some_and(|c| c.batch.num_endpoints.is_none())
     }
 
+    /// Whether the adapter should ask Envoy's admin `/clusters` for its hosts' health now, at the
+    /// host clock's reading `raw_now_ns`; notes the question as asked. Only a VM with a table
+    /// asks: the main thread's VM never picks.
+    pub fn envoy_health_due(&mut self, raw_now_ns: u64) -> bool {
+        if self.config.admin_cluster().is_none()
+            || self.clusters.values().all(|c| c.table.is_empty())
+        {
+            return false;
+        }
+        let now_ns = self.clock.now(raw_now_ns);
+        let due = self
+            .health_asked_ns
+            .is_none_or(|at| now_ns.saturating_sub(at) >= self.config.health_poll_ns());
+        if due {
+            self.health_asked_ns = Some(now_ns);
+        }
+        due
+    }
+
+    /// Takes in Envoy's answer to `/clusters`: each steered cluster's pick table leaves out the
+    /// hosts marked unhealthy there, and takes back the ones no longer marked.
+    pub fn envoy_health(&mut self, raw_now_ns: u64, clusters_text: &[u8]) {
+        let now_ns = self.clock.now(raw_now_ns);
+        self.health_answered_ns = now_ns;
+        let mut unhealthy =
+            crate::health::unhealthy_hosts(clusters_text, |c| self.config.steers(c));
+        let policy = self.config.policy();
+        for (name, local) in &mut self.clusters {
+            let hosts = unhealthy.remove(name).unwrap_or_default();
+            if hosts != local.unhealthy {
+                local.unhealthy = hosts;
+                let state = local.snapshot.clone();
+                adopt(local, &state, policy, now_ns);
+            }
+        }
+    }
+
+    /// Forgets what Envoy said of its hosts' health once it has not answered for
+    /// [`HEALTH_STALE_POLLS`] intervals: without an answer the table decides again.
+    fn forget_stale_health(&mut self, now_ns: u64) {
+        let stale_after = self
+            .config
+            .health_poll_ns()
+            .saturating_mul(HEALTH_STALE_POLLS);
+        if now_ns.saturating_sub(self.health_answered_ns) < stale_after {
+            return;
+        }
+        let policy = self.config.policy();
+        for local in self.clusters.values_mut() {
+            if !local.unhealthy.is_empty() {
+                local.unhealthy.clear();
+                let state = local.snapshot.clone();
+                adopt(local, &state, policy, now_ns);
+            }
+        }
+    }
+
+    /// Whether the adapter should read a response's load report (`score`): not when the score
+    /// ignores them.
+    pub fn reads_load_reports(&self) -> bool {
+        let score = &self.config.policy().score;
+        score.load_weight > 0.0 && score.load_metric != LoadMetric::Off
+    }
+
     /// Whether the adapter should read the zone of `host` (not known yet).
     pub fn wants_zone(&self, cluster: &str, host: &str) -> bool {
         let Some(local) = self.clusters.get(cluster) else {
@@ -646,6 +724,19 @@ impl Worker {
         }
         let outcome =
             Outcome::with_grpc(done.outcome, done.grpc_status, self.config.grpc_failures());
+        let load = match done
+            .load_report
+            .map(|r| parse_load_report(r, &self.config.policy().score.load_metric))
+        {
+            Some(Ok(load)) => load,
+            Some(Err(_)) => {
+                if let Some(c) = counts_entry(&mut self.counts, cluster, || true) {
+                    c.load_report_errors += 1;
+                }
+                None
+            }
+            None => None,
+        };
         let (Some(host), Some(outcome)) = (done.served_by, outcome) else {
             return;
         };
@@ -667,6 +758,9 @@ impl Worker {
         }
         if let Some(acc) = local.host_batch(host) {
             acc.record(latency_ms, outcome.is_failure(), penalty_ms);
+            if let Some(utilization) = load {
+                acc.report_load(utilization);
+            }
             if let Some(zone) = done.zone.filter(|z| acc.zone.as_deref() != Some(*z)) {
                 acc.zone = Some(zone.to_owned());
             }
@@ -685,6 +779,7 @@ impl Worker {
         let steady_ns = self.clock.now(raw_now_ns);
         let mut report = TickReport::default();
         self.evict_idle(steady_ns);
+        self.forget_stale_health(steady_ns);
         let local_zone = self.local_zone.as_deref().filter(|z| !z.is_empty());
         let policy = self.config.policy();
         let slow_start_ns = policy.weights.slow_start_ns;
@@ -755,6 +850,7 @@ impl Worker {
                                     &local.snapshot,
                                     &state,
                                     slow_start_ns,
+                                    &policy.score,
                                     &mut report.metrics,
                                 );
                                 report.metrics.push(update(
@@ -868,9 +964,15 @@ impl Worker {
                     .clock
                     .estimate(steady_ns)
                     .unwrap_or(local.snapshot.clock_ns);
-                ClusterStatus::new(name, &local.snapshot, now_ns, slow_start_ns, |h| {
-                    local.in_flight(h)
-                })
+                ClusterStatus::new(
+                    name,
+                    &local.snapshot,
+                    now_ns,
+                    slow_start_ns,
+                    &self.config.policy().score,
+                    |h| local.in_flight(h),
+                    |h| local.unhealthy.contains(h),
+                )
             })
             .collect();
         let status = Status {
@@ -992,14 +1094,23 @@ fn record_shows_traffic(store: &dyn SharedStore, key: &str, max_hosts: usize) ->
 /// pick draws above it, see `pick`) and each host's probe interval (`probe`), measured against
 /// the latency the table's traffic gets on average.
 fn adopt(local: &mut LocalCluster, state: &ClusterState, policy: &Policy, now_ns: u64) {
-    let live = state.hosts.iter().filter(|h| h.share > 0.0);
+    // A host Envoy marked unhealthy gets nothing from this VM, neither picks nor probes.
+    let unhealthy = &local.unhealthy;
+    let share_of = |h: &crate::state::HostState| match unhealthy.contains(&h.address) {
+        true => 0.0,
+        false => h.share,
+    };
+    let live = state.hosts.iter().filter(|h| share_of(h) > 0.0);
     let floor = crate::weights::floor(&policy.weights, live.clone().count());
     let (weighted, mass) = live
         .filter_map(|h| h.latency.value_ms().map(|v| (v * h.share, h.share)))
         .fold((0.0, 0.0), |(w, m), (v, s)| (w + v, m + s));
     let reference_ms = (mass > 0.0).then(|| weighted / mass);
     let table = PickTable::with_floor(
-        state.hosts.iter().map(|h| (h.address.as_str(), h.share)),
+        state
+            .hosts
+            .iter()
+            .map(|h| (h.address.as_str(), share_of(h))),
         floor,
     );
     // Only hosts at the floor, which the pick never draws, are probed. A host above it gets its
@@ -1009,7 +1120,7 @@ fn adopt(local: &mut LocalCluster, state: &ClusterState, policy: &Policy, now_ns
     let intervals = state
         .hosts
         .iter()
-        .filter(|h| h.share > 0.0 && h.share.is_finite())
+        .filter(|h| share_of(h) > 0.0 && h.share.is_finite())
         .map(|h| match at_floor(h.share) {
             true => {
                 probe::interval_ns(policy.probe_interval_ns, h.latency.value_ms(), reference_ms)
@@ -1027,6 +1138,9 @@ fn adopt(local: &mut LocalCluster, state: &ClusterState, policy: &Policy, now_ns
     local.table = table;
     local.table_version = state.table_version;
 }
+
+/// Polls without an answer after which Envoy's health is forgotten.
+const HEALTH_STALE_POLLS: u64 = 5;
 
 /// Shares this close above the floor (relatively) are at it: rounding of the table's fit.
 const FLOOR_TOLERANCE: f64 = 1e-6;
@@ -1082,17 +1196,30 @@ fn host_gauges(
     old: &ClusterState,
     new: &ClusterState,
     slow_start_ns: u64,
+    score: &ScoreParams,
     out: &mut Vec<Update>,
 ) {
-    const HOST_GAUGES: [Metric; 3] = [Metric::HostWeight, Metric::HostLatency, Metric::HostEjected];
+    const HOST_GAUGES: [Metric; 6] = [
+        Metric::HostWeight,
+        Metric::HostLatency,
+        Metric::HostEjected,
+        Metric::HostErrorRate,
+        Metric::HostUtilization,
+        Metric::HostScore,
+    ];
     for h in &new.hosts {
         let ejected = HostPhase::of(h, new.clock_ns, slow_start_ns) == HostPhase::Ejected;
-        let latency_us = h.latency.value_ms().map_or(0, ms_to_whole_us);
-        for (metric, value) in
-            HOST_GAUGES
-                .into_iter()
-                .zip([share_to_ppm(h.share), latency_us, u64::from(ejected)])
-        {
+        let terms = h.terms(new.clock_ns);
+        let latency_us = terms.latency_ms.map_or(0, ms_to_whole_us);
+        let values = [
+            share_to_ppm(h.share),
+            latency_us,
+            u64::from(ejected),
+            share_to_ppm(terms.error_rate),
+            terms.utilization.map_or(0, share_to_ppm),
+            terms.score_ms(score).map_or(0, ms_to_whole_us),
+        ];
+        for (metric, value) in HOST_GAUGES.into_iter().zip(values) {
             out.push(update(
                 metric,
                 cluster,
@@ -1208,6 +1335,7 @@ fn count_updates(cluster: &str, counts: &mut Counts, out: &mut Vec<Update>) {
         (Metric::CrossZoneRequests, counts.cross_zone),
         (Metric::SharedRecordErrors, counts.bad_records),
         (Metric::PicksNotHonoured, counts.not_honoured),
+        (Metric::LoadReportErrors, counts.load_report_errors),
     ];
     for (metric, n) in plain.into_iter().filter(|(_, n)| *n > 0) {
         out.push(update(metric, cluster, None, Change::Add(n as i64)));

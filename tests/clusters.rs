@@ -242,7 +242,14 @@ fn a_host_envoy_no_longer_honours_leaves_the_table_at_once_and_its_gauges_go_to_
         .collect();
     assert_eq!(
         zeroed,
-        vec![Metric::HostWeight, Metric::HostLatency, Metric::HostEjected]
+        vec![
+            Metric::HostWeight,
+            Metric::HostLatency,
+            Metric::HostEjected,
+            Metric::HostErrorRate,
+            Metric::HostUtilization,
+            Metric::HostScore
+        ]
     );
     assert!(
         !picks(&mut w, 2_000).contains_key(&gone),
@@ -516,6 +523,7 @@ fn hosts_learn_their_zone_and_the_local_zone_keeps_the_traffic() {
                     picked: None,
                     in_flight: false,
                     grpc_status: None,
+                    load_report: None,
                 },
             );
         }

@@ -521,12 +521,21 @@ fn every_plugin_configuration_in_the_manifests_is_valid() {
 /// in src/config.rs shows up here as a file to update, never as a stale example.
 const OVERRIDES: &[(&str, &[&str])] = &[
     // Steers the one static cluster of the file; nothing else.
-    ("envoy-config/envoy.yaml", &["steered_clusters"]),
+    // Steers the one static cluster of the file, and follows Envoy's health checks through its
+    // admin cluster.
+    (
+        "envoy-config/envoy.yaml",
+        &["steered_clusters", "envoy_health.admin_cluster"],
+    ),
     // The compose stack's Envoy: the same, plus the compose network, from which the host's
     // curl reaches the status page through a published port.
     (
         "envoy-config/compose/envoy.yaml",
-        &["steered_clusters", "management.allowed_cidrs"],
+        &[
+            "steered_clusters",
+            "envoy_health.admin_cluster",
+            "management.allowed_cidrs",
+        ],
     ),
     // Istio sidecars: only the subset's cluster is steered, and the status page is queried from
     // the client pod itself, whose IP is not loopback.

@@ -255,21 +255,24 @@ fn silent_learned_hosts_are_forgotten_static_ones_kept() {
 fn golden_values() -> [Vec<u8>; 3] {
     use ewma_lb::state::{Ack, HostState};
     use ewma_lb::sync::{encode_head, encode_slot, Head, Lease, Slot, SlotBatch};
+    let mut host = HostState {
+        address: "10.0.0.1:80".into(),
+        zone: "a".into(),
+        last_seen_ns: 6,
+        samples: 4,
+        spread: 0.5,
+        share: 1.0,
+        ..HostState::default()
+    };
+    host.errors.observe(4, 1, 6);
+    host.load.observe(0.5, 1, 6);
     let record = ClusterState {
         table_version: 3,
         refreshed_ns: 5,
         clock_ns: 6,
         num_endpoints: 2,
         complete: true,
-        hosts: vec![HostState {
-            address: "10.0.0.1:80".into(),
-            zone: "a".into(),
-            last_seen_ns: 6,
-            samples: 4,
-            spread: 0.5,
-            share: 1.0,
-            ..HostState::default()
-        }],
+        hosts: vec![host],
         workers: vec![(9, 6)],
         acked: vec![Ack {
             slot: 1,
@@ -291,6 +294,7 @@ fn golden_values() -> [Vec<u8>; 3] {
     let mut acc = Accumulator::default();
     acc.record(50.0, false, 1000.0);
     acc.zone = Some("a".into());
+    acc.report_load(0.25);
     let slot = Slot {
         owner: 9,
         epoch: 2,
@@ -317,8 +321,8 @@ fn hex(bytes: &[u8]) -> String {
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn the_format_version_names_the_encoded_layout() {
-    const GOLDEN: [&str; 3] = ["45574c4204520305060201010b31302e302e302e313a38300000016106000000000004000000000000e03f00000000000000000000000000000000000000000000000000000000000000000000000000f03f01090601010207", "45574c4204480306060109080101010207", "45574c42045309020806060108060102010b31302e302e302e313a383001000000000000494000000100010161"];
-    assert_eq!(FORMAT_VERSION, 4, "update GOLDEN when the version moves");
+    const GOLDEN: [&str; 3] = ["45574c4205520305060201010b31302e302e302e313a38300000016106000000000004000000000000e03f00000000000000000000000000000000000000000000000000f03f00000000000010400601000000000000e03f0600000000000000000000f03f01090601010207", "45574c4205480306060109080101010207", "45574c42055309020806060108060102010b31302e302e302e313a383001000000000000494000000100010161000000000000d03f01"];
+    assert_eq!(FORMAT_VERSION, 5, "update GOLDEN when the version moves");
     for (value, golden) in golden_values().iter().zip(GOLDEN) {
         assert_eq!(
             hex(value),

@@ -3,7 +3,7 @@
 use anyhow::{bail, Context, Result};
 use harness::{BackendSpec, Latency};
 
-/// Parses a CLI backend: `name=N,addr=IP:PORT,latency=L[,capacity=K][,fail=R][,health=L][,phase=FROM-TO@L]...`.
+/// Parses a CLI backend: `name=N,addr=IP:PORT,latency=L[,capacity=K][,fail=R][,health=L][,orca=fixed:U|busy:K:B][,phase=FROM-TO@L]...`.
 /// A comma inside a value (as in `lognormal:80,0.5`) is kept when the next piece has no `=`.
 pub fn parse_backend_arg(s: &str) -> Result<(BackendSpec, String)> {
     let mut pairs: Vec<(String, String)> = Vec::new();
@@ -32,6 +32,7 @@ pub fn parse_backend_arg(s: &str) -> Result<(BackendSpec, String)> {
             "fail" => spec.fail_rate = v.parse().with_context(|| format!("fail {v:?}"))?,
             "health" | "health_latency" => spec.health_latency = v.parse()?,
             "phase" => spec.schedule.push(v.parse()?),
+            "orca" => spec.orca = Some(v.parse()?),
             other => bail!("backend {s:?}: unknown key {other:?}"),
         }
     }
@@ -48,8 +49,15 @@ mod tests {
     #[test]
     fn parses_cli_backend_with_comma_inside_latency() {
         let (spec, addr) =
-            parse_backend_arg("name=slow,addr=127.0.0.1:8083,latency=lognormal:80,0.5,capacity=8,fail=0.01,phase=10-20@fixed:500")
+            parse_backend_arg("name=slow,addr=127.0.0.1:8083,latency=lognormal:80,0.5,capacity=8,fail=0.01,orca=busy:8:0.25,phase=10-20@fixed:500")
                 .unwrap();
+        assert_eq!(
+            spec.orca,
+            Some(harness::Orca::Busy {
+                capacity: 8,
+                background: 0.25
+            })
+        );
         assert_eq!(spec.name, "slow");
         assert_eq!(addr, "127.0.0.1:8083");
         assert_eq!(

@@ -24,6 +24,9 @@ pub enum Balancer {
     Random,
     /// Envoy's `lb_policy: LEAST_REQUEST` (power of two choices by active requests).
     LeastRequest,
+    /// Envoy's `client_side_weighted_round_robin`: weights from the backends' ORCA reports, with
+    /// `blackout_period` and `weight_update_period` of 1 s.
+    ClientSideWrr,
     /// The plugin, as envoy-config/envoy.yaml runs it, with a plugin configuration.
     Plugin,
 }
@@ -59,10 +62,11 @@ impl Policy {
         "ewma_lowest",
     ];
     /// Every built-in name ([`Policy::builtin`]).
-    pub const BUILTIN: [&'static str; 6] = [
+    pub const BUILTIN: [&'static str; 7] = [
         "round_robin",
         "random",
         "least_request",
+        "client_side_weighted_round_robin",
         "ewma_lb",
         "ewma_lowest",
         "ewma_lb_previous",
@@ -86,6 +90,7 @@ impl Policy {
             "round_robin" => envoy(Balancer::RoundRobin),
             "random" => envoy(Balancer::Random),
             "least_request" => envoy(Balancer::LeastRequest),
+            "client_side_weighted_round_robin" => envoy(Balancer::ClientSideWrr),
             "ewma_lb" => Policy::variant(name, serde_json::json!({})),
             "ewma_lowest" => Policy::variant(name, serde_json::json!({"pick": "lowest_latency"})),
             "ewma_lb_previous" => Policy::variant(name, previous_defaults()),
@@ -156,7 +161,7 @@ impl Policy {
             Balancer::RoundRobin => Some(EnvoyLb::RoundRobin),
             Balancer::Random => Some(EnvoyLb::Random),
             Balancer::LeastRequest => Some(EnvoyLb::LeastRequest),
-            Balancer::Plugin => None,
+            Balancer::ClientSideWrr | Balancer::Plugin => None,
         }
     }
 
@@ -177,6 +182,11 @@ impl Policy {
         config.cluster(CLUSTER)?.set_endpoints(endpoints)?;
         if let Some(lb) = self.envoy_lb() {
             config.use_envoy_lb(CLUSTER, lb)?;
+        }
+        if self.balancer == Balancer::ClientSideWrr {
+            // 1 s each, so it is not handicapped against the plugin's 250 ms refresh (Envoy's
+            // default blackout is 10 s).
+            config.use_client_side_wrr(CLUSTER, "1s", "1s")?;
         }
         if let Some(plugin_config) = self.plugin_config(scenario_config) {
             config

@@ -86,6 +86,8 @@ struct FileBackend {
     latency: String,
     capacity: Option<usize>,
     fail: Option<f64>,
+    /// The load it reports in ORCA `endpoint-load-metrics`: `fixed:U` or `busy:CAPACITY:BACKGROUND`.
+    orca: Option<String>,
     /// "FROM-TO@LATENCY", seconds since the run's start, e.g. "5-35@uniform:300-600".
     #[serde(default)]
     phases: Vec<String>,
@@ -265,6 +267,12 @@ impl Scenario {
             );
             spec.capacity = b.capacity;
             spec.fail_rate = b.fail.unwrap_or(0.0);
+            spec.orca = b
+                .orca
+                .as_deref()
+                .map(str::parse)
+                .transpose()
+                .with_context(|| format!("backend {}", b.name))?;
             for p in &b.phases {
                 spec.schedule
                     .push(p.parse().with_context(|| format!("backend {}", b.name))?);

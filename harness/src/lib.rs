@@ -19,7 +19,7 @@ pub mod ports;
 pub mod stack;
 pub mod summary;
 
-pub use backend::{Backend, BackendPool, BackendSpec, GrpcStatusIn, Phase};
+pub use backend::{Backend, BackendPool, BackendSpec, GrpcStatusIn, Orca, Phase};
 pub use config::EnvoyConfig;
 pub use eds::{EdsFile, Endpoint};
 pub use envoy::{Envoy, EnvoyOptions};

@@ -11,6 +11,7 @@ use proxy_wasm::types::{Action, MapType};
 use super::host;
 use super::vm::Vm;
 use crate::outcome::{GrpcResponse, Outcome};
+use crate::score::LOAD_REPORT_HEADER;
 use crate::units::ns_to_ms;
 use crate::worker::{Decision, Finished, Request};
 
@@ -31,6 +32,8 @@ pub struct Http {
     latency_ns: Option<u64>,
     /// The response's gRPC status, when it is a gRPC response.
     grpc: GrpcResponse,
+    /// The upstream response's ORCA load report (`score`), read once with its headers.
+    load_report: Option<Vec<u8>>,
 }
 
 impl Http {
@@ -44,6 +47,7 @@ impl Http {
             request_end_ns: None,
             latency_ns: None,
             grpc: GrpcResponse::default(),
+            load_report: None,
         }
     }
 }
@@ -168,6 +172,7 @@ impl HttpContext for Http {
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         if self.sampled_cluster.is_some() && self.latency_ns.is_none() {
+            let mut reads_load = false;
             if let Ok(mut vm) = self.vm.try_borrow_mut() {
                 let start_ns = self.sample_start_ns();
                 self.latency_ns = Some(
@@ -175,12 +180,19 @@ impl HttpContext for Http {
                         .clock(host::monotonic_ns())
                         .saturating_sub(start_ns),
                 );
+                reads_load = vm.worker.reads_load_reports();
             }
             // A trailers-only gRPC response (an error before any message) has its grpc-status here.
             let content_type = host::map_value_bytes(MapType::HttpResponseHeaders, "content-type");
             self.grpc = GrpcResponse::from_headers(content_type.as_deref(), || {
                 host::map_value_bytes(MapType::HttpResponseHeaders, "grpc-status")
             });
+            // The upstream's response headers only: a report in the client's request is never
+            // read. One host call per sampled response, none when the score ignores reports.
+            if reads_load {
+                self.load_report =
+                    host::map_value_bytes(MapType::HttpResponseHeaders, LOAD_REPORT_HEADER);
+            }
         }
         Action::Continue
     }
@@ -246,6 +258,7 @@ impl HttpContext for Http {
                 grpc_status: self.grpc.code(),
                 num_endpoints,
                 zone: zone.as_deref(),
+                load_report: self.load_report.as_deref(),
             },
         );
     }

@@ -2,11 +2,12 @@
 
 use std::cell::RefCell;
 use std::rc::Rc;
+use std::time::Duration;
 
 use log::{debug, error, info, warn};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::{BufferType, ContextType};
+use proxy_wasm::types::{BufferType, ContextType, MapType};
 
 use super::host::{self, SharedData};
 use super::http::Http;
@@ -19,9 +20,36 @@ use crate::worker::Worker;
 #[derive(Default)]
 pub struct Root {
     vm: Option<Rc<RefCell<Vm>>>,
+    /// Said once that the admin cluster could not be called (`envoy_health`).
+    warned_admin: bool,
 }
 
-impl Context for Root {}
+impl Context for Root {
+    /// Envoy's admin answer to `/clusters` (`health`).
+    fn on_http_call_response(
+        &mut self,
+        _token: u32,
+        _headers: usize,
+        body_size: usize,
+        _trailers: usize,
+    ) {
+        let Some(vm) = &self.vm else { return };
+        let Ok(mut vm) = vm.try_borrow_mut() else {
+            return;
+        };
+        let status = hostcalls::get_map_value_bytes(MapType::HttpCallResponseHeaders, ":status")
+            .ok()
+            .flatten();
+        if status.as_deref() != Some(b"200".as_slice()) {
+            return;
+        }
+        if let Ok(Some(body)) =
+            hostcalls::get_buffer(BufferType::HttpCallResponseBody, 0, body_size)
+        {
+            vm.worker.envoy_health(host::monotonic_ns(), &body);
+        }
+    }
+}
 
 impl RootContext for Root {
     fn on_configure(&mut self, plugin_configuration_size: usize) -> bool {
@@ -86,6 +114,9 @@ impl RootContext for Root {
             worker, metrics, ..
         } = &mut *vm;
         learn_local_zone(worker);
+        if worker.envoy_health_due(host::monotonic_ns()) {
+            ask_envoy_health(worker, &mut self.warned_admin);
+        }
         let report = worker.tick(host::monotonic_ns(), &mut SharedData);
         for update in &report.metrics {
             metrics.apply(update);
@@ -122,6 +153,25 @@ impl RootContext for Root {
 
     fn get_type(&self) -> Option<ContextType> {
         Some(ContextType::HttpContext)
+    }
+}
+
+/// Asks Envoy's admin `/clusters`, through `envoy_health.admin_cluster`, for its hosts' health;
+/// the answer comes to `on_http_call_response`.
+fn ask_envoy_health(worker: &Worker, warned: &mut bool) {
+    let Some(cluster) = worker.config().admin_cluster() else {
+        return;
+    };
+    let headers = vec![
+        (":method", "GET"),
+        (":path", "/clusters"),
+        (":authority", "envoy-admin"),
+    ];
+    let timeout = Duration::from_nanos(worker.config().health_poll_ns());
+    if let Err(e) = hostcalls::dispatch_http_call(cluster, headers, None, vec![], timeout) {
+        if !std::mem::replace(warned, true) {
+            warn!("ewma-lb: cannot ask Envoy's admin for its hosts' health through cluster {cluster} ({e:?}): hosts its health checks mark unhealthy keep getting picks");
+        }
     }
 }
 

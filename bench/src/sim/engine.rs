@@ -221,6 +221,11 @@ struct Engine<'a> {
 
 impl<'a> Engine<'a> {
     fn new(spec: &'a SimSpec, policy: &'a Policy) -> Result<Engine<'a>> {
+        if policy.balancer() == Balancer::ClientSideWrr {
+            bail!(
+                "policy {policy}: the simulator has no model of client_side_weighted_round_robin (it needs ORCA reports): compare it through a real Envoy"
+            );
+        }
         if spec.hosts.is_empty() || spec.proxies == 0 || spec.workers == 0 {
             bail!("a simulation needs hosts, proxies and workers");
         }
@@ -455,7 +460,8 @@ impl Engine<'_> {
                 self.present[*rr]
             }
             Balancer::Random => self.present[self.lb_rng.random_range(0..self.present.len())],
-            Balancer::LeastRequest => self.least_request(p),
+            // Refused in `Engine::new`; least request is the nearest model should one get here.
+            Balancer::LeastRequest | Balancer::ClientSideWrr => self.least_request(p),
             Balancer::Plugin => {
                 let vm = &mut self.proxies[p].workers[w];
                 let request = Request {

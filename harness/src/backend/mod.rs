@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU16, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc as std_mpsc, Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -33,7 +33,7 @@ use crate::latency::Latency;
 
 mod grpc;
 mod spec;
-pub use spec::{BackendSpec, GrpcFailure, GrpcStatusIn, Phase};
+pub use spec::{BackendSpec, GrpcFailure, GrpcStatusIn, Orca, Phase};
 
 /// Response header naming the backend that answered.
 pub const BACKEND_HEADER: &str = "x-backend";
@@ -41,6 +41,10 @@ pub const BACKEND_HEADER: &str = "x-backend";
 pub const OVERRIDE_HEADER: &str = "x-ewma-lb-host";
 /// Response header echoing the override header the backend received (absent if none).
 pub const SEEN_OVERRIDE_HEADER: &str = "x-seen-override";
+/// The `user-agent` of Envoy's own HTTP health checks.
+const ENVOY_HEALTH_CHECKER: &[u8] = b"Envoy/HC";
+/// ORCA's load report header, in the backend's responses when its spec has `orca`.
+pub const LOAD_REPORT_HEADER: &str = "endpoint-load-metrics";
 
 /// Distinct paths counted one by one; beyond this they are lumped together so a scan cannot grow
 /// the map without bound.
@@ -60,6 +64,8 @@ struct Counts {
     served: AtomicU64,
     failed: AtomicU64,
     health: AtomicU64,
+    /// Envoy's own active health checks (`user-agent: Envoy/HC`), counted apart from `health`.
+    active_checks: AtomicU64,
 }
 
 struct Shared {
@@ -76,6 +82,14 @@ struct Shared {
     counts: Counts,
     paths: Mutex<HashMap<String, u64>>,
     open_conns: AtomicUsize,
+    /// Business requests being served (queued ones included).
+    in_flight: AtomicUsize,
+    orca: Mutex<Option<spec::Orca>>,
+    /// Business requests answered per second, for the load reports: (start of the current
+    /// second, answered in it, the rate of the last whole second).
+    rate: Mutex<(Instant, u64, f64)>,
+    /// What the health path answers.
+    health_status: AtomicU16,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -110,6 +124,21 @@ impl Shared {
             self.counts.failed.fetch_add(1, Ordering::Relaxed);
         }
         fail
+    }
+
+    /// The rate of business answers over the last whole second; `answered`: count one more.
+    fn answered_per_second(&self, answered: bool) -> f64 {
+        let mut rate = lock(&self.rate);
+        let elapsed = rate.0.elapsed();
+        if elapsed >= Duration::from_secs(1) {
+            // A silence of several seconds is a rate of 0, not the last busy second's.
+            let whole = elapsed.as_secs_f64().floor().max(1.0);
+            *rate = (Instant::now(), 0, rate.1 as f64 / whole);
+        }
+        if answered {
+            rate.1 += 1;
+        }
+        rate.2
     }
 
     fn count_path(&self, path: &str) {
@@ -222,6 +251,10 @@ impl Backend {
             counts: Counts::default(),
             paths: Mutex::new(HashMap::new()),
             open_conns: AtomicUsize::new(0),
+            in_flight: AtomicUsize::new(0),
+            orca: Mutex::new(spec.orca),
+            rate: Mutex::new((Instant::now(), 0, 0.0)),
+            health_status: AtomicU16::new(200),
         });
         let serving = spawn_accept(&rt, listener, shared.clone());
         Ok(Backend {
@@ -263,12 +296,18 @@ impl Backend {
         self.shared.counts.failed.load(Ordering::Relaxed)
     }
 
-    /// Health-path requests answered.
+    /// Health-path requests answered, Envoy's own active health checks excluded.
     pub fn health_served(&self) -> u64 {
         self.shared.counts.health.load(Ordering::Relaxed)
     }
 
-    /// Requests answered (health included) whose path starts with `prefix`.
+    /// Envoy's active health checks answered (`user-agent: Envoy/HC`).
+    pub fn active_checks_served(&self) -> u64 {
+        self.shared.counts.active_checks.load(Ordering::Relaxed)
+    }
+
+    /// Requests answered (health included, Envoy's active checks not) whose path starts with
+    /// `prefix`.
     pub fn served_path(&self, prefix: &str) -> u64 {
         lock(&self.shared.paths)
             .iter()
@@ -277,7 +316,8 @@ impl Backend {
             .sum()
     }
 
-    /// Requests answered per path (query strings stripped), health included.
+    /// Requests answered per path (query strings stripped), health included, Envoy's active
+    /// checks not.
     pub fn path_counts(&self) -> HashMap<String, u64> {
         lock(&self.shared.paths).clone()
     }
@@ -304,7 +344,18 @@ impl Backend {
         c.served.store(0, Ordering::Relaxed);
         c.failed.store(0, Ordering::Relaxed);
         c.health.store(0, Ordering::Relaxed);
+        c.active_checks.store(0, Ordering::Relaxed);
         lock(&self.shared.paths).clear();
+    }
+
+    /// Changes what it reports of its load from now on; `None` stops the reports.
+    pub fn set_orca(&self, orca: Option<Orca>) {
+        *lock(&self.shared.orca) = orca;
+    }
+
+    /// Makes the health path answer `status` from now on (503: a failing readiness check).
+    pub fn set_health_status(&self, status: u16) {
+        self.shared.health_status.store(status, Ordering::Relaxed);
     }
 
     /// Client connections open right now.
@@ -432,19 +483,43 @@ async fn handle(
 async fn handle_http(req: Request<Incoming>, sh: Arc<Shared>) -> Response<Full<Bytes>> {
     let path = req.uri().path().to_string();
     let seen = req.headers().get(OVERRIDE_HEADER).cloned();
+    let active_check = req
+        .headers()
+        .get(hyper::header::USER_AGENT)
+        .is_some_and(|v| v.as_bytes() == ENVOY_HEALTH_CHECKER);
     let _ = Limited::new(req.into_body(), MAX_BODY).collect().await;
 
-    let status = if is_health_path(&path) {
+    let health = is_health_path(&path);
+    let mut report = None;
+    let status = if health {
         let delay = sh.health_latency.sample(&mut rand::rng());
         tokio::time::sleep(delay).await;
-        sh.counts.health.fetch_add(1, Ordering::Relaxed);
-        StatusCode::OK
-    } else if sh.work().await {
-        StatusCode::SERVICE_UNAVAILABLE
+        let count = match active_check {
+            true => &sh.counts.active_checks,
+            false => &sh.counts.health,
+        };
+        count.fetch_add(1, Ordering::Relaxed);
+        StatusCode::from_u16(sh.health_status.load(Ordering::Relaxed))
+            .unwrap_or(StatusCode::SERVICE_UNAVAILABLE)
     } else {
-        StatusCode::OK
+        let in_flight = sh.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+        // The load as the request arrived: what a host reports with its answer is the state it
+        // was in, and a report taken after the request left would always miss that request.
+        let rps = sh.answered_per_second(false);
+        report = lock(&sh.orca).as_ref().map(|o| o.header(in_flight, rps));
+        let failed = sh.work().await;
+        sh.in_flight.fetch_sub(1, Ordering::Relaxed);
+        sh.answered_per_second(true);
+        if failed {
+            StatusCode::SERVICE_UNAVAILABLE
+        } else {
+            StatusCode::OK
+        }
     };
-    sh.count_path(&path);
+    // Envoy's own health checks are the pool's, not the test's traffic: counted apart only.
+    if !active_check {
+        sh.count_path(&path);
+    }
 
     let mut resp = Response::new(Full::new(Bytes::from(format!("{}\n", sh.name))));
     *resp.status_mut() = status;
@@ -456,6 +531,9 @@ async fn handle_http(req: Request<Incoming>, sh: Arc<Shared>) -> Response<Full<B
     );
     if let Some(v) = seen {
         h.insert(SEEN_OVERRIDE_HEADER, v);
+    }
+    if let Some(v) = report.and_then(|r| HeaderValue::from_str(&r).ok()) {
+        h.insert(LOAD_REPORT_HEADER, v);
     }
     resp
 }

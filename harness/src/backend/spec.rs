@@ -42,6 +42,72 @@ impl Default for GrpcFailure {
     }
 }
 
+/// What a backend reports of its load in ORCA's `endpoint-load-metrics` response header.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Orca {
+    /// `TEXT cpu_utilization=<value>`, whatever the backend does.
+    Fixed(f64),
+    /// `TEXT cpu_utilization=<in flight / capacity + background>`: its own business requests in
+    /// flight over `capacity`, plus a `background` share (other proxies' traffic, a batch job).
+    Busy { capacity: usize, background: f64 },
+    /// This exact header value (malformed reports, the JSON form).
+    Raw(String),
+}
+
+impl Orca {
+    /// The header value with `in_flight` business requests being served and `rps` answered a
+    /// second lately (`rps_fractional`: Envoy's client_side_weighted_round_robin weighs a host
+    /// by it and ignores a report without it).
+    pub fn header(&self, in_flight: usize, rps: f64) -> String {
+        match self {
+            Orca::Fixed(u) => format!("TEXT cpu_utilization={u}, rps_fractional={rps:.1}"),
+            Orca::Busy {
+                capacity,
+                background,
+            } => {
+                let u = in_flight as f64 / (*capacity).max(1) as f64 + background;
+                format!("TEXT cpu_utilization={u:.4}, rps_fractional={rps:.1}")
+            }
+            Orca::Raw(value) => value.clone(),
+        }
+    }
+}
+
+impl FromStr for Orca {
+    type Err = anyhow::Error;
+
+    /// `fixed:U` or `busy:CAPACITY:BACKGROUND`: `fixed:0.3`, `busy:16:0.5`.
+    fn from_str(s: &str) -> Result<Orca> {
+        let number = |v: &str| -> Result<f64> {
+            let x: f64 = v
+                .trim()
+                .parse()
+                .with_context(|| format!("orca {s:?}: {v:?}"))?;
+            if !x.is_finite() || x < 0.0 {
+                bail!("orca {s:?}: {v:?} must be a number >= 0");
+            }
+            Ok(x)
+        };
+        match s.split(':').collect::<Vec<_>>().as_slice() {
+            ["fixed", u] => Ok(Orca::Fixed(number(u)?)),
+            ["busy", capacity, background] => {
+                let capacity: usize = capacity
+                    .trim()
+                    .parse()
+                    .with_context(|| format!("orca {s:?}: capacity"))?;
+                if capacity == 0 {
+                    bail!("orca {s:?}: capacity must be >= 1");
+                }
+                Ok(Orca::Busy {
+                    capacity,
+                    background: number(background)?,
+                })
+            }
+            _ => bail!("orca {s:?}: expected fixed:U or busy:CAPACITY:BACKGROUND"),
+        }
+    }
+}
+
 /// What a backend is and how it behaves. Every backend speaks HTTP/1.1, HTTP/2 (h2c) and gRPC
 /// on its one port; the latency profile, capacity and failure rate apply to each.
 #[derive(Clone, Debug)]
@@ -60,6 +126,8 @@ pub struct BackendSpec {
     pub schedule: Vec<Phase>,
     /// Delay of health-path requests; they bypass the worker queue.
     pub health_latency: Latency,
+    /// The load it reports in its business responses; `None`: no report.
+    pub orca: Option<Orca>,
 }
 
 impl BackendSpec {
@@ -73,7 +141,14 @@ impl BackendSpec {
             grpc_failure: GrpcFailure::default(),
             schedule: Vec::new(),
             health_latency: Latency::Fixed(0),
+            orca: None,
         }
+    }
+
+    /// Reports its load in every business response (ORCA `endpoint-load-metrics`).
+    pub fn orca(mut self, orca: Orca) -> Self {
+        self.orca = Some(orca);
+        self
     }
 
     /// Sets the number of concurrent workers.
@@ -173,6 +248,42 @@ impl FromStr for Phase {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parses_and_writes_load_reports() {
+        assert_eq!("fixed:0.3".parse::<Orca>().unwrap(), Orca::Fixed(0.3));
+        let busy: Orca = "busy:4:0.5".parse().unwrap();
+        assert_eq!(
+            busy,
+            Orca::Busy {
+                capacity: 4,
+                background: 0.5
+            }
+        );
+        assert_eq!(
+            Orca::Fixed(0.3).header(7, 12.0),
+            "TEXT cpu_utilization=0.3, rps_fractional=12.0"
+        );
+        // Two of four workers busy, plus half a host of background work.
+        assert_eq!(
+            busy.header(2, 0.0),
+            "TEXT cpu_utilization=1.0000, rps_fractional=0.0"
+        );
+        assert_eq!(
+            busy.header(0, 5.5),
+            "TEXT cpu_utilization=0.5000, rps_fractional=5.5"
+        );
+        for bad in [
+            "fixed",
+            "fixed:-1",
+            "fixed:NaN",
+            "busy:0:0.1",
+            "busy:4",
+            "cpu:0.3",
+        ] {
+            assert!(bad.parse::<Orca>().is_err(), "{bad:?}");
+        }
+    }
 
     #[test]
     fn parses_phases() {

@@ -225,6 +225,31 @@ impl Cluster<'_> {
         Ok(self)
     }
 
+    /// Envoy's ORCA-driven balancer instead of whatever the cluster had:
+    /// `client_side_weighted_round_robin`, weighing each host by the `rps_fractional` and
+    /// utilisation its responses report (`endpoint-load-metrics`), with `blackout_period` and
+    /// `weight_update_period` as given (Envoy's defaults are 10 s and 1 s).
+    pub fn use_client_side_wrr(
+        &mut self,
+        blackout: &str,
+        weight_update_period: &str,
+    ) -> Result<&mut Self> {
+        const CSWRR: &str = "envoy.extensions.load_balancing_policies.client_side_weighted_round_robin.v3.ClientSideWeightedRoundRobin";
+        if self.get("lb_policy").is_ok() {
+            self.remove("lb_policy")?;
+        }
+        let policy = json!({"policies": [{"typed_extension_config": {
+            "name": "envoy.load_balancing_policies.client_side_weighted_round_robin",
+            "typed_config": {
+                "@type": format!("type.googleapis.com/{CSWRR}"),
+                "blackout_period": blackout,
+                "weight_update_period": weight_update_period,
+            },
+        }}]});
+        self.upsert("load_balancing_policy", policy)?;
+        Ok(self)
+    }
+
     /// Talk HTTP/2 to the endpoints (h2c: prior knowledge, no TLS), as a gRPC cluster must:
     /// `typed_extension_protocol_options` with `explicit_http_config.http2_protocol_options`.
     /// Requests to one endpoint then share a connection per Envoy worker, multiplexed.

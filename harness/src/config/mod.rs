@@ -29,6 +29,7 @@ mod path;
 mod route;
 mod wasm;
 
+use std::net::SocketAddr;
 use std::path::Path;
 
 use anyhow::{anyhow, Context, Result};
@@ -49,6 +50,8 @@ use crate::paths;
 pub const LISTENER: &str = "ingress";
 /// The shipped config's balanced cluster.
 pub const CLUSTER: &str = "backend";
+/// The cluster through which the plugin reads Envoy's admin `/clusters` (`envoy_health`).
+pub const ADMIN_CLUSTER: &str = "envoy_admin";
 
 /// A bootstrap config, parsed, edited in place, rendered for Envoy.
 #[derive(Clone, Debug)]
@@ -67,11 +70,21 @@ impl EnvoyConfig {
     }
 
     /// The shipped config made runnable here, next to other Envoys: the admin port left to Envoy
-    /// (the runner reads it back), the listener on `listen_port`, the plugin's module at `module`
-    /// (the shipped path is relative to the repository root).
+    /// (the runner reads it back), or a free one that the plugin's admin cluster
+    /// ([`ADMIN_CLUSTER`]) points at when the config has one; the listener on `listen_port`, the
+    /// plugin's module at `module` (the shipped path is relative to the repository root).
     pub fn local(listen_port: u16, module: &Path) -> Result<EnvoyConfig> {
         let mut config = EnvoyConfig::shipped()?;
-        config.set_admin_port(0)?;
+        match config.cluster(ADMIN_CLUSTER) {
+            Ok(mut admin) => {
+                let port = crate::ports::free_port()?;
+                admin.set_endpoints(&[SocketAddr::from(([127, 0, 0, 1], port))])?;
+                config.set_admin_port(port)?;
+            }
+            Err(_) => {
+                config.set_admin_port(0)?;
+            }
+        }
         config.listener(LISTENER)?.set_port(listen_port)?;
         config.plugin()?.set_module_file(module)?;
         Ok(config)
@@ -190,6 +203,19 @@ impl EnvoyConfig {
     /// Envoy chooses the host.
     pub fn use_envoy_lb(&mut self, cluster: &str, lb: EnvoyLb) -> Result<&mut Self> {
         self.cluster(cluster)?.use_envoy_lb(lb)?;
+        self.remove_plugin()
+    }
+
+    /// The policy swap to Envoy's `client_side_weighted_round_robin` (see
+    /// [`Cluster::use_client_side_wrr`]), and no plugin.
+    pub fn use_client_side_wrr(
+        &mut self,
+        cluster: &str,
+        blackout: &str,
+        weight_update_period: &str,
+    ) -> Result<&mut Self> {
+        self.cluster(cluster)?
+            .use_client_side_wrr(blackout, weight_update_period)?;
         self.remove_plugin()
     }
 
