@@ -1409,3 +1409,51 @@ fn the_metrics_tables_name_every_fallback_reason() {
         }
     }
 }
+
+/// The admin cluster the plugin reads Envoy's health from points at Envoy's admin address: no
+/// route of a shipped Envoy config may lead a client there, and no steered cluster may be it.
+#[test]
+fn no_route_leads_a_client_to_the_admin_cluster() {
+    fn clusters_routed(v: &Value, out: &mut Vec<String>) {
+        match v {
+            Value::Object(m) => {
+                if let Some(route) = m.get("route") {
+                    for key in ["cluster", "cluster_header"] {
+                        if let Some(c) = route.get(key).and_then(Value::as_str) {
+                            out.push(c.to_owned());
+                        }
+                    }
+                    if let Some(ws) = route["weighted_clusters"]["clusters"].as_array() {
+                        out.extend(
+                            ws.iter()
+                                .filter_map(|w| w["name"].as_str().map(str::to_owned)),
+                        );
+                    }
+                }
+                m.values().for_each(|x| clusters_routed(x, out));
+            }
+            Value::Array(a) => a.iter().for_each(|x| clusters_routed(x, out)),
+            _ => {}
+        }
+    }
+    for file in ["envoy-config/envoy.yaml", "envoy-config/compose/envoy.yaml"] {
+        let config = yaml(file);
+        let text = read(file);
+        let admin = text
+            .split("\"admin_cluster\": \"")
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+            .unwrap_or_else(|| panic!("{file}: no envoy_health.admin_cluster"));
+        let mut routed = Vec::new();
+        clusters_routed(&config["static_resources"]["listeners"], &mut routed);
+        assert!(!routed.is_empty(), "{file}: no route found");
+        assert!(
+            !routed.iter().any(|c| c == admin),
+            "{file}: a route leads to the admin cluster {admin}: {routed:?}"
+        );
+        assert!(
+            !text.contains(&format!("\"steered_clusters\": [\"{admin}\"")),
+            "{file}: the admin cluster is steered"
+        );
+    }
+}
