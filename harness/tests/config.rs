@@ -44,7 +44,11 @@ fn reads_what_the_shipped_config_says() {
     let plugin: Value = serde_json::from_str(c.plugin().unwrap().plugin_config().unwrap()).unwrap();
     assert_eq!(
         plugin,
-        json!({"override_header": "x-ewma-lb-host", "steered_clusters": ["backend"]})
+        json!({
+            "override_header": "x-ewma-lb-host",
+            "steered_clusters": ["backend"],
+            "envoy_health": {"admin_cluster": "envoy_admin"}
+        })
     );
     assert_eq!(
         c.plugin().unwrap().module_file().unwrap(),
@@ -174,7 +178,7 @@ fn the_policy_swap_leaves_envoy_alone_to_choose() {
 fn errors_name_the_file_and_the_path() {
     let mut c = shipped();
     let cases = [
-        (error_of(c.cluster("nope").map(drop)), r#"envoy-config/envoy.yaml: static_resources.clusters[name=nope]: no item with name = "nope" (have: backend)"#),
+        (error_of(c.cluster("nope").map(drop)), r#"envoy-config/envoy.yaml: static_resources.clusters[name=nope]: no item with name = "nope" (have: backend, envoy_admin)"#),
         (error_of(c.set("admin.address.socket_address.port", 1).map(drop)), "envoy-config/envoy.yaml: admin.address.socket_address.port: no field `port` (fields: address, port_value)"),
         (error_of(c.root().insert("admin.address", json!({})).map(drop)), "envoy-config/envoy.yaml: admin.address: field `address` exists already (set it instead)"),
         (error_of(c.get("static_resources.listeners.name")), "envoy-config/envoy.yaml: static_resources.listeners.name: expected an object, found a list"),
