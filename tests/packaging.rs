@@ -1082,11 +1082,14 @@ fn docker_compose_builds_the_plugin_and_runs_the_tested_envoy_config() {
         "working_dir + {filename} must be the module in the volume"
     );
 
-    // The backends listen where the cluster sends traffic.
+    // The backends listen where the balanced cluster sends traffic (the admin cluster, through
+    // which the plugin reads Envoy's health, points at Envoy itself).
     let mut endpoints = BTreeSet::new();
     for cluster in compose_envoy["static_resources"]["clusters"]
         .as_array()
         .unwrap()
+        .iter()
+        .filter(|c| c["name"] == "backend")
     {
         for group in cluster["load_assignment"]["endpoints"]
             .as_array()
