@@ -12,7 +12,8 @@
 //!   the module in the layer Istio and Envoy Gateway read, under the digest stamped into the
 //!   bundle's manifests; wrapped in an image index, the digest Istio and Envoy Gateway resolve
 //!   (the linux/amd64 child's) is still the stamped one, and the index's own is not;
-//! - LICENSE is the Apache-2.0 text Cargo.toml declares, and CHANGELOG.md names this version.
+//! - LICENSE is the Apache-2.0 text Cargo.toml declares, and CHANGELOG.md names this version;
+//! - the module stays under a ceiling set from its measured size, so growth is a decision.
 
 #![allow(clippy::panic, clippy::indexing_slicing, clippy::unwrap_used)] // tests fail by panicking
 #![cfg(not(target_arch = "wasm32"))] // real processes: native only
@@ -263,6 +264,23 @@ fn the_running_plugin_says_which_build_it_is() {
         stack.envoy.log().contains(&line),
         "no startup line {line:?} in the log:\n{}",
         stack.envoy.log()
+    );
+}
+
+/// The module measured 380,317 bytes when this ceiling was set (about 2.5 % above it); the
+/// issue's target is 250 KB (bench/README.md, "Module size"). A change that crosses it either
+/// earns its bytes, and raises this with the new figure there, or finds them elsewhere.
+const MODULE_CEILING_BYTES: u64 = 390_000;
+
+#[test]
+fn the_module_stays_under_its_size_ceiling() {
+    let path = repo_root().join("dist/ewma_lb.wasm");
+    let size = std::fs::metadata(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (run ./wasm-build.sh)", path.display()))
+        .len();
+    assert!(
+        size <= MODULE_CEILING_BYTES,
+        "dist/ewma_lb.wasm is {size} bytes, above the ceiling of {MODULE_CEILING_BYTES}"
     );
 }
 
