@@ -83,6 +83,8 @@ CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER="$PWD/.tools/bin/wasm-bindgen-test-ru
 step "benchmark tool smoke (measures nothing; keeps the tool from rotting)"
 cargo run --quiet -p ewma-bench -- compare bench/scenarios/seed-table.toml --smoke --out target/bench-smoke
 cargo run --quiet -p ewma-bench -- compare bench/scenarios/grpc.toml --smoke --no-plots --out target/bench-smoke-grpc
+# A few seconds: builds bench/hostcall-filter and runs one (call, N) and the baseline through Envoy.
+cargo run --quiet -p ewma-bench -- hostcalls --smoke --out target/hostcalls-smoke
 
 step "fleet simulator smoke (10 proxies, 6 simulated seconds)"
 cargo run --quiet -p ewma-bench -- simulate bench/scenarios/fleet/fleet.toml --smoke --out target/sim-smoke

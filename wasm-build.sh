@@ -5,7 +5,8 @@
 #   ./wasm-build.sh                  the plugin
 #   ./wasm-build.sh CRATE_DIR OUT    another proxy-wasm crate of its own workspace, built the
 #                                    same way (profile `wasm`, the same wasm-opt flags), at OUT:
-#                                    the benchmark's no-op filter (ewma-bench overhead)
+#                                    the benchmark's reference filters (bench/noop-filter,
+#                                    bench/header-filter, bench/hostcall-filter)
 #
 # The build is reproducible: the same commit built with the same toolchain gives the same bytes,
 # wherever the tree sits (tests/release.rs builds a fresh copy and compares). What goes in:

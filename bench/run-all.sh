@@ -2,6 +2,7 @@
 # Every published benchmark figure, from scratch: the scenarios through a real Envoy (each
 # policy, 3 rounds in alternating order: seed-table, slowdown, capacity, grpc, tower-76, pause,
 # slowdown-6x), the calm fleets simulated (3 seeds), the overhead (5 rounds), the
+# host calls' prices (3 rounds), the
 # simulations (the same scenarios for the cross-check, the defaults turned back one at a time,
 # the fleet, the fleet from 10 to 1,000 proxies), then the plots copied to docs/bench/ and the marked tables of README.md and
 # bench/README.md rewritten from the results (`ewma-bench tables`).
@@ -35,6 +36,8 @@ for s in seed-table slowdown capacity grpc tower-76 pause slowdown-6x host-down 
 done
 note "overhead"
 "$bench" overhead --out "$out/overhead" "${smoke[@]}"
+note "hostcalls"
+"$bench" hostcalls --out "$out/hostcalls" "${smoke[@]}"
 for s in seed-table slowdown capacity; do
   note "simulate $s"
   "$bench" simulate "bench/scenarios/$s.toml" --seeds 1,2,3,4,5 --out "$out/sim-$s" "${smoke[@]}"

@@ -32,9 +32,12 @@ enum Cmd {
     Load(LoadArgs),
     /// Run a scenario through Envoy with each policy; write results.md, results.json and plots.
     Compare(CompareArgs),
-    /// Envoy with no filter, a no-op wasm filter and ewma-lb: throughput and latency; plus the
+    /// Envoy with no filter, a no-op wasm filter, a header-only wasm filter and ewma-lb: throughput and latency; plus the
     /// native micro-benchmarks and the plugin's size.
     Overhead(OverheadArgs),
+    /// What one host call costs in Envoy's V8: a module making N of one call per request
+    /// (bench/hostcall-filter), req/s at saturation and µs per call against N = 0.
+    Hostcalls(HostcallsArgs),
     /// Only the native micro-benchmarks (weight recompute, pick).
     Micro(MicroArgs),
     /// A fleet of proxies running the plugin's core against simulated hosts, in virtual time
@@ -120,10 +123,39 @@ struct OverheadArgs {
     /// The no-op filter module [default: built from bench/noop-filter].
     #[arg(long)]
     noop_wasm: Option<PathBuf>,
+    /// The header-only filter module [default: built from bench/header-filter].
+    #[arg(long)]
+    header_wasm: Option<PathBuf>,
     /// Rounds, in alternating order [default: 5].
     #[arg(long)]
     rounds: Option<u32>,
     /// About a second per phase: checks that the tool works, measures nothing.
+    #[arg(long)]
+    smoke: bool,
+}
+
+#[derive(Args)]
+struct HostcallsArgs {
+    /// Output directory [default: bench/out/hostcalls].
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// The module [default: built from bench/hostcall-filter].
+    #[arg(long)]
+    module: Option<PathBuf>,
+    /// The calls [default: all: path, cluster_name, monotonic_clock, current_time, set_header,
+    /// content_type, upstream_address, response_code].
+    #[arg(long, value_delimiter = ',')]
+    calls: Vec<String>,
+    /// Calls per request, each > 0; N = 0 always runs [default: 50,200].
+    #[arg(long, value_delimiter = ',')]
+    n: Vec<u32>,
+    /// Rounds, in alternating order [default: 3].
+    #[arg(long)]
+    rounds: Option<u32>,
+    /// Seconds at saturation per (call, N) [default: 4].
+    #[arg(long)]
+    seconds: Option<u64>,
+    /// One call, one N, half a second: checks that the tool works, measures nothing.
     #[arg(long)]
     smoke: bool,
 }
@@ -192,6 +224,7 @@ fn real_main() -> Result<()> {
         Cmd::Load(a) => load(a),
         Cmd::Compare(a) => compare(a),
         Cmd::Overhead(a) => overhead(a),
+        Cmd::Hostcalls(a) => hostcalls(a),
         Cmd::Micro(a) => micro(a),
         Cmd::Simulate(a) => simulate(a),
         Cmd::Tables(a) => tables(a),
@@ -357,6 +390,7 @@ fn overhead(args: OverheadArgs) -> Result<()> {
     let out = args.out.unwrap_or_else(|| bench_out("overhead"));
     let mut opts = OverheadOptions::new(out.clone(), args.wasm);
     opts.noop_wasm = args.noop_wasm;
+    opts.header_wasm = args.header_wasm;
     if let Some(r) = args.rounds {
         opts.rounds = r.clamp(1, 20);
     }
@@ -365,6 +399,32 @@ fn overhead(args: OverheadArgs) -> Result<()> {
     }
     let report = ewma_bench::overhead::run(&opts)?;
     println!("\n{}", ewma_bench::overhead::markdown(&report, &opts));
+    println!("written to {}", out.display());
+    Ok(())
+}
+
+fn hostcalls(args: HostcallsArgs) -> Result<()> {
+    use ewma_bench::hostcalls::HostcallOptions;
+    let out = args.out.unwrap_or_else(|| bench_out("hostcalls"));
+    let mut opts = HostcallOptions::new(out.clone());
+    if args.smoke {
+        opts = opts.smoke();
+    }
+    opts.module = args.module;
+    if !args.calls.is_empty() {
+        opts.calls = args.calls;
+    }
+    if !args.n.is_empty() {
+        opts.counts = args.n.into_iter().filter(|&n| n > 0).collect();
+    }
+    if let Some(r) = args.rounds {
+        opts.rounds = r.clamp(1, 20);
+    }
+    if let Some(s) = args.seconds {
+        opts.saturation_time = Duration::from_secs(s.clamp(1, 60));
+    }
+    let report = ewma_bench::hostcalls::run(&opts)?;
+    println!("\n{}", ewma_bench::hostcalls::markdown(&report));
     println!("written to {}", out.display());
     Ok(())
 }

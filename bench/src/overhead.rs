@@ -1,8 +1,9 @@
 //! `overhead`: what the plugin costs per request, filter against filter. The same Envoy
 //! (`--concurrency 1`) and the same cluster (the shipped `override_host` policy with its
 //! least-request fallback) in front of several instant backends, with no wasm filter, with a
-//! no-op wasm filter (bench/noop-filter) and with ewma-lb; the two modules built the same way
-//! (`./wasm-build.sh`: profile `wasm`, wasm-opt). Throughput at saturation (closed loop) and
+//! no-op wasm filter (bench/noop-filter), with a header-only filter (bench/header-filter: the
+//! override header and the upstream address, the mechanism without the balancer) and with
+//! ewma-lb; the modules built the same way (`./wasm-build.sh`: profile `wasm`, wasm-opt). Throughput at saturation (closed loop) and
 //! p50/p99 at a fixed moderate rate, in alternating order over rounds; each figure is the median
 //! over the rounds. Plus the native micro-benchmarks and the modules' sizes.
 
@@ -30,16 +31,23 @@ use crate::policy::{plugin_module, Policy};
 pub enum Variant {
     NoFilter,
     NoopWasm,
+    HeaderOnly,
     EwmaLb,
 }
 
 impl Variant {
-    pub const ALL: [Variant; 3] = [Variant::NoFilter, Variant::NoopWasm, Variant::EwmaLb];
+    pub const ALL: [Variant; 4] = [
+        Variant::NoFilter,
+        Variant::NoopWasm,
+        Variant::HeaderOnly,
+        Variant::EwmaLb,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Variant::NoFilter => "no filter",
             Variant::NoopWasm => "no-op wasm filter",
+            Variant::HeaderOnly => "header-only wasm filter",
             Variant::EwmaLb => "ewma-lb",
         }
     }
@@ -53,6 +61,8 @@ pub struct OverheadOptions {
     pub wasm: Option<PathBuf>,
     /// The no-op filter; built from bench/noop-filter when `None`.
     pub noop_wasm: Option<PathBuf>,
+    /// The header-only filter; built from bench/header-filter when `None`.
+    pub header_wasm: Option<PathBuf>,
     pub rounds: u32,
     /// Instant backends in the cluster: more than one, so the plugin's pick is a real one.
     pub endpoints: usize,
@@ -76,6 +86,7 @@ impl OverheadOptions {
             out_dir,
             wasm,
             noop_wasm: None,
+            header_wasm: None,
             rounds: DEFAULT_ROUNDS,
             endpoints: 4,
             workers: 16,
@@ -128,120 +139,236 @@ pub struct OverheadReport {
     pub micro: Vec<MicroResult>,
     pub plugin_bytes: u64,
     pub noop_bytes: u64,
+    /// 0 in the results of a run before the header-only reference existed.
+    #[serde(default)]
+    pub header_bytes: u64,
 }
 
-/// Builds bench/noop-filter with ./wasm-build.sh, as the plugin is built, and returns the module.
-pub fn build_noop() -> Result<PathBuf> {
+/// Builds bench/CRATE (a proxy-wasm crate of its own workspace) with ./wasm-build.sh, as the
+/// plugin is built, and returns the module, at target/CRATE/LIB.wasm.
+pub fn build_module(crate_name: &str) -> Result<PathBuf> {
     let root = harness::repo_root();
-    let out = root.join("target/noop-filter/noop_filter.wasm");
-    eprintln!("building bench/noop-filter as the plugin is built (./wasm-build.sh) ...");
+    let out = root
+        .join("target")
+        .join(crate_name)
+        .join(format!("{}.wasm", crate_name.replace('-', "_")));
+    eprintln!("building bench/{crate_name} as the plugin is built (./wasm-build.sh) ...");
     let status = Command::new(root.join("wasm-build.sh"))
-        .arg(root.join("bench/noop-filter"))
+        .arg(root.join("bench").join(crate_name))
         .arg(&out)
         .status()
-        .context("running ./wasm-build.sh for the no-op filter")?;
+        .with_context(|| format!("running ./wasm-build.sh for bench/{crate_name}"))?;
     if !status.success() || !out.is_file() {
-        bail!("building the no-op filter failed (is the wasm32-wasip1 target installed? `rustup target add wasm32-wasip1`)");
+        bail!("building bench/{crate_name} failed (is the wasm32-wasip1 target installed? `rustup target add wasm32-wasip1`)");
     }
     Ok(out)
 }
 
+/// The modules of the variants.
+pub struct Modules {
+    pub plugin: PathBuf,
+    pub noop: PathBuf,
+    pub header: PathBuf,
+}
+
+/// `config` with a reference module in the plugin's place: its file, its configuration (a
+/// string) and its own name, root id and VM id.
+pub(crate) fn reference_module(
+    config: &mut EnvoyConfig,
+    name: &str,
+    module: &Path,
+    plugin_config: &str,
+) -> Result<()> {
+    let mut filter = config.plugin()?;
+    filter.set_module_file(module)?;
+    filter.set_plugin_config(plugin_config)?;
+    for id in [
+        "typed_config.config.name",
+        "typed_config.config.root_id",
+        "typed_config.config.vm_config.vm_id",
+    ] {
+        filter.set(id, name)?;
+    }
+    Ok(())
+}
+
 /// The shipped config as `compare` runs the plugin ([`Policy::envoy_config`]), with what sits in
 /// front of the router swapped and the cluster left as it ships (`override_host`, fallback least
-/// request): the plugin removed, the no-op module in the plugin's place, or ewma-lb.
-fn config_for(
-    variant: Variant,
-    wasm: &Path,
-    noop: &Path,
-    endpoints: &[SocketAddr],
-) -> Result<EnvoyConfig> {
-    let timeout = Duration::from_secs(5);
-    let ewma_lb = Policy::get("ewma_lb")?;
-    let no_plugin_config = serde_json::json!({});
+/// request): the plugin removed, a reference module in the plugin's place, or ewma-lb.
+fn config_for(variant: Variant, m: &Modules, endpoints: &[SocketAddr]) -> Result<EnvoyConfig> {
+    let mut config = shipped_config(&m.plugin, endpoints)?;
     match variant {
         Variant::NoFilter => {
-            let mut config = ewma_lb.envoy_config(&no_plugin_config, wasm, endpoints, timeout)?;
             config.remove_plugin()?;
-            Ok(config)
         }
-        Variant::NoopWasm => {
-            let mut config = ewma_lb.envoy_config(&no_plugin_config, noop, endpoints, timeout)?;
-            let mut filter = config.plugin()?;
-            filter.set_plugin_config("")?;
-            for id in [
-                "typed_config.config.name",
-                "typed_config.config.root_id",
-                "typed_config.config.vm_config.vm_id",
-            ] {
-                filter.set(id, "noop")?;
-            }
-            Ok(config)
+        Variant::NoopWasm => reference_module(&mut config, "noop", &m.noop, "")?,
+        Variant::HeaderOnly => {
+            let hosts: Vec<String> = endpoints.iter().map(SocketAddr::to_string).collect();
+            reference_module(&mut config, "header_only", &m.header, &hosts.join(","))?
         }
-        Variant::EwmaLb => ewma_lb.envoy_config(&no_plugin_config, wasm, endpoints, timeout),
+        Variant::EwmaLb => {}
     }
+    Ok(config)
+}
+
+/// The config `compare` runs ewma-lb with (default plugin configuration) over `endpoints`.
+pub(crate) fn shipped_config(plugin: &Path, endpoints: &[SocketAddr]) -> Result<EnvoyConfig> {
+    Policy::get("ewma_lb")?.envoy_config(
+        &serde_json::json!({}),
+        plugin,
+        endpoints,
+        Duration::from_secs(5),
+    )
+}
+
+/// Closed-loop load at saturation through `config`'s Envoy after a warm-up: successful req/s
+/// and errors; then, when `rate` is given, open-loop load at that rate.
+pub(crate) fn saturate(
+    config: &mut EnvoyConfig,
+    label: &str,
+    concurrency: u32,
+    workers: usize,
+    warmup: Duration,
+    time: Duration,
+    rate: Option<(f64, Duration)>,
+) -> Result<(f64, u64, Option<Summary>)> {
+    let port = config.listener(LISTENER)?.port()?;
+    let options = EnvoyOptions {
+        concurrency,
+        log_level: "warn".into(),
+        component_log_level: "wasm:info".into(),
+        ..EnvoyOptions::new(config.to_yaml()?)
+    };
+    let _envoy = Envoy::start(options).with_context(|| format!("starting Envoy ({label})"))?;
+    let url = format!("http://127.0.0.1:{port}/");
+    let closed = |d: Duration| LoadSpec {
+        closed_loop_workers: Some(workers),
+        timeout: Duration::from_secs(5),
+        ..LoadSpec::new(url.clone(), 1.0, d)
+    };
+    // Warm-up: connections, the plugin's first tables, V8's JIT.
+    load::run(&closed(warmup))?;
+    let sat = load::run(&closed(time))?;
+    let elapsed = time.as_secs_f64().max(1e-3);
+    let ok = sat
+        .iter()
+        .filter(|r| !r.is_error() && !r.dropped && r.sent_at < time)
+        .count();
+    let errors = sat.iter().filter(|r| r.is_error()).count() as u64;
+    let fixed = match rate {
+        Some((rate, time)) => Some(Summary::of(&load::run(&LoadSpec {
+            timeout: Duration::from_secs(5),
+            ..LoadSpec::new(url, rate, time)
+        })?)),
+        None => None,
+    };
+    Ok((ok as f64 / elapsed, errors, fixed))
+}
+
+/// The header-only reference measures the mechanism only if Envoy follows its header: with one
+/// endpoint in its list, every request must reach that endpoint (the fallback, least request,
+/// would spread them over all).
+fn check_header_only_steers(m: &Modules, backends: &[Backend]) -> Result<()> {
+    let endpoints: Vec<SocketAddr> = backends.iter().map(Backend::addr).collect();
+    let mut config = shipped_config(&m.plugin, &endpoints)?;
+    reference_module(
+        &mut config,
+        "header_only",
+        &m.header,
+        &endpoints[0].to_string(),
+    )?;
+    let port = config.listener(LISTENER)?.port()?;
+    let _envoy = Envoy::start(EnvoyOptions {
+        concurrency: 1,
+        log_level: "warn".into(),
+        ..EnvoyOptions::new(config.to_yaml()?)
+    })
+    .context("starting Envoy (header-only check)")?;
+    backends.iter().for_each(Backend::reset_counts);
+    let records = load::run(&LoadSpec {
+        timeout: Duration::from_secs(5),
+        ..LoadSpec::new(
+            format!("http://127.0.0.1:{port}/"),
+            100.0,
+            Duration::from_millis(300),
+        )
+    })?;
+    let ok = records
+        .iter()
+        .filter(|r| !r.is_error() && !r.dropped)
+        .count() as u64;
+    let served: Vec<u64> = backends.iter().map(Backend::served).collect();
+    backends.iter().for_each(Backend::reset_counts);
+    if ok < 10 || served[0] != ok || served.iter().sum::<u64>() != ok {
+        bail!(
+            "the header-only filter does not steer: {ok} requests answered, served per endpoint {served:?} \
+             (all should be on the first)"
+        );
+    }
+    Ok(())
 }
 
 fn measure(
     variant: Variant,
     round: u32,
     o: &OverheadOptions,
-    modules: (&Path, &Path),
+    modules: &Modules,
     backends: &[Backend],
 ) -> Result<OverheadRun> {
-    let (wasm, noop) = modules;
     let endpoints: Vec<SocketAddr> = backends.iter().map(Backend::addr).collect();
-    let mut config = config_for(variant, wasm, noop, &endpoints)?;
-    let port = config.listener(LISTENER)?.port()?;
-    let options = EnvoyOptions {
-        concurrency: o.concurrency,
-        log_level: "warn".into(),
-        component_log_level: "wasm:info".into(),
-        ..EnvoyOptions::new(config.to_yaml()?)
-    };
-    let _envoy =
-        Envoy::start(options).with_context(|| format!("starting Envoy ({})", variant.name()))?;
-    let url = format!("http://127.0.0.1:{port}/");
-    let closed = |d: Duration| LoadSpec {
-        closed_loop_workers: Some(o.workers),
-        timeout: Duration::from_secs(5),
-        ..LoadSpec::new(url.clone(), 1.0, d)
-    };
-    // Warm-up: connections, the plugin's first tables, V8's JIT.
-    load::run(&closed(
-        Duration::from_secs(if o.smoke { 0 } else { 2 }).max(Duration::from_millis(300)),
-    ))?;
-    let sat = load::run(&closed(o.saturation_time))?;
-    let elapsed = o.saturation_time.as_secs_f64().max(1e-3);
-    let ok = sat
-        .iter()
-        .filter(|r| !r.is_error() && !r.dropped && r.sent_at < o.saturation_time)
-        .count();
-    let saturation_errors = sat.iter().filter(|r| r.is_error()).count() as u64;
-    let fixed = load::run(&LoadSpec {
-        timeout: Duration::from_secs(5),
-        ..LoadSpec::new(url, o.rate, o.rate_time)
-    })?;
+    let mut config = config_for(variant, modules, &endpoints)?;
+    let warmup = Duration::from_secs(if o.smoke { 0 } else { 2 }).max(Duration::from_millis(300));
+    let (saturation_rps, saturation_errors, fixed) = saturate(
+        &mut config,
+        variant.name(),
+        o.concurrency,
+        o.workers,
+        warmup,
+        o.saturation_time,
+        Some((o.rate, o.rate_time)),
+    )?;
     Ok(OverheadRun {
         variant,
         round,
-        saturation_rps: ok as f64 / elapsed,
+        saturation_rps,
         saturation_errors,
-        fixed_rate: Summary::of(&fixed),
+        fixed_rate: fixed.unwrap_or_default(),
     })
+}
+
+/// Makes `out_dir` and starts `n` instant backends (fixed:0) on 127.0.0.1.
+pub(crate) fn prepare(out_dir: &Path, n: usize) -> Result<Vec<Backend>> {
+    std::fs::create_dir_all(out_dir).with_context(|| format!("creating {}", out_dir.display()))?;
+    (0..n.max(1))
+        .map(|i| Backend::start_local(BackendSpec::new(format!("instant{i}"), Latency::Fixed(0))))
+        .collect()
+}
+
+/// results.md and results.json into `out_dir`.
+pub(crate) fn write_results(out_dir: &Path, md: &str, report: &impl Serialize) -> Result<()> {
+    std::fs::write(out_dir.join("results.md"), md).context("writing results.md")?;
+    std::fs::write(
+        out_dir.join("results.json"),
+        serde_json::to_string_pretty(report)?,
+    )
+    .context("writing results.json")
 }
 
 /// Runs the overhead measurement and writes results.md / results.json into `o.out_dir`.
 pub fn run(o: &OverheadOptions) -> Result<OverheadReport> {
-    let wasm = plugin_module(o.wasm.as_deref())?;
-    let noop = match &o.noop_wasm {
-        Some(p) => p.clone(),
-        None => build_noop()?,
+    let modules = Modules {
+        plugin: plugin_module(o.wasm.as_deref())?,
+        noop: match &o.noop_wasm {
+            Some(p) => p.clone(),
+            None => build_module("noop-filter")?,
+        },
+        header: match &o.header_wasm {
+            Some(p) => p.clone(),
+            None => build_module("header-filter")?,
+        },
     };
-    std::fs::create_dir_all(&o.out_dir)
-        .with_context(|| format!("creating {}", o.out_dir.display()))?;
-    let backends: Vec<Backend> = (0..o.endpoints.max(1))
-        .map(|i| Backend::start_local(BackendSpec::new(format!("instant{i}"), Latency::Fixed(0))))
-        .collect::<Result<_>>()?;
+    let backends = prepare(&o.out_dir, o.endpoints)?;
+    check_header_only_steers(&modules, &backends)?;
     let mut runs = Vec::new();
     for round in 0..o.rounds {
         let mut order = Variant::ALL.to_vec();
@@ -249,8 +376,8 @@ pub fn run(o: &OverheadOptions) -> Result<OverheadReport> {
             order.reverse();
         }
         for v in order {
-            eprint!("round {round} {:<18} ... ", v.name());
-            let r = measure(v, round, o, (&wasm, &noop), &backends)?;
+            eprint!("round {round} {:<24} ... ", v.name());
+            let r = measure(v, round, o, &modules, &backends)?;
             eprintln!(
                 "{:.0} req/s at saturation; at {} req/s p50 {:.2} ms p99 {:.2} ms",
                 r.saturation_rps, o.rate, r.fixed_rate.p50_ms, r.fixed_rate.p99_ms
@@ -291,61 +418,69 @@ pub fn run(o: &OverheadOptions) -> Result<OverheadReport> {
             "saturation_s": o.saturation_time.as_secs_f64(),
             "fixed_rate_per_s": o.rate,
             "fixed_rate_s": o.rate_time.as_secs_f64(),
-            "plugin": wasm.display().to_string(),
-            "noop": noop.display().to_string(),
+            "plugin": modules.plugin.display().to_string(),
+            "noop": modules.noop.display().to_string(),
+            "header_only": modules.header.display().to_string(),
         }),
         results,
         runs,
         micro,
-        plugin_bytes: size(&wasm),
-        noop_bytes: size(&noop),
+        plugin_bytes: size(&modules.plugin),
+        noop_bytes: size(&modules.noop),
+        header_bytes: size(&modules.header),
     };
-    std::fs::write(o.out_dir.join("results.md"), markdown(&report, o))
-        .context("writing results.md")?;
-    std::fs::write(
-        o.out_dir.join("results.json"),
-        serde_json::to_string_pretty(&report)?,
-    )
-    .context("writing results.json")?;
+    write_results(&o.out_dir, &markdown(&report, o), &report)?;
     Ok(report)
 }
 
-/// The variants' table and the ratios against the targets.
+/// The variants' table, each median's ratio to the no-op filter's beside it, and ewma-lb's
+/// ratios against the targets.
 pub fn table(r: &OverheadReport) -> String {
+    let get = |v: Variant| r.results.iter().find(|x| x.variant == v);
+    let q = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::NAN };
+    let noop = get(Variant::NoopWasm);
+    let ratio = |x: f64, of: fn(&OverheadResult) -> f64| {
+        noop.map_or("-".to_string(), |n| format!("{:.3}", q(x, of(n))))
+    };
     let mut md = String::from(
-        "| filter | req/s at saturation | p50 ms | p99 ms | errors |\n|---|---|---|---|---|\n",
+        "| filter | req/s at saturation | req/s / no-op | p50 ms | p99 ms | p99 / no-op | errors |\n|---|---|---|---|---|---|---|\n",
     );
     for x in &r.results {
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} |",
             x.variant.name(),
             x.saturation_rps.show(0),
+            ratio(x.saturation_rps.median, |n| n.saturation_rps.median),
             x.p50_ms.show(2),
             x.p99_ms.show(2),
+            ratio(x.p99_ms.median, |n| n.p99_ms.median),
             x.errors
         );
     }
-    let get = |v: Variant| r.results.iter().find(|x| x.variant == v);
-    if let (Some(e), Some(n), Some(f)) = (
-        get(Variant::EwmaLb),
-        get(Variant::NoopWasm),
-        get(Variant::NoFilter),
-    ) {
-        let q = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::NAN };
+    if let (Some(e), Some(n)) = (get(Variant::EwmaLb), noop) {
         let throughput = q(e.saturation_rps.median, n.saturation_rps.median);
         let p99 = q(e.p99_ms.median, n.p99_ms.median);
         let verdict = |met: bool| if met { "met" } else { "missed" };
-        let _ = writeln!(
+        let _ = write!(
             md,
             "\newma-lb / no-op wasm filter, medians: throughput {throughput:.3} (target >= 0.95: {}), p50 {:.3}, p99 {p99:.3} \
-             (target <= 1.05: {}). No-op wasm / no filter: throughput {:.3}, p99 {:.3}.",
+             (target <= 1.05: {}).",
             verdict(throughput >= 0.95),
             q(e.p50_ms.median, n.p50_ms.median),
             verdict(p99 <= 1.05),
-            q(n.saturation_rps.median, f.saturation_rps.median),
-            q(n.p99_ms.median, f.p99_ms.median),
         );
+        // Time per request at saturation (one Envoy worker): what each layer adds.
+        let us = |x: &OverheadResult| 1e6 / x.saturation_rps.median;
+        if let Some(h) = get(Variant::HeaderOnly) {
+            let _ = write!(
+                md,
+                " Per request at saturation: the mechanism (header-only - no-op) {:+.1} µs, ewma-lb's own work (ewma-lb - header-only) {:+.1} µs.",
+                us(h) - us(n),
+                us(e) - us(h)
+            );
+        }
+        md.push('\n');
     }
     md
 }
@@ -356,8 +491,8 @@ pub fn markdown(r: &OverheadReport, o: &OverheadOptions) -> String {
     let _ = writeln!(
         md,
         "Envoy --concurrency {} with the shipped cluster (`override_host`, fallback least request) in front of {} instant \
-         backends (fixed:0); the wasm filter removed, replaced by a no-op one, or ewma-lb (both modules built by \
-         ./wasm-build.sh). Saturation: closed loop, {} workers, {} s; latency: open loop at {} req/s for {} s. {} round(s) in \
+         backends (fixed:0); the wasm filter removed, replaced by a no-op one or by a header-only one (the override \
+         header and the upstream address, nothing else), or ewma-lb (the modules built by ./wasm-build.sh). Saturation: closed loop, {} workers, {} s; latency: open loop at {} req/s for {} s. {} round(s) in \
          alternating order; each figure the median (min-max) over the rounds. The load generator, Envoy and the backends \
          share the machine's cores.\n",
         o.concurrency,
@@ -385,10 +520,11 @@ pub fn markdown(r: &OverheadReport, o: &OverheadOptions) -> String {
     }
     let _ = writeln!(
         md,
-        "\nPlugin module: {} bytes ({:.0} KB); no-op filter: {} bytes.\n\nNative micro-benchmarks (release build, one core):\n",
+        "\nPlugin module: {} bytes ({:.0} KB); no-op filter: {} bytes; header-only filter: {} bytes.\n\nNative micro-benchmarks (release build, one core):\n",
         r.plugin_bytes,
         r.plugin_bytes as f64 / 1024.0,
-        r.noop_bytes
+        r.noop_bytes,
+        r.header_bytes
     );
     md.push_str(&micro::markdown(&r.micro));
     md
@@ -398,18 +534,29 @@ pub fn markdown(r: &OverheadReport, o: &OverheadOptions) -> String {
 mod tests {
     use super::*;
 
-    /// The no-op filter must be built as the plugin is: the same release and wasm profiles.
+    /// The reference modules must be built as the plugin is: the same release and wasm profiles.
     #[test]
-    fn the_noop_filter_has_the_plugins_profiles() {
+    fn the_reference_modules_have_the_plugins_profiles() {
         let read = |p: &str| -> toml::Table {
             toml::from_str(&std::fs::read_to_string(harness::repo_root().join(p)).unwrap()).unwrap()
         };
-        let (root, noop) = (read("Cargo.toml"), read("bench/noop-filter/Cargo.toml"));
-        for profile in ["release", "wasm"] {
-            assert_eq!(
-                root["profile"][profile], noop["profile"][profile],
-                "profile.{profile}"
-            );
+        let root = read("Cargo.toml");
+        for module in ["noop-filter", "header-filter", "hostcall-filter"] {
+            let other = read(&format!("bench/{module}/Cargo.toml"));
+            for profile in ["release", "wasm"] {
+                assert_eq!(
+                    root["profile"][profile], other["profile"][profile],
+                    "{module}: profile.{profile}"
+                );
+            }
+        }
+    }
+
+    fn modules() -> Modules {
+        Modules {
+            plugin: "/d/ewma_lb.wasm".into(),
+            noop: "/d/noop.wasm".into(),
+            header: "/d/header.wasm".into(),
         }
     }
 
@@ -419,40 +566,31 @@ mod tests {
             "127.0.0.1:8081".parse().unwrap(),
             "127.0.0.1:8082".parse().unwrap(),
         ];
+        let config = |v| config_for(v, &modules(), &endpoints).unwrap();
         let lb = |v| {
-            config_for(
-                v,
-                Path::new("/d/ewma_lb.wasm"),
-                Path::new("/d/noop.wasm"),
-                &endpoints,
-            )
-            .unwrap()
-            .cluster(harness::config::CLUSTER)
-            .unwrap()
-            .lb_policy()
-            .unwrap()
+            config(v)
+                .cluster(harness::config::CLUSTER)
+                .unwrap()
+                .lb_policy()
+                .unwrap()
         };
         let shipped = lb(Variant::EwmaLb);
-        assert_eq!(lb(Variant::NoFilter), shipped);
-        assert_eq!(lb(Variant::NoopWasm), shipped);
-        let mut no_filter = config_for(
-            Variant::NoFilter,
-            Path::new("/d/ewma_lb.wasm"),
-            Path::new("/d/noop.wasm"),
-            &endpoints,
-        )
-        .unwrap();
-        assert!(no_filter.plugin().is_err());
-        let mut noop = config_for(
-            Variant::NoopWasm,
-            Path::new("/d/ewma_lb.wasm"),
-            Path::new("/d/noop.wasm"),
-            &endpoints,
-        )
-        .unwrap();
+        for v in Variant::ALL {
+            assert_eq!(lb(v), shipped, "{}", v.name());
+        }
+        assert!(config(Variant::NoFilter).plugin().is_err());
+        let mut noop = config(Variant::NoopWasm);
         assert_eq!(
             noop.plugin().unwrap().module_file().unwrap(),
             "/d/noop.wasm"
+        );
+        let mut header = config(Variant::HeaderOnly);
+        let filter = header.plugin().unwrap();
+        assert_eq!(filter.module_file().unwrap(), "/d/header.wasm");
+        assert_eq!(
+            filter.plugin_config().unwrap(),
+            "127.0.0.1:8081,127.0.0.1:8082",
+            "the header-only module round-robins over the cluster's endpoints"
         );
     }
 }

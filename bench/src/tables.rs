@@ -9,7 +9,7 @@
 //! ```
 //!
 //! Kinds: `compare NAME` (bench/out/NAME/results.json), `overhead` and `micro`
-//! (bench/out/overhead/results.json), `sim NAME` (bench/out/sim-NAME/results.json), `scale NAME`
+//! (bench/out/overhead/results.json), `hostcalls` (bench/out/hostcalls/results.json), `sim NAME` (bench/out/sim-NAME/results.json), `scale NAME`
 //! (bench/out/sim-NAME-scale/scale.json), `crosscheck` (the simulated scenarios against the real
 //! ones) and `headline` (README's summary, with each target's verdict computed from the medians).
 //! Every section says the command that reproduces it.
@@ -157,8 +157,29 @@ pub fn render(kind: &str, name: &str, out: &Path) -> Result<String> {
             let mut md = overhead::table(&r);
             let _ = writeln!(
                 md,
-                "\nPlugin module: {} bytes; no-op filter: {} bytes. {} rounds, {} endpoints. Reproduce: `cargo run --release -p ewma-bench -- overhead` (bench/out/overhead/).",
-                r.plugin_bytes, r.noop_bytes, r.settings["rounds"], r.settings["endpoints"]
+                "\nPlugin module: {} bytes; no-op filter: {} bytes; header-only filter: {} bytes. {} rounds, {} endpoints. Reproduce: `cargo run --release -p ewma-bench -- overhead --rounds {}` (bench/out/overhead/).",
+                r.plugin_bytes, r.noop_bytes, r.header_bytes, r.settings["rounds"], r.settings["endpoints"], r.settings["rounds"]
+            );
+            md
+        }
+        "hostcalls" => {
+            let r: crate::hostcalls::HostcallReport = read(
+                &out.join("hostcalls/results.json"),
+                "cargo run --release -p ewma-bench -- hostcalls",
+            )?;
+            let mut md = crate::hostcalls::table(&r);
+            let n: Vec<String> = r.settings["counts"]
+                .as_array()
+                .map(|a| a.iter().map(|v| v.to_string()).collect())
+                .unwrap_or_default();
+            let _ = writeln!(
+                md,
+                "\n{} rounds, {} s at saturation per (call, N), Envoy --concurrency {}. Reproduce: `cargo run --release -p ewma-bench -- hostcalls --n {} --rounds {}` (bench/out/hostcalls/).",
+                r.settings["rounds"],
+                r.settings["saturation_s"],
+                r.settings["envoy_concurrency"],
+                n.join(","),
+                r.settings["rounds"]
             );
             md
         }
@@ -217,7 +238,7 @@ pub fn render(kind: &str, name: &str, out: &Path) -> Result<String> {
         "crosscheck" => crosscheck(out)?,
         "headline" => headline(out)?,
         other => bail!(
-            "unknown kind {other:?} (compare, overhead, micro, sim, scale, crosscheck, headline)"
+            "unknown kind {other:?} (compare, overhead, hostcalls, micro, sim, scale, crosscheck, headline)"
         ),
     })
 }

@@ -1,0 +1,158 @@
+//! N of one host call per request, the result kept from the optimiser, nothing else. The plugin
+//! configuration is `CALL N`; the calls are those ewma-lb makes per request:
+//!
+//! | CALL | host call | where |
+//! |---|---|---|
+//! | `path` | get_http_request_header(":path") | request headers |
+//! | `cluster_name` | get_property(["xds", "cluster_name"]) | request headers |
+//! | `monotonic_clock` | `Instant::now()` (WASI clock_time_get, monotonic: ewma-lb's clock) | request headers |
+//! | `current_time` | get_current_time (proxy_get_current_time_nanoseconds) | request headers |
+//! | `set_header` | set_http_request_header("x-bench-hostcall", ...) | request headers |
+//! | `content_type` | get_http_response_header("content-type") | response headers |
+//! | `upstream_address` | get_property(["upstream", "address"]) | on_log |
+//! | `response_code` | get_property(["response", "code"]) | on_log |
+//!
+//! N = 0 is the module doing nothing: the baseline the per-call cost is taken against.
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use proxy_wasm::traits::{Context, HttpContext, RootContext};
+use proxy_wasm::types::{Action, ContextType};
+
+proxy_wasm::main! {{
+    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> {
+        Box::new(CallRoot { call: Call::Path, n: 0 })
+    });
+}}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Call {
+    Path,
+    ClusterName,
+    MonotonicClock,
+    CurrentTime,
+    SetHeader,
+    ContentType,
+    UpstreamAddress,
+    ResponseCode,
+}
+
+impl Call {
+    fn parse(name: &str) -> Option<Call> {
+        Some(match name {
+            "path" => Call::Path,
+            "cluster_name" => Call::ClusterName,
+            "monotonic_clock" => Call::MonotonicClock,
+            "current_time" => Call::CurrentTime,
+            "set_header" => Call::SetHeader,
+            "content_type" => Call::ContentType,
+            "upstream_address" => Call::UpstreamAddress,
+            "response_code" => Call::ResponseCode,
+            _ => return None,
+        })
+    }
+}
+
+struct CallRoot {
+    call: Call,
+    n: u32,
+}
+
+impl Context for CallRoot {}
+
+impl RootContext for CallRoot {
+    fn on_configure(&mut self, _plugin_configuration_size: usize) -> bool {
+        let config = self.get_plugin_configuration().unwrap_or_default();
+        let text = String::from_utf8_lossy(&config);
+        let mut words = text.split_whitespace();
+        let call = words.next().and_then(Call::parse);
+        let n = words.next().and_then(|n| n.parse().ok());
+        match (call, n) {
+            (Some(call), Some(n)) => {
+                self.call = call;
+                self.n = n;
+                true
+            }
+            // A configuration it cannot read would measure nothing: refuse to start.
+            _ => false,
+        }
+    }
+
+    fn get_type(&self) -> Option<ContextType> {
+        Some(ContextType::HttpContext)
+    }
+
+    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+        Some(Box::new(CallHttp {
+            call: self.call,
+            n: self.n,
+        }))
+    }
+}
+
+struct CallHttp {
+    call: Call,
+    n: u32,
+}
+
+impl CallHttp {
+    fn repeat(&self, calls: &[Call], mut once: impl FnMut(Call)) {
+        if calls.contains(&self.call) {
+            for _ in 0..self.n {
+                once(self.call);
+            }
+        }
+    }
+}
+
+impl Context for CallHttp {}
+
+impl HttpContext for CallHttp {
+    fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        self.repeat(
+            &[
+                Call::Path,
+                Call::ClusterName,
+                Call::MonotonicClock,
+                Call::CurrentTime,
+                Call::SetHeader,
+            ],
+            |call| match call {
+                Call::Path => {
+                    black_box(self.get_http_request_header(":path"));
+                }
+                Call::ClusterName => {
+                    black_box(self.get_property(vec!["xds", "cluster_name"]));
+                }
+                Call::MonotonicClock => {
+                    black_box(Instant::now());
+                }
+                Call::CurrentTime => {
+                    black_box(self.get_current_time());
+                }
+                Call::SetHeader => self.set_http_request_header("x-bench-hostcall", Some("1")),
+                _ => {}
+            },
+        );
+        Action::Continue
+    }
+
+    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        self.repeat(&[Call::ContentType], |_| {
+            black_box(self.get_http_response_header("content-type"));
+        });
+        Action::Continue
+    }
+
+    fn on_log(&mut self) {
+        self.repeat(&[Call::UpstreamAddress, Call::ResponseCode], |call| {
+            let path = if call == Call::UpstreamAddress {
+                vec!["upstream", "address"]
+            } else {
+                vec!["response", "code"]
+            };
+            black_box(self.get_property(path));
+        });
+    }
+}
