@@ -13,11 +13,11 @@ use std::collections::BTreeMap;
 
 use ewma_lb::map::Map;
 
-use ewma_lb::outcome::Outcome;
-use ewma_lb::state::{Accumulator, ClusterBatch, ClusterState};
-use ewma_lb::status::HostPhase;
-use ewma_lb::sync;
-use ewma_lb::telemetry::{Change, Metric};
+use ewma_lb::record::state::{Accumulator, ClusterBatch, ClusterState};
+use ewma_lb::record::sync;
+use ewma_lb::worker::outcome::Outcome;
+use ewma_lb::worker::status::HostPhase;
+use ewma_lb::worker::telemetry::{Change, Metric};
 use ewma_lb::worker::{Decision, Finished, Worker, LEARNING_SHARE, LEARNING_WINDOW_NS};
 use store::{config, defaults, steer, Shared, CLUSTER, MS, SEC};
 

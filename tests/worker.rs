@@ -10,8 +10,8 @@ mod store;
 
 use std::collections::HashMap;
 
-use ewma_lb::outcome::Outcome;
-use ewma_lb::telemetry::{Change, Metric, Update};
+use ewma_lb::worker::outcome::Outcome;
+use ewma_lb::worker::telemetry::{Change, Metric, Update};
 use ewma_lb::worker::{Decision, FallbackReason, Finished, Pick, Request, Worker};
 use store::{
     config, defaults, finish_pick, keys_of_kind, samples, steer, ticked, Shared, CLUSTER, MS, SEC,
@@ -545,7 +545,7 @@ fn decisions_are_counted_and_handed_over_once() {
     let counters: Vec<(Metric, String, Option<String>, Change)> = report
         .metrics
         .iter()
-        .filter(|u| u.metric.kind() == ewma_lb::telemetry::MetricKind::Counter)
+        .filter(|u| u.metric.kind() == ewma_lb::worker::telemetry::MetricKind::Counter)
         .map(|u| (u.metric, u.cluster.clone(), u.label.clone(), u.change))
         .collect();
     let want = vec![
@@ -580,7 +580,7 @@ fn decisions_are_counted_and_handed_over_once() {
         again
             .metrics
             .iter()
-            .all(|u| u.metric.kind() != ewma_lb::telemetry::MetricKind::Counter),
+            .all(|u| u.metric.kind() != ewma_lb::worker::telemetry::MetricKind::Counter),
         "{:?}",
         again.metrics
     );
@@ -869,7 +869,7 @@ fn listeners_that_differ_outside_the_policy_keep_separate_records() {
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn a_grpc_status_decides_what_a_200_was() {
-    use ewma_lb::outcome::GrpcCode;
+    use ewma_lb::worker::outcome::GrpcCode;
     let grpc = |w: &mut Worker, status: GrpcCode| {
         let done = Finished {
             served_by: Some("10.0.0.1:80"),
@@ -1007,8 +1007,8 @@ fn key_of(w: &Worker, kind: &str) -> String {
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn a_batch_written_after_the_refresher_collected_is_folded_next_time() {
-    use ewma_lb::state::Accumulator;
-    use ewma_lb::sync::{decode_slot, encode_slot, SlotBatch};
+    use ewma_lb::record::state::Accumulator;
+    use ewma_lb::record::sync::{decode_slot, encode_slot, SlotBatch};
     let store = Shared::default();
     let mut workers: Vec<Worker> = (0..2).map(|i| Worker::new(defaults(), i)).collect();
     let mut recorded = 0;

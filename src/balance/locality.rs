@@ -8,8 +8,8 @@
 //! A small latency gain never sends everything across zones: the spill grows with the ratio,
 //! and the local zone keeps its share until the ratio is crossed.
 
+use super::median;
 use crate::units::within;
-use crate::weights::median;
 
 /// `locality` in the plugin configuration.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]

@@ -23,8 +23,6 @@ use std::rc::Rc;
 
 use serde::Serialize;
 
-use crate::config::ConfigError;
-use crate::json::{variant, FromJson};
 use crate::units::within;
 
 /// How a host is chosen from the table; `pick` in the plugin configuration.
@@ -57,12 +55,6 @@ impl PickAlgorithm {
             .iter()
             .find(|(_, p)| *p == self)
             .map_or("", |(n, _)| n)
-    }
-}
-
-impl FromJson for PickAlgorithm {
-    fn from_json(value: &serde_json::Value, path: &str) -> Result<Self, ConfigError> {
-        variant(value, path, &Self::NAMES)
     }
 }
 

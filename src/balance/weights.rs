@@ -21,7 +21,8 @@
 //!
 //! Ejected hosts get nothing; they are excluded before any of the rules apply.
 
-use crate::locality::Split;
+use super::locality::Split;
+use super::median;
 use crate::units::{ms_to_ns, within};
 
 /// The tunables of [`shares`]; `weights` in the plugin configuration (which gives the ramp in ms).
@@ -300,19 +301,4 @@ fn ramp(active_for_ns: u64, params: &WeightParams) -> f64 {
         within(params.slow_start_min_factor, 0.0, 1.0),
         1.0,
     )
-}
-
-/// The median of the finite scores; `None` when there is none.
-pub fn median(scores: impl Iterator<Item = f64>) -> Option<f64> {
-    let mut v: Vec<f64> = scores.filter(|s| s.is_finite()).collect();
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_unstable_by(f64::total_cmp);
-    let mid = v.len() / 2;
-    let upper = v.get(mid).copied()?;
-    if v.len() % 2 == 1 {
-        return Some(upper);
-    }
-    v.get(mid - 1).map(|lower| (lower + upper) / 2.0)
 }

@@ -9,7 +9,7 @@
 
 use serde_json::Value;
 
-use crate::config::ConfigError;
+use super::ConfigError;
 use crate::map;
 
 /// A value that can be read from JSON at `path`.
@@ -243,12 +243,11 @@ pub fn variant<T: Copy>(
 /// Implements [`FromJson`] for a struct with `Default` from its named fields: an absent field
 /// keeps its default, an unknown one is an error, and the field list is the struct's own
 /// (a name that is not a field does not compile).
-#[macro_export]
 macro_rules! json_struct {
     ($ty:ty { $($field:ident),* $(,)? }) => {
-        impl $crate::json::FromJson for $ty {
+        impl $crate::config::json::FromJson for $ty {
             fn from_json(value: &serde_json::Value, path: &str) -> Result<Self, $crate::config::ConfigError> {
-                let fields = $crate::json::Fields::of(value, path, &[$(stringify!($field)),*])?;
+                let fields = $crate::config::json::Fields::of(value, path, &[$(stringify!($field)),*])?;
                 let mut out = <$ty>::default();
                 $( fields.read(stringify!($field), &mut out.$field)?; )*
                 Ok(out)

@@ -9,26 +9,35 @@
 //! Envoy passes the configuration as a `google.protobuf.StringValue`; it reaches `on_configure`
 //! byte for byte. Unknown fields are rejected: a typo must not silently become a default.
 
-use std::fmt;
+mod error;
+#[macro_use]
+pub(crate) mod json;
+mod rules;
+mod smoothing;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::json::{quoted, FromJson};
-use crate::json_struct;
-use crate::locality::LocalityParams;
+use crate::balance::locality::LocalityParams;
+use crate::balance::outlier::OutlierParams;
+use crate::balance::pick::PickAlgorithm;
+use crate::balance::score::{LoadMetric, ScoreParams, MAX_UTILIZATION_CAP};
+use crate::balance::smoothing::Smoother;
+use crate::balance::weights::WeightParams;
 use crate::map::{Map, Set};
-use crate::outcome::{GrpcCode, GrpcCodes};
-use crate::outlier::OutlierParams;
-use crate::pick::PickAlgorithm;
-use crate::rules::{default_health_paths, normalize, ManagementConfig, PathSet, Rules};
-use crate::score::{LoadMetric, ScoreParams, MAX_UTILIZATION_CAP};
-use crate::smoothing::{Smoother, MAX_PEAK_SAMPLES, MAX_SMA_WINDOW};
-use crate::state::Policy;
-use crate::sync::MAX_RECORD_HOSTS;
+use crate::record::state::Policy;
+use crate::record::sync::MAX_RECORD_HOSTS;
 use crate::units::{ms_to_ns, ns_to_whole_ms};
-use crate::weights::WeightParams;
+use crate::worker::outcome::{GrpcCode, GrpcCodes};
+use crate::worker::rules::{normalize, Rules};
+pub use error::ConfigError;
+use error::{err, in_range};
+use json::{quoted, variant, FromJson};
+use rules::default_health_paths;
+pub use rules::{compile_rules, ManagementConfig, PathSet};
+use smoothing::check_smoother;
 
 // === The JSON form ===
 
@@ -337,6 +346,13 @@ json_struct!(LocalityConfig {
     min_local_hosts
 });
 
+/// `pick`: an algorithm by its name.
+impl FromJson for PickAlgorithm {
+    fn from_json(value: &serde_json::Value, path: &str) -> Result<Self, ConfigError> {
+        variant(value, path, &Self::NAMES)
+    }
+}
+
 // === The runtime form ===
 
 /// The checked configuration the core runs on. Only [`Config::from_json`] makes one.
@@ -467,72 +483,34 @@ impl Config {
     pub fn health_poll_ns(&self) -> u64 {
         self.health_poll_ns
     }
-}
 
-/// A configuration error: which field, and what is wrong with it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ConfigError {
-    pub field: String,
-    pub message: String,
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.field, self.message)
-    }
-}
-
-impl std::error::Error for ConfigError {}
-
-fn err(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
-    ConfigError {
-        field: field.into(),
-        message: message.into(),
-    }
-}
-
-fn in_range<T: PartialOrd + Shown>(field: &str, value: T, lo: T, hi: T) -> Result<T, ConfigError> {
-    if value >= lo && value <= hi {
-        Ok(value)
-    } else {
-        Err(out_of_range(field, lo.shown(), hi.shown(), value.shown()))
-    }
-}
-
-/// Kept out of line: every bound checked would otherwise carry its own copy of the formatting.
-#[cold]
-#[inline(never)]
-fn out_of_range(field: &str, lo: String, hi: String, got: String) -> ConfigError {
-    err(field, format!("must be in [{lo}, {hi}], got {got}"))
-}
-
-/// A bound or value as an error message shows it: integers as Rust writes them, numbers with a
-/// fraction as JSON does (serde_json's float writer, already in the module for the status page:
-/// core's own float formatting would add 20 KB for these messages alone).
-trait Shown {
-    fn shown(&self) -> String;
-}
-
-macro_rules! shown_as_integer {
-    ($($t:ty),*) => {$(
-        impl Shown for $t {
-            fn shown(&self) -> String {
-                self.to_string()
+    /// The namespace of records written under this configuration: a stable hash (FNV-1a, the same in every VM
+    /// of a build) of every setting that changes what the record holds or what merging and refreshing
+    /// do: the policy, in postcard's encoding (a field added to the policy is fingerprinted without
+    /// anyone remembering to), and the settings outside it that shape samples or hosts (static
+    /// endpoints, `failure_penalty_ms`, `latency_ceiling_ms`, the gRPC codes that are failures). Two
+    /// listeners on one `vm_id` that differ in any of them keep separate records; before, those
+    /// outside the policy shared one, and each listener's refresh dropped the other's static hosts.
+    pub fn record_namespace(&self) -> String {
+        let mut bytes = postcard::to_allocvec(self.policy()).unwrap_or_default();
+        let mut clusters: Vec<&str> = self.static_clusters().collect();
+        clusters.sort_unstable();
+        for cluster in clusters {
+            bytes.extend_from_slice(cluster.as_bytes());
+            bytes.push(0);
+            for endpoint in self.static_endpoints(cluster) {
+                bytes.extend_from_slice(endpoint.as_bytes());
+                bytes.push(0);
             }
+            bytes.push(0xff);
         }
-    )*};
-}
-
-shown_as_integer!(u32, u64, usize);
-
-impl Shown for f64 {
-    fn shown(&self) -> String {
-        const EXACT: f64 = 9_007_199_254_740_992.0; // 2^53: whole numbers below are exact
-        if self.fract() == 0.0 && self.abs() < EXACT {
-            (*self as i64).to_string()
-        } else {
-            serde_json::Number::from_f64(*self).map_or_else(|| "NaN".to_owned(), |n| n.to_string())
-        }
+        bytes.extend_from_slice(&self.failure_penalty_ms().to_bits().to_le_bytes());
+        bytes.extend_from_slice(&self.latency_ceiling_ms().to_bits().to_le_bytes());
+        bytes.extend_from_slice(format!("{:?}", self.grpc_failures()).as_bytes());
+        let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        format!("{hash:016x}")
     }
 }
 
@@ -634,7 +612,7 @@ impl PluginConfig {
         let locality = self.locality.compile()?;
         let steered = SteeredClusters::compile(&self.steered_clusters)?;
         let static_endpoints = compile_clusters(self.clusters, max_hosts, &steered)?;
-        let rules = Rules::compile(&self.health_paths, &self.management, &self.excluded_paths)?;
+        let rules = compile_rules(&self.health_paths, &self.management, &self.excluded_paths)?;
         let status_path = check_status_path(self.status_path, &rules, &self.health_paths)?;
         let guard_warning = guard_warning(&self.management.allowed_cidrs);
         Ok(Config {
@@ -987,46 +965,4 @@ fn compile_grpc_codes(names: &[String]) -> Result<GrpcCodes, ConfigError> {
         }
     }
     Ok(codes.into_iter().collect())
-}
-
-fn check_smoother(smoother: Smoother) -> Result<Smoother, ConfigError> {
-    const TAU_MAX_MS: u64 = 600_000;
-    match smoother {
-        Smoother::Ewma { alpha } if !(alpha > 0.0 && alpha <= 1.0) => {
-            return Err(err(
-                "smoothing.alpha",
-                format!("must be in (0, 1], got {}", alpha.shown()),
-            ))
-        }
-        Smoother::Ewma { .. } => {}
-        Smoother::DecayEwma { tau_ms } => {
-            in_range("smoothing.tau_ms", tau_ms, 1, TAU_MAX_MS)?;
-        }
-        Smoother::PeakEwma {
-            tau_ms,
-            peak_samples,
-        } => {
-            in_range("smoothing.tau_ms", tau_ms, 1, TAU_MAX_MS)?;
-            in_range("smoothing.peak_samples", peak_samples, 1, MAX_PEAK_SAMPLES)?;
-        }
-        Smoother::Sma { window } => {
-            in_range("smoothing.window", window, 1, MAX_SMA_WINDOW)?;
-        }
-        Smoother::BiasCorrectedEwma { beta } => {
-            in_range("smoothing.beta", beta, 0.0, 0.999_999)?;
-        }
-        Smoother::DualEwma {
-            short_tau_ms,
-            long_tau_ms,
-        } => {
-            in_range("smoothing.short_tau_ms", short_tau_ms, 1, TAU_MAX_MS)?;
-            in_range(
-                "smoothing.long_tau_ms",
-                long_tau_ms,
-                short_tau_ms,
-                TAU_MAX_MS,
-            )?;
-        }
-    }
-    Ok(smoother)
 }

@@ -17,7 +17,7 @@
 //!
 //! Failures are never held: a failed request is evidence about the host, not a pause.
 
-use crate::state::{Accumulator, HostState, Policy};
+use crate::record::state::{Accumulator, HostState, Policy};
 
 /// How many spreads above the estimate a batch's mean must lie to count as a rise.
 const SPREADS: f64 = 3.0;

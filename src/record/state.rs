@@ -15,14 +15,14 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::locality::{self, LocalityParams, ZoneInput};
+use crate::balance::locality::{self, LocalityParams, ZoneInput};
+use crate::balance::outlier::{ejection_budget, Health, OutlierParams};
+use crate::balance::score::{ErrorRate, Load, ScoreParams, Terms};
+use crate::balance::smoothing::{Batch, Estimate, Smoother};
+use crate::balance::weights::{self, HostInput, WeightParams};
 use crate::map::Map;
-use crate::outlier::{ejection_budget, Health, OutlierParams};
-use crate::persistence;
-use crate::score::{ErrorRate, Load, ScoreParams, Terms};
-use crate::smoothing::{Batch, Estimate, Smoother};
+use crate::record::persistence;
 use crate::units::NS_PER_SEC;
-use crate::weights::{self, HostInput, WeightParams};
 
 /// What one worker observed of one host since its last successful merge. Stored in the worker's
 /// slot of shared data until a refresh folds it in (`sync`).
@@ -222,7 +222,7 @@ pub const WORKER_TTL_NS: u64 = 2 * NS_PER_SEC;
 pub const MAX_WORKERS: usize = 256;
 
 /// Everything merge and refresh need to know of the configuration; `Config::policy`. Serialized
-/// only to fingerprint it (`sync::namespace`).
+/// only to fingerprint it (`Config::record_namespace`).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Policy {
     pub smoother: Smoother,

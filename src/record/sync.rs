@@ -28,7 +28,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::clock::RecordClock;
-use crate::state::{Accumulator, Ack, ClusterBatch, ClusterState, Policy, WORKER_TTL_NS};
+use crate::record::state::{Accumulator, Ack, ClusterBatch, ClusterState, Policy, WORKER_TTL_NS};
 
 /// Shared data as proxy-wasm offers it: values with a version token for compare-and-swap.
 pub trait SharedStore {
@@ -94,35 +94,6 @@ impl Keys {
     pub fn slot(&self, slot: usize) -> String {
         slot_key(&self.namespace, &self.cluster, slot)
     }
-}
-
-/// The namespace of records written under `config`: a stable hash (FNV-1a, the same in every VM
-/// of a build) of every setting that changes what the record holds or what merging and refreshing
-/// do: the policy, in postcard's encoding (a field added to the policy is fingerprinted without
-/// anyone remembering to), and the settings outside it that shape samples or hosts (static
-/// endpoints, `failure_penalty_ms`, `latency_ceiling_ms`, the gRPC codes that are failures). Two
-/// listeners on one `vm_id` that differ in any of them keep separate records; before, those
-/// outside the policy shared one, and each listener's refresh dropped the other's static hosts.
-pub fn namespace(config: &crate::config::Config) -> String {
-    let mut bytes = postcard::to_allocvec(config.policy()).unwrap_or_default();
-    let mut clusters: Vec<&str> = config.static_clusters().collect();
-    clusters.sort_unstable();
-    for cluster in clusters {
-        bytes.extend_from_slice(cluster.as_bytes());
-        bytes.push(0);
-        for endpoint in config.static_endpoints(cluster) {
-            bytes.extend_from_slice(endpoint.as_bytes());
-            bytes.push(0);
-        }
-        bytes.push(0xff);
-    }
-    bytes.extend_from_slice(&config.failure_penalty_ms().to_bits().to_le_bytes());
-    bytes.extend_from_slice(&config.latency_ceiling_ms().to_bits().to_le_bytes());
-    bytes.extend_from_slice(format!("{:?}", config.grpc_failures()).as_bytes());
-    let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
-    });
-    format!("{hash:016x}")
 }
 
 // === Codec ===

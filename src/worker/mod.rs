@@ -6,24 +6,31 @@
 //! (`telemetry`). The shared store and the clock are parameters, so the protocol runs natively
 //! in tests with several workers over one store, and in the VM over proxy-wasm shared data.
 
+pub mod diagnose;
+pub mod health;
+pub mod outcome;
+pub mod rules;
+pub mod status;
+pub mod telemetry;
+
 use std::rc::Rc;
 
+use crate::balance::pick::PickTable;
+use crate::balance::probe::{self, Probes};
+use crate::balance::score::{parse_load_report, LoadMetric, ScoreParams};
 use crate::clock::VmClock;
 use crate::config::Config;
-use crate::diagnose::{HonourWatch, SteeredWatch, Warning};
 use crate::map::{Map, Set};
-use crate::outcome::{GrpcCode, Outcome};
-use crate::pick::PickTable;
-use crate::probe::{self, Probes};
-use crate::rules::{normalize_bytes, PathClass};
-use crate::score::{parse_load_report, LoadMetric, ScoreParams};
-use crate::state::{ClusterBatch, ClusterState, Policy};
-use crate::status::{ClusterStatus, HostPhase, Status};
-use crate::sync::{
+use crate::record::state::{ClusterBatch, ClusterState, Policy};
+use crate::record::sync::{
     self, sync_cluster, DecodeError, Keys, Member, SharedStore, SyncContext, SyncError,
 };
-use crate::telemetry::{Change, Metric, Update, NO_CLUSTER};
 use crate::units::{ms_to_whole_us, share_to_ppm, NS_PER_SEC};
+use crate::worker::diagnose::{HonourWatch, SteeredWatch, Warning};
+use crate::worker::outcome::{GrpcCode, Outcome};
+use crate::worker::rules::{normalize_bytes, PathClass};
+use crate::worker::status::{ClusterStatus, HostPhase, Status};
+use crate::worker::telemetry::{Change, Metric, Update, NO_CLUSTER};
 
 /// Clusters one worker keeps state for at once; an idle one makes room (`Worker::tick`).
 pub const MAX_CLUSTERS: usize = 256;
@@ -300,7 +307,7 @@ impl LocalCluster {
     /// merge (the next tick's samples of the same host need no allocation); a full batch drops
     /// its empty entries once a tick to make room. Before, the first 4,096 hosts a VM met held
     /// every place for good: a larger cluster was never learned beyond them.
-    fn host_batch(&mut self, host: &str) -> Option<&mut crate::state::Accumulator> {
+    fn host_batch(&mut self, host: &str) -> Option<&mut crate::record::state::Accumulator> {
         if !self.batch.hosts.contains_key(host)
             && self.batch.hosts.len() >= MAX_PENDING_HOSTS
             && !self.batch_pruned
@@ -309,9 +316,10 @@ impl LocalCluster {
             self.batch_pruned = true;
         }
         if !self.batch.hosts.contains_key(host) && self.batch.hosts.len() < MAX_PENDING_HOSTS {
-            self.batch
-                .hosts
-                .insert(host.to_owned(), crate::state::Accumulator::default());
+            self.batch.hosts.insert(
+                host.to_owned(),
+                crate::record::state::Accumulator::default(),
+            );
         }
         self.batch.hosts.get_mut(host)
     }
@@ -357,7 +365,7 @@ pub struct Worker {
     /// This VM's identity in the records it merges into (`ClusterBatch::worker`).
     id: u64,
     config: Config,
-    /// Key namespace of this configuration's records (`sync::namespace`).
+    /// Key namespace of this configuration's records (`Config::record_namespace`).
     namespace: String,
     rng: fastrand::Rng,
     clock: VmClock,
@@ -384,7 +392,7 @@ impl Worker {
         let steered_watch = SteeredWatch::new(config.steered_names());
         let mut worker = Worker {
             id,
-            namespace: sync::namespace(&config),
+            namespace: config.record_namespace(),
             clock: VmClock::new(max_gap_ns.max(MIN_CLOCK_GAP_NS)),
             config,
             rng,
@@ -625,7 +633,7 @@ impl Worker {
         let now_ns = self.clock.now(raw_now_ns);
         self.health_answered_ns = now_ns;
         let mut unhealthy =
-            crate::health::unhealthy_hosts(clusters_text, |c| self.config.steers(c));
+            crate::worker::health::unhealthy_hosts(clusters_text, |c| self.config.steers(c));
         let policy = self.config.policy();
         for (name, local) in &mut self.clusters {
             let hosts = unhealthy.remove(name).unwrap_or_default();
@@ -753,7 +761,7 @@ impl Worker {
         // A host outside the stable subset of a cluster larger than the table is the fallback's:
         // its samples would only be refused when folded.
         let endpoints = done.num_endpoints.unwrap_or(local.snapshot.num_endpoints);
-        if !crate::state::in_subset(host, endpoints, self.config.policy().max_hosts) {
+        if !crate::record::state::in_subset(host, endpoints, self.config.policy().max_hosts) {
             return;
         }
         if let Some(acc) = local.host_batch(host) {
@@ -976,7 +984,7 @@ impl Worker {
             })
             .collect();
         let status = Status {
-            build: crate::telemetry::BUILD,
+            build: crate::worker::telemetry::BUILD,
             shadow: self.config.shadow(),
             steered_clusters: self.config.steered_clusters(),
             local_zone: self.local_zone(),
@@ -1096,12 +1104,12 @@ fn record_shows_traffic(store: &dyn SharedStore, key: &str, max_hosts: usize) ->
 fn adopt(local: &mut LocalCluster, state: &ClusterState, policy: &Policy, now_ns: u64) {
     // A host Envoy marked unhealthy gets nothing from this VM, neither picks nor probes.
     let unhealthy = &local.unhealthy;
-    let share_of = |h: &crate::state::HostState| match unhealthy.contains(&h.address) {
+    let share_of = |h: &crate::record::state::HostState| match unhealthy.contains(&h.address) {
         true => 0.0,
         false => h.share,
     };
     let live = state.hosts.iter().filter(|h| share_of(h) > 0.0);
-    let floor = crate::weights::floor(&policy.weights, live.clone().count());
+    let floor = crate::balance::weights::floor(&policy.weights, live.clone().count());
     let (weighted, mass) = live
         .filter_map(|h| h.latency.value_ms().map(|v| (v * h.share, h.share)))
         .fold((0.0, 0.0), |(w, m), (v, s)| (w + v, m + s));

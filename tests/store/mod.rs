@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use std::rc::Rc;
 
 use ewma_lb::config::Config;
-use ewma_lb::state::ClusterState;
-use ewma_lb::sync::{self, SharedStore, StoreError};
+use ewma_lb::record::state::ClusterState;
+use ewma_lb::record::sync::{self, SharedStore, StoreError};
 use ewma_lb::worker::Worker;
 
 pub const SEC: u64 = 1_000_000_000;
@@ -148,7 +148,7 @@ pub fn finish_pick(w: &mut Worker, host: &str, latency_ms: f64) {
         served_by: Some(host),
         attempts: 1,
         latency_ms,
-        outcome: Some(ewma_lb::outcome::Outcome::Success),
+        outcome: Some(ewma_lb::worker::outcome::Outcome::Success),
         num_endpoints: Some(2),
         ..Default::default()
     };

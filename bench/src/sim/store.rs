@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 
-use ewma_lb::sync::{SharedStore, StoreError};
+use ewma_lb::record::sync::{SharedStore, StoreError};
 
 /// Values with a version per key, bumped on every write, as Envoy keeps them. Envoy ignores the
 /// version a write carries for a key that does not exist yet; so does this store.
