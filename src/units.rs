@@ -31,10 +31,10 @@ pub fn ms_to_whole_us(ms: f64) -> u64 {
     (ms * (NS_PER_MS / NS_PER_US) as f64).round().max(0.0) as u64
 }
 
-/// `v` kept within `[lo, hi]`. Unlike `f64::clamp` it never panics (`clamp` asserts `lo <= hi`
+/// `v` kept within `[lo, hi]`. Unlike `f64::clamp` it never panics (that one asserts `lo <= hi`
 /// and that neither is NaN, and formats both into its panic message), and a NaN bound or value
 /// falls back to the other side: a NaN read from shared data must not stop a VM.
-pub fn within(v: f64, lo: f64, hi: f64) -> f64 {
+pub fn clamp(v: f64, lo: f64, hi: f64) -> f64 {
     v.max(lo).min(hi)
 }
 

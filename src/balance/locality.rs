@@ -9,7 +9,7 @@
 //! and the local zone keeps its share until the ratio is crossed.
 
 use super::median;
-use crate::units::within;
+use crate::units::clamp;
 
 /// `locality` in the plugin configuration.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -89,6 +89,6 @@ pub fn split(
     let enough = (live_local as f64 / f64::from(params.min_local_hosts.max(1))).min(1.0);
     Some(Split {
         is_local,
-        local_share: within(latency * health * enough, 0.0, 1.0),
+        local_share: clamp(latency * health * enough, 0.0, 1.0),
     })
 }

@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::units::{ms_to_ns, within};
+use crate::units::{clamp, ms_to_ns};
 
 /// `outlier_detection` in the plugin configuration (which gives the times in ms).
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -102,5 +102,5 @@ pub fn ejection_budget(params: &OutlierParams, hosts: usize) -> usize {
     if hosts < 2 {
         return 0;
     }
-    ((within(params.max_ejection_share, 0.0, 1.0) * hosts as f64).floor() as usize).max(1)
+    ((clamp(params.max_ejection_share, 0.0, 1.0) * hosts as f64).floor() as usize).max(1)
 }

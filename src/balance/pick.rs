@@ -23,7 +23,7 @@ use std::rc::Rc;
 
 use serde::Serialize;
 
-use crate::units::within;
+use crate::units::clamp;
 
 /// How a host is chosen from the table; `pick` in the plugin configuration.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -93,7 +93,7 @@ impl PickTable {
             }
         }
         let floor = if floor.is_finite() {
-            within(floor, 0.0, 1.0) * total
+            clamp(floor, 0.0, 1.0) * total
         } else {
             0.0
         };

@@ -33,7 +33,7 @@
 
 use std::rc::Rc;
 
-use crate::units::within;
+use crate::units::clamp;
 
 /// The longest a host goes without a probe, whatever its latency, as a multiple of the
 /// configured interval: how late a recovery is seen must not grow without bound with how slow
@@ -48,7 +48,7 @@ pub fn interval_ns(base_ns: u64, score_ms: Option<f64>, reference_ms: Option<f64
         (Some(s), Some(r)) if r > 0.0 && s.is_finite() && r.is_finite() => s / r,
         _ => 1.0,
     };
-    let factor = within(ratio, 1.0, MAX_INTERVAL_FACTOR * MAX_INTERVAL_FACTOR).sqrt();
+    let factor = clamp(ratio, 1.0, MAX_INTERVAL_FACTOR * MAX_INTERVAL_FACTOR).sqrt();
     (base_ns as f64 * factor) as u64
 }
 

@@ -23,7 +23,7 @@
 
 use super::locality::Split;
 use super::median;
-use crate::units::{ms_to_ns, within};
+use crate::units::{clamp, ms_to_ns};
 
 /// The tunables of [`shares`]; `weights` in the plugin configuration (which gives the ramp in ms).
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -131,7 +131,7 @@ pub fn shares_within(
                 |h| match (h.ejected, h.previous_share.filter(|p| *p > 0.0 && damped)) {
                     (true, _) => (0.0, 0.0),
                     (false, Some(prev)) => {
-                        ((prev / ratio).max(floor), within(prev * ratio, floor, 1.0))
+                        ((prev / ratio).max(floor), clamp(prev * ratio, floor, 1.0))
                     }
                     (false, None) => (floor, 1.0),
                 },
@@ -216,7 +216,7 @@ fn apportion(targets: &mut [f64], split: &Split) {
 /// late by a fixed fraction of the band at most. Hosts without a share yet, ejected ones and
 /// ones still ramping in (slow start is a schedule, not noise) are left alone.
 fn settle(targets: &mut [f64], hosts: &[HostInput], params: &WeightParams) {
-    let gain = within(params.noise_gain, 0.0, 1.0);
+    let gain = clamp(params.noise_gain, 0.0, 1.0);
     let band = params.noise_band.max(1.0).ln();
     let total: f64 = targets.iter().sum();
     if gain >= 1.0 || band <= 0.0 || total <= 0.0 {
@@ -253,7 +253,7 @@ fn fit(targets: &[f64], limits: &[(f64, f64)]) -> Vec<f64> {
         targets
             .iter()
             .zip(limits)
-            .map(|(t, (lo, hi))| within(lambda * t, *lo, *hi))
+            .map(|(t, (lo, hi))| clamp(lambda * t, *lo, *hi))
             .sum()
     };
     let (mut below, mut above) = (0.0, 1.0);
@@ -275,7 +275,7 @@ fn fit(targets: &[f64], limits: &[(f64, f64)]) -> Vec<f64> {
     let mut out: Vec<f64> = targets
         .iter()
         .zip(limits)
-        .map(|(t, (lo, hi))| within(above * t, *lo, *hi))
+        .map(|(t, (lo, hi))| clamp(above * t, *lo, *hi))
         .collect();
     // What bisection leaves (≤ 1e-12) is rounding; renormalise it away.
     let sum: f64 = out.iter().sum();
@@ -296,9 +296,5 @@ fn ramp(active_for_ns: u64, params: &WeightParams) -> f64 {
         return 1.0;
     }
     let progress = active_for_ns as f64 / params.slow_start_ns as f64;
-    within(
-        progress,
-        within(params.slow_start_min_factor, 0.0, 1.0),
-        1.0,
-    )
+    clamp(progress, clamp(params.slow_start_min_factor, 0.0, 1.0), 1.0)
 }
