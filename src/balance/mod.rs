@@ -3,6 +3,7 @@
 //! (`pick`), and when a host the pick does not draw gets a request anyway (`probe`) or none at
 //! all (`outlier`). Pure functions of their inputs and parameters: no shared data, no clock.
 
+pub mod explore;
 pub mod locality;
 pub mod outlier;
 pub mod pick;
