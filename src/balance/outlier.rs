@@ -60,7 +60,7 @@ impl Health {
         };
     }
 
-    pub fn should_eject(&self, params: &OutlierParams, now_ns: u64) -> bool {
+    pub(crate) fn should_eject(&self, params: &OutlierParams, now_ns: u64) -> bool {
         params.consecutive_failures > 0
             && !self.is_ejected(now_ns)
             && self.consecutive_failures >= params.consecutive_failures
@@ -98,7 +98,7 @@ impl Health {
 }
 
 /// How many of `hosts` may be ejected at once.
-pub fn ejection_budget(params: &OutlierParams, hosts: usize) -> usize {
+pub(crate) fn ejection_budget(params: &OutlierParams, hosts: usize) -> usize {
     if hosts < 2 {
         return 0;
     }

@@ -43,7 +43,7 @@ pub enum PickAlgorithm {
 
 impl PickAlgorithm {
     /// Every algorithm by its name in the configuration.
-    pub const NAMES: [(&'static str, PickAlgorithm); 3] = [
+    pub(crate) const NAMES: [(&'static str, PickAlgorithm); 3] = [
         ("weighted_random", PickAlgorithm::WeightedRandom),
         ("weighted_p2c", PickAlgorithm::WeightedP2c),
         ("lowest_latency", PickAlgorithm::LowestLatency),
@@ -131,7 +131,7 @@ impl PickTable {
 
     /// Records a pick that did not come from [`PickTable::weighted_p2c`] (a probe), so the
     /// tie-break counts every request a host was sent.
-    pub fn count_served(&self, index: usize) {
+    pub(crate) fn count_served(&self, index: usize) {
         if let Some(n) = self.served.get(index) {
             n.set(n.get().saturating_add(1));
         }
@@ -142,7 +142,7 @@ impl PickTable {
     }
 
     /// The table's hosts, in its order (sorted by address when built from a record).
-    pub fn host_list(&self) -> &[Rc<str>] {
+    pub(crate) fn host_list(&self) -> &[Rc<str>] {
         &self.hosts
     }
 
@@ -191,7 +191,7 @@ impl PickTable {
     }
 
     /// The host with the highest weight (ties: the first).
-    pub fn heaviest(&self) -> Option<usize> {
+    pub(crate) fn heaviest(&self) -> Option<usize> {
         let mut heaviest: Option<(usize, f64)> = None;
         for (i, w) in self.weights.iter().enumerate() {
             if heaviest.is_none_or(|(_, best)| *w > best) {

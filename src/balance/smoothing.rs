@@ -18,7 +18,7 @@ use crate::units::ms_to_ns_f64;
 use serde::{Deserialize, Serialize};
 
 /// Upper bound on `sma.window`: the window lives in shared state, once per host.
-pub const MAX_SMA_WINDOW: usize = 64;
+pub(crate) const MAX_SMA_WINDOW: usize = 64;
 
 /// The samples one worker saw for one host since its last merge.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -123,7 +123,7 @@ impl Estimate {
         self.samples
     }
 
-    pub fn updated_ns(&self) -> u64 {
+    pub(crate) fn updated_ns(&self) -> u64 {
         self.updated_ns
     }
 }
@@ -145,7 +145,7 @@ impl Smoother {
     /// How far back the estimate remembers, for the weight of the evidence behind it
     /// (`persistence::Evidence`): the time constant of the time-decayed smoothers, the short one
     /// of the dual, and one second for the per-sample ones (whose memory is counted in samples).
-    pub fn memory_ns(&self) -> u64 {
+    pub(crate) fn memory_ns(&self) -> u64 {
         let ms = match *self {
             Smoother::DecayEwma { tau_ms } | Smoother::PeakEwma { tau_ms, .. } => tau_ms,
             Smoother::DualEwma { short_tau_ms, .. } => short_tau_ms,
@@ -275,12 +275,12 @@ impl Default for Smoother {
 /// slow phase at this pace, and its share follows. So short a memory swings equal hosts' shares
 /// when the weights follow every refresh; the noise band of `weights` keeps it calm
 /// (bench/README.md, "Defaults").
-pub const DEFAULT_TAU_MS: u64 = 1_000;
+pub(crate) const DEFAULT_TAU_MS: u64 = 1_000;
 
 /// Default `peak_samples`: at 200 requests a second over four hosts and two workers, a tick's
 /// batch holds two or three samples of a host; four lets a batch move the estimate most of the
 /// way while a single slow answer moves it a quarter of it (bench/README.md, "Defaults").
-pub const DEFAULT_PEAK_SAMPLES: u32 = 4;
+pub(crate) const DEFAULT_PEAK_SAMPLES: u32 = 4;
 
 /// Upper bound on `peak_samples`.
-pub const MAX_PEAK_SAMPLES: u32 = 1_000;
+pub(crate) const MAX_PEAK_SAMPLES: u32 = 1_000;

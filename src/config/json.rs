@@ -54,7 +54,7 @@ impl<'a> Fields<'a> {
     }
 
     /// The path of field `name`.
-    pub fn path_of(&self, name: &str) -> String {
+    pub(crate) fn path_of(&self, name: &str) -> String {
         join(self.path, name)
     }
 }
@@ -69,7 +69,7 @@ pub fn join(parent: &str, child: &str) -> String {
 }
 
 /// What serde says was expected: `` `a` ``, `` `a` or `b` ``, `` one of `a`, `b`, `c` ``.
-pub fn one_of(names: &[&str]) -> String {
+pub(crate) fn one_of(names: &[&str]) -> String {
     match names {
         [] => "nothing".to_owned(),
         [one] => format!("`{one}`"),
@@ -98,7 +98,7 @@ pub fn error(path: impl Into<String>, message: impl Into<String>) -> ConfigError
 }
 
 /// "invalid type: string "two", expected f64", as serde words it.
-pub fn invalid_type(path: &str, value: &Value, expected: &str) -> ConfigError {
+pub(crate) fn invalid_type(path: &str, value: &Value, expected: &str) -> ConfigError {
     error(
         path,
         format!("invalid type: {}, expected {expected}", describe(value)),

@@ -437,7 +437,7 @@ impl Config {
 
     /// The exact names of `steered_clusters` (not the prefixes), in configured order: the ones a
     /// typo can hide in (`diagnose::SteeredWatch`).
-    pub fn steered_names(&self) -> impl Iterator<Item = &str> {
+    pub(crate) fn steered_names(&self) -> impl Iterator<Item = &str> {
         self.steered
             .listed
             .iter()
@@ -453,7 +453,7 @@ impl Config {
     }
 
     /// Clusters with static endpoints.
-    pub fn static_clusters(&self) -> impl Iterator<Item = &str> {
+    pub(crate) fn static_clusters(&self) -> impl Iterator<Item = &str> {
         self.static_endpoints.keys().map(String::as_str)
     }
 
@@ -480,7 +480,7 @@ impl Config {
     }
 
     /// How often each VM asks it.
-    pub fn health_poll_ns(&self) -> u64 {
+    pub(crate) fn health_poll_ns(&self) -> u64 {
         self.health_poll_ns
     }
 
@@ -491,7 +491,7 @@ impl Config {
     /// endpoints, `failure_penalty_ms`, `latency_ceiling_ms`, the gRPC codes that are failures). Two
     /// listeners on one `vm_id` that differ in any of them keep separate records; before, those
     /// outside the policy shared one, and each listener's refresh dropped the other's static hosts.
-    pub fn record_namespace(&self) -> String {
+    pub(crate) fn record_namespace(&self) -> String {
         let mut bytes = postcard::to_allocvec(self.policy()).unwrap_or_default();
         let mut clusters: Vec<&str> = self.static_clusters().collect();
         clusters.sort_unstable();
@@ -804,7 +804,7 @@ impl OutlierConfig {
 }
 
 /// `steered_clusters` entry that matches every cluster (the default).
-pub const ANY_CLUSTER: &str = "*";
+pub(crate) const ANY_CLUSTER: &str = "*";
 
 /// The compiled `steered_clusters`: exact names, and prefixes (an entry ending in `*`).
 ///

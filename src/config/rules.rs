@@ -60,7 +60,7 @@ json_struct!(ManagementConfig {
     allowed_cidrs
 });
 
-pub fn default_health_paths() -> PathSet {
+pub(crate) fn default_health_paths() -> PathSet {
     PathSet::of(
         &[
             "/health", "/healthz", "/livez", "/readyz", "/ready", "/status", "/ping",

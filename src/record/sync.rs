@@ -63,12 +63,12 @@ pub fn key(namespace: &str, cluster: &str) -> String {
 }
 
 /// The key of a cluster's head.
-pub fn head_key(namespace: &str, cluster: &str) -> String {
+pub(crate) fn head_key(namespace: &str, cluster: &str) -> String {
     format!("ewma_lb.v{FORMAT_VERSION}.{namespace}.head.{cluster}")
 }
 
 /// The key of a cluster's slot `slot`.
-pub fn slot_key(namespace: &str, cluster: &str, slot: usize) -> String {
+pub(crate) fn slot_key(namespace: &str, cluster: &str, slot: usize) -> String {
     format!("ewma_lb.v{FORMAT_VERSION}.{namespace}.slot{slot}.{cluster}")
 }
 
@@ -110,16 +110,16 @@ pub const MAX_RECORD_HOSTS: usize = 16_384;
 /// that would grow past it folds its batches into one.
 pub const MAX_VALUE_BYTES: usize = 4 << 20;
 /// Slots of one cluster: more worker VMs than any Envoy runs.
-pub const MAX_SLOTS: usize = 256;
+pub(crate) const MAX_SLOTS: usize = 256;
 /// Batches one slot holds before the newest are folded into one (a refresher that keeps not
 /// coming): their samples are kept, only their separate times are lost.
-pub const MAX_SLOT_BATCHES: usize = 64;
+pub(crate) const MAX_SLOT_BATCHES: usize = 64;
 /// A slot not written for this long (record time) may be claimed by another VM, with the batches
 /// it still holds.
-pub const SLOT_TTL_NS: u64 = 10 * crate::units::NS_PER_SEC;
+pub(crate) const SLOT_TTL_NS: u64 = 10 * crate::units::NS_PER_SEC;
 /// How long a refresher holds the head's lease: a VM runs a refresh within one tick, so a lease
 /// this old belongs to a VM that died or lost its write, and the next one takes over.
-pub const LEASE_NS: u64 = crate::units::NS_PER_SEC;
+pub(crate) const LEASE_NS: u64 = crate::units::NS_PER_SEC;
 
 /// What a value of shared data is, after the format version: a kind of one cluster's key
 /// stored in another's is corrupt, not silently misread.
@@ -338,14 +338,14 @@ impl Slot {
 
 /// Compare-and-swap attempts per key per tick; a batch that lost every attempt is kept by the
 /// caller and written on the next one.
-pub const MAX_CAS_ATTEMPTS: usize = 8;
+pub(crate) const MAX_CAS_ATTEMPTS: usize = 8;
 
 /// The version token a create-if-missing write carries. proxy-wasm ignores the token of a key
 /// that does not exist yet and requires a match for one that does, so a write with a token no
 /// value holds creates the key only if nobody else has: two VMs that find a key missing in the
 /// same tick never overwrite each other. (Envoy hands out tokens from a counter starting at 1:
 /// this one would be current only after four billion writes, and then only for one of them.)
-pub const CREATE_CAS: u32 = u32::MAX;
+pub(crate) const CREATE_CAS: u32 = u32::MAX;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SyncError {
@@ -484,7 +484,11 @@ pub fn sync_cluster(
 }
 
 /// The record at `key`, if there is one this configuration can read.
-pub fn read_record(store: &dyn SharedStore, key: &str, max_hosts: usize) -> Option<ClusterState> {
+pub(crate) fn read_record(
+    store: &dyn SharedStore,
+    key: &str,
+    max_hosts: usize,
+) -> Option<ClusterState> {
     let Ok((Some(bytes), _)) = store.get(key) else {
         return None;
     };

@@ -14,7 +14,7 @@ use crate::worker::decision::FallbackReason;
 use crate::worker::diagnose::HonourWatch;
 
 /// Clusters one worker keeps state for at once; an idle one makes room (`Worker::tick`).
-pub const MAX_CLUSTERS: usize = 256;
+pub(crate) const MAX_CLUSTERS: usize = 256;
 
 /// Hosts one worker accumulates samples for between ticks.
 const MAX_PENDING_HOSTS: usize = 4096;

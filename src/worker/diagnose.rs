@@ -33,7 +33,7 @@ pub const UNSEEN_AFTER_NS: u64 = 30 * NS_PER_SEC;
 /// At most one warning of unseen steered clusters (per VM) this often.
 pub const UNSEEN_EVERY_NS: u64 = 300 * NS_PER_SEC;
 /// Cluster names a warning lists at most.
-pub const MAX_LISTED: usize = 20;
+pub(crate) const MAX_LISTED: usize = 20;
 
 /// Picks of one cluster in the current window, and when the last warning was.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -148,7 +148,7 @@ impl SteeredWatch {
     }
 
     /// How long the VM has run since its first check.
-    pub fn running_ns(&self, now_ns: u64) -> u64 {
+    pub(crate) fn running_ns(&self, now_ns: u64) -> u64 {
         self.started_ns
             .map_or(0, |started| now_ns.saturating_sub(started))
     }

@@ -18,7 +18,6 @@ pub mod status;
 pub mod telemetry;
 mod tick;
 
-pub use cluster::MAX_CLUSTERS;
 pub use decision::{Decision, FallbackReason, Pick};
 pub use request::{Finished, Request};
 pub use tick::TickReport;

@@ -143,7 +143,7 @@ impl Worker {
 
     /// Counts a request picked for `host` in flight there: from the end of the request, which is
     /// when the host can work on it (see [`Request::body_pending`]).
-    pub fn request_sent(&mut self, cluster: &str, host: &Rc<str>) {
+    pub(crate) fn request_sent(&mut self, cluster: &str, host: &Rc<str>) {
         let Some(local) = self.clusters.get_mut(cluster) else {
             return;
         };

@@ -72,7 +72,7 @@ impl CompiledSet {
 impl Rules {
     /// The `health_paths` rule that makes `path` a probe: its kind (`exact` or `prefix`) and
     /// index. `None` when `path` is ambiguous or no health rule matches it.
-    pub fn health_rule(&self, path: &str) -> Option<(&'static str, usize)> {
+    pub(crate) fn health_rule(&self, path: &str) -> Option<(&'static str, usize)> {
         let normal = normalize(path);
         if normal.is_ambiguous() {
             return None;
@@ -94,7 +94,7 @@ impl Rules {
 
     /// `classify` for a path `normalize` already returned. An ambiguous path is management
     /// whatever the rules say: neither a probe that passes untouched nor business traffic.
-    pub fn classify_normalized(&self, path: &NormalPath<'_>) -> PathClass {
+    pub(crate) fn classify_normalized(&self, path: &NormalPath<'_>) -> PathClass {
         let bytes = path.as_bytes();
         if path.is_ambiguous() {
             PathClass::Management

@@ -16,9 +16,9 @@ use crate::worker::status::HostPhase;
 
 /// Label every series has but `ewma_lb_build_info`: the Envoy cluster (`none` for a request
 /// without one).
-pub const CLUSTER_LABEL: &str = "cluster_name";
+pub(crate) const CLUSTER_LABEL: &str = "cluster_name";
 /// `cluster_name` of requests that have no cluster (a direct response, a route without one).
-pub const NO_CLUSTER: &str = "none";
+pub(crate) const NO_CLUSTER: &str = "none";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum MetricKind {
@@ -203,7 +203,7 @@ pub struct Build {
     pub commit: &'static str,
 }
 
-pub const BUILD: Build = Build {
+pub(crate) const BUILD: Build = Build {
     version: env!("CARGO_PKG_VERSION"),
     commit: match option_env!("EWMA_LB_GIT_COMMIT") {
         Some(commit) => commit,
