@@ -10,6 +10,8 @@ pub mod clock;
 pub mod config;
 pub mod map;
 pub mod record;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod units;
 pub mod worker;
 

@@ -367,7 +367,7 @@ fn a_host_reporting_a_high_load_loses_its_share_at_equal_latency() {
                 })
                 .sum::<u64>();
         }
-        let state = store.state();
+        let state = store.record_of(CLUSTER);
         let shares = hosts
             .iter()
             .map(|h| state.host(h).map_or(0.0, |h| h.share))
@@ -426,7 +426,10 @@ fn a_host_failing_a_fifth_of_its_requests_is_penalised_in_proportion() {
             }
             w.tick(tick * 100 * MS, &mut store.clone());
         }
-        let share = store.state().host(hosts[0]).map_or(0.0, |h| h.share);
+        let share = store
+            .record_of(CLUSTER)
+            .host(hosts[0])
+            .map_or(0.0, |h| h.share);
         let status: serde_json::Value = serde_json::from_str(&w.status_json()).unwrap();
         (share, status["clusters"][0]["hosts"][0].clone())
     };

@@ -18,9 +18,9 @@ use hdrhistogram::Histogram;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::store::MemoryStore;
 use super::{host_address, Arrivals, SimSpec};
 use crate::policy::{merge, Balancer, Policy};
+use ewma_lb::testing::MemoryStore;
 
 /// The cluster every simulated proxy routes to.
 pub const CLUSTER: &str = "backend";
