@@ -36,8 +36,8 @@ pub enum PickAlgorithm {
     /// refreshes.
     #[default]
     WeightedP2c,
-    /// Always the host with the highest weight. Shipped for the benchmark only: it is the
-    /// "always the fastest" balancer the seeds warn herds and flaps.
+    /// Always the host with the highest weight. Shipped for the benchmark only: "always the
+    /// fastest" herds every request onto one host and flaps when another looks faster.
     LowestLatency,
 }
 

@@ -46,7 +46,8 @@ fn out_of_range(field: &str, lo: String, hi: String, got: String) -> ConfigError
 
 /// A bound or value as an error message shows it: integers as Rust writes them, numbers with a
 /// fraction as JSON does (serde_json's float writer, already in the module for the status page:
-/// core's own float formatting would add 20 KB for these messages alone).
+/// core's own float formatting would bring its whole float printer into the module for these
+/// messages alone; bench/README.md, "Module size").
 pub(crate) trait Shown {
     fn shown(&self) -> String;
 }

@@ -484,13 +484,13 @@ impl Config {
         self.health_poll_ns
     }
 
-    /// The namespace of records written under this configuration: a stable hash (FNV-1a, the same in every VM
-    /// of a build) of every setting that changes what the record holds or what merging and refreshing
-    /// do: the policy, in postcard's encoding (a field added to the policy is fingerprinted without
-    /// anyone remembering to), and the settings outside it that shape samples or hosts (static
-    /// endpoints, `failure_penalty_ms`, `latency_ceiling_ms`, the gRPC codes that are failures). Two
-    /// listeners on one `vm_id` that differ in any of them keep separate records; before, those
-    /// outside the policy shared one, and each listener's refresh dropped the other's static hosts.
+    /// The namespace of records written under this configuration: a stable hash (FNV-1a, the same
+    /// in every VM of a build) of every setting that changes what the record holds or what merging
+    /// and refreshing do: the policy, in postcard's encoding (a field added to the policy is
+    /// fingerprinted without anyone remembering to), and the settings outside it that shape
+    /// samples or hosts (static endpoints, `failure_penalty_ms`, `latency_ceiling_ms`, the gRPC
+    /// codes that are failures). Two listeners on one `vm_id` that differ in any of them keep
+    /// separate records: sharing one, each listener's refresh would drop the other's static hosts.
     pub(crate) fn record_namespace(&self) -> String {
         let mut bytes = postcard::to_allocvec(self.policy()).unwrap_or_default();
         let mut clusters: Vec<&str> = self.static_clusters().collect();

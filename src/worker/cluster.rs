@@ -69,8 +69,8 @@ pub(crate) struct LocalCluster {
 impl LocalCluster {
     /// The batch of `host`, created while there is room. Entries are emptied, not removed, after a
     /// merge (the next tick's samples of the same host need no allocation); a full batch drops
-    /// its empty entries once a tick to make room. Before, the first 4,096 hosts a VM met held
-    /// every place for good: a larger cluster was never learned beyond them.
+    /// its empty entries once a tick to make room: otherwise the first hosts a VM met would hold
+    /// every place for good, and a larger cluster would never be learned beyond them.
     pub(crate) fn host_batch(&mut self, host: &str) -> Option<&mut Accumulator> {
         if !self.batch.hosts.contains_key(host)
             && self.batch.hosts.len() >= MAX_PENDING_HOSTS
@@ -127,7 +127,7 @@ impl Counts {
 /// configuration steers (at most [`MAX_CLUSTERS`] have a local entry) and [`NO_CLUSTER`] always
 /// find room: unlisted clusters, which a proxy may meet without bound, have [`MAX_CLUSTERS`] of
 /// their own, and one whose counters were handed over at the last tick (all zero) gives its place
-/// to a newcomer. Before, the first 257 labels of any kind took every place for good.
+/// to a newcomer: otherwise the first labels of any kind would take every place for good.
 pub(crate) fn counts_entry<'a>(
     counts: &'a mut Map<String, Counts>,
     label: &str,
