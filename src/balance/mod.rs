@@ -5,7 +5,7 @@
 
 pub mod explore;
 pub mod locality;
-pub(crate) mod outlier;
+pub mod outlier;
 pub mod pick;
 pub mod probe;
 pub mod score;

@@ -30,19 +30,19 @@ use crate::units::NS_PER_SEC;
 pub(crate) const MAX_ERROR_RATE: f64 = 0.9;
 /// Time constant of the error rate: a burst of failures fades over tens of seconds, while the
 /// penalty latency of the failures moves the score within a tick.
-pub(crate) const ERROR_RATE_TAU_NS: u64 = 10 * NS_PER_SEC;
+pub const ERROR_RATE_TAU_NS: u64 = 10 * NS_PER_SEC;
 /// Requests of prior evidence of success the error rate starts from: one failure out of a
 /// host's first two requests is not a 50 % error rate.
 pub(crate) const ERROR_RATE_PRIOR: f64 = 4.0;
 /// Time constant of the reported load: reports are instantaneous readings, averaged over about
 /// a second, as the latency is.
-pub(crate) const LOAD_TAU_NS: u64 = NS_PER_SEC;
+pub const LOAD_TAU_NS: u64 = NS_PER_SEC;
 /// A host that sent no report for this long has no load term (it stopped reporting, or its
 /// reports stopped reaching this proxy).
 pub const LOAD_TTL_NS: u64 = 10 * NS_PER_SEC;
 /// Reported values above this are not a utilisation (ORCA allows a little over 1 for a host past
 /// its soft limit, never a thousand percent): the report is ignored and counted.
-pub(crate) const MAX_REPORTED_UTILIZATION: f64 = 10.0;
+pub const MAX_REPORTED_UTILIZATION: f64 = 10.0;
 /// Longest `endpoint-load-metrics` value read; a longer one is ignored and counted.
 pub const MAX_REPORT_BYTES: usize = 4096;
 

@@ -36,7 +36,7 @@ pub struct WeightParams {
     pub min_fair_share: f64,
     /// Largest factor by which one refresh may raise a host's share.
     pub max_step_ratio: f64,
-    /// Targets within this factor of a host's share are treated as noise (see [`settle`]).
+    /// Targets within this factor of a host's share are treated as noise (see `settle`).
     pub noise_band: f64,
     /// Share of the way to a target within the band made per refresh; 1 follows every target.
     pub noise_gain: f64,

@@ -217,7 +217,7 @@ pub struct Ack {
 }
 
 /// A worker VM that merged nothing for this long no longer counts as serving the cluster.
-pub(crate) const WORKER_TTL_NS: u64 = 2 * NS_PER_SEC;
+pub const WORKER_TTL_NS: u64 = 2 * NS_PER_SEC;
 /// Most worker VMs a record counts: more than any Envoy runs.
 pub(crate) const MAX_WORKERS: usize = 256;
 
@@ -342,7 +342,7 @@ impl ClusterState {
     /// cluster does, so a refresh folding many batches pays the cluster once ([`settle`]).
     ///
     /// [`settle`]: ClusterState::settle
-    pub(crate) fn merge_hosts<'a>(
+    pub fn merge_hosts<'a>(
         &mut self,
         hosts: impl Iterator<Item = (&'a str, &'a Accumulator)>,
         num_endpoints: Option<u32>,

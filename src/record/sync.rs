@@ -110,7 +110,7 @@ pub const MAX_RECORD_HOSTS: usize = 16_384;
 /// that would grow past it folds its batches into one.
 pub const MAX_VALUE_BYTES: usize = 4 << 20;
 /// Slots of one cluster: more worker VMs than any Envoy runs.
-pub(crate) const MAX_SLOTS: usize = 256;
+pub const MAX_SLOTS: usize = 256;
 /// Batches one slot holds before the newest are folded into one (a refresher that keeps not
 /// coming): their samples are kept, only their separate times are lost.
 pub(crate) const MAX_SLOT_BATCHES: usize = 64;

@@ -33,7 +33,7 @@ pub const UNSEEN_AFTER_NS: u64 = 30 * NS_PER_SEC;
 /// At most one warning of unseen steered clusters (per VM) this often.
 pub const UNSEEN_EVERY_NS: u64 = 300 * NS_PER_SEC;
 /// Cluster names a warning lists at most.
-pub(crate) const MAX_LISTED: usize = 20;
+pub const MAX_LISTED: usize = 20;
 
 /// Picks of one cluster in the current window, and when the last warning was.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
