@@ -11,12 +11,13 @@
 //! and at thousands of requests a second that is several requests a second to a host that takes
 //! a second to answer.
 //!
-//! The two candidates are distinct hosts, and the comparison is by load per unit of share (this worker's requests in flight / share), and
-//! a tie (most often: nothing in flight on either) goes to the host served least per unit of
-//! share since the table was adopted. With a `+ 1` in the cost instead, an idle pair would always
-//! go to the heavier host, turning a 2 % difference in weights into whole refreshes of traffic
-//! for one host; the served count turns ties into a smooth round of the shares. With equal
-//! shares this is least request's two choices over this worker's requests in flight.
+//! The two candidates are distinct hosts, and the comparison is by load per unit of share (this
+//! worker's requests in flight / share), and a tie (most often: nothing in flight on either) goes
+//! to the host served least per unit of share since the table was adopted. With a `+ 1` in the cost
+//! instead, an idle pair would always go to the heavier host, turning a 2 % difference in weights
+//! into whole refreshes of traffic for one host; the served count turns ties into a smooth round of
+//! the shares. With equal shares this is least request's two choices over this worker's requests in
+//! flight.
 
 use std::cell::Cell;
 use std::rc::Rc;

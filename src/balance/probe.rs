@@ -1,12 +1,12 @@
 //! Probes: how a host out of favour keeps being measured.
 //!
-//! A host at the weight table's floor gets no traffic from the pick (`pick`), so without probes
-//! its estimate would never change and it could never earn its traffic back. Only such hosts are
-//! probed: one above the floor gets its share from the pick, however rarely in a large cluster. Probes are spent by
-//! time, not by share: each worker VM sends a host a request when it has sent it none for the
-//! host's probe interval, so what a slow host costs does not grow with the traffic (a share of
-//! all requests would: at thousands of requests a second, 0.2 % is several requests a second to a
-//! host that may take a second to answer).
+//! A host at the weight table's floor gets no traffic from the pick (`pick`), so without probes its
+//! estimate would never change and it could never earn its traffic back. Only such hosts are
+//! probed: one above the floor gets its share from the pick, however rarely in a large cluster.
+//! Probes are spent by time, not by share: each worker VM sends a host a request when it has sent
+//! it none for the host's probe interval, so what a slow host costs does not grow with the traffic
+//! (a share of all requests would: at thousands of requests a second, 0.2 % is several requests a
+//! second to a host that may take a second to answer).
 //!
 //! A probe costs the request that carries it the host's latency, and a probe seen sooner shows a
 //! recovery sooner. The interval that minimises their sum, cost per second ∝ `excess / interval`

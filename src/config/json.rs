@@ -246,8 +246,12 @@ pub fn variant<T: Copy>(
 macro_rules! json_struct {
     ($ty:ty { $($field:ident),* $(,)? }) => {
         impl $crate::config::json::FromJson for $ty {
-            fn from_json(value: &serde_json::Value, path: &str) -> Result<Self, $crate::config::ConfigError> {
-                let fields = $crate::config::json::Fields::of(value, path, &[$(stringify!($field)),*])?;
+            fn from_json(
+                value: &serde_json::Value,
+                path: &str,
+            ) -> Result<Self, $crate::config::ConfigError> {
+                let names = [$(stringify!($field)),*];
+                let fields = $crate::config::json::Fields::of(value, path, &names)?;
                 let mut out = <$ty>::default();
                 $( fields.read(stringify!($field), &mut out.$field)?; )*
                 Ok(out)

@@ -1,20 +1,20 @@
 //! Path rules: which requests the balancer touches, and who may reach management paths.
 //!
-//! Health checks and metrics are different things: a load balancer probes a light health path
-//! and routes by it alone; metrics and management endpoints are not business traffic, must not be reachable through the
-//! business entry point except from internal networks, and their heavy scrapes must not pollute
-//! the latency statistics. So:
+//! Health checks and metrics are different things: a load balancer probes a light health path and
+//! routes by it alone; metrics and management endpoints are not business traffic, must not be
+//! reachable through the business entry point except from internal networks, and their heavy
+//! scrapes must not pollute the latency statistics. So:
 //! - health probes pass untouched: never steered, never sampled;
 //! - management paths are answered with a local 403 unless the client is in the allowlist;
 //! - excluded paths (long polls, streams, uploads) are left to the fallback and never sampled,
 //!   since their duration says nothing about the host's speed.
 //!
-//! Paths are compared after normalisation (query dropped, percent-decoding, dot segments,
-//! repeated slashes, `;` parameters, case), so `/Actuator/./env;x` cannot slip past a rule, and
-//! a prefix matches whole segments, so `/actuator/health` is not a prefix of `/actuator/healthdump`.
-//! The client writes the path, so normalising it is linear in its length whatever it holds, and
-//! a path a backend could read as another one than the rules do (an encoded separator, a NUL,
-//! still encoded after a few decodings) is guarded like a management path rather than guessed at.
+//! Paths are compared after normalisation (query dropped, percent-decoding, dot segments, repeated
+//! slashes, `;` parameters, case), so `/Actuator/./env;x` cannot slip past a rule, and a prefix
+//! matches whole segments, so `/actuator/health` is not a prefix of `/actuator/healthdump`. The
+//! client writes the path, so normalising it is linear in its length whatever it holds, and a path
+//! a backend could read as another one than the rules do (an encoded separator, a NUL, still
+//! encoded after a few decodings) is guarded like a management path rather than guessed at.
 
 use std::borrow::Cow;
 use std::fmt;
