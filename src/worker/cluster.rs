@@ -104,7 +104,7 @@ pub(crate) struct Counts {
     pub(crate) bad_records: u64,
     /// Picks Envoy served by another host on the first attempt.
     pub(crate) not_honoured: u64,
-    /// A cluster the configuration steers, or [`NO_CLUSTER`] (`counts_entry`).
+    /// A cluster the configuration steers, or `telemetry::NO_CLUSTER` (`counts_entry`).
     pub(crate) steered_label: bool,
     /// Load reports ignored as malformed or out of range.
     pub(crate) load_report_errors: u64,
@@ -123,11 +123,11 @@ impl Counts {
     }
 }
 
-/// The counters of `label`, created on first sight while there is room. Clusters the
-/// configuration steers (at most [`MAX_CLUSTERS`] have a local entry) and [`NO_CLUSTER`] always
-/// find room: unlisted clusters, which a proxy may meet without bound, have [`MAX_CLUSTERS`] of
-/// their own, and one whose counters were handed over at the last tick (all zero) gives its place
-/// to a newcomer: otherwise the first labels of any kind would take every place for good.
+/// The counters of `label`, created on first sight while there is room. Clusters the configuration
+/// steers (at most [`MAX_CLUSTERS`] have a local entry) and `telemetry::NO_CLUSTER` always find
+/// room: unlisted clusters, which a proxy may meet without bound, have [`MAX_CLUSTERS`] of their
+/// own, and one whose counters were handed over at the last tick (all zero) gives its place to a
+/// newcomer: otherwise the first labels of any kind would take every place for good.
 pub(crate) fn counts_entry<'a>(
     counts: &'a mut Map<String, Counts>,
     label: &str,

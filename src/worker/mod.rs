@@ -1,10 +1,12 @@
-//! Worker: what one Envoy worker VM holds, per request and per tick.
+//! Worker: what one VM holds, per request and per tick. Every VM has one, the main thread's too
+//! (it serves no request, but ticks, so configured clusters are refreshed).
 //!
-//! Per request it only reads its local pick table and bumps local counters; it never touches
-//! shared data. On a tick it merges its samples into each cluster's shared record (`sync`),
-//! adopts a new table when the shared version moved, and hands the adapter what to export
-//! (`telemetry`). The shared store and the clock are parameters, so the protocol runs natively
-//! in tests with several workers over one store, and in the VM over proxy-wasm shared data.
+//! Per request (`route`) it only reads its local pick table and bumps local counters; it never
+//! touches shared data. On a tick (`tick`) it merges its samples into each cluster's shared
+//! record (`record::sync`), adopts a new table when the shared version moved, and hands the
+//! adapter what to export (`telemetry`). What it keeps per cluster is in `cluster`. The shared
+//! store and the clock are parameters, so the protocol runs natively in tests with several
+//! workers over one store, and in the VM over proxy-wasm shared data.
 
 mod cluster;
 pub mod decision;
@@ -49,8 +51,8 @@ pub struct Worker {
     /// The proxy's zone (`xds.node` locality), once the adapter has read it.
     local_zone: Option<String>,
     clusters: Map<String, LocalCluster>,
-    /// By `cluster_name` label: steered clusters and [`NO_CLUSTER`], and at most [`MAX_CLUSTERS`]
-    /// unlisted ones (`counts_entry`).
+    /// By `cluster_name` label: steered clusters and [`NO_CLUSTER`], and at most
+    /// `cluster::MAX_CLUSTERS` unlisted ones (`counts_entry`).
     counts: Map<String, Counts>,
     /// The names of `steered_clusters` no request carried yet (`diagnose`).
     steered_watch: SteeredWatch,
