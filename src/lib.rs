@@ -5,27 +5,14 @@
 
 #![forbid(unsafe_code)]
 
+pub mod balance;
 pub mod clock;
 pub mod config;
-pub mod diagnose;
-pub mod health;
-pub mod json;
-pub mod locality;
 pub mod map;
-pub mod outcome;
-pub mod outlier;
-pub mod persistence;
-pub mod pick;
-pub mod probe;
-pub mod rules;
-pub mod score;
-pub mod smoothing;
-pub mod state;
-pub mod status;
-pub mod sync;
-pub mod telemetry;
+pub mod record;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod units;
-pub mod weights;
 pub mod worker;
 
 #[cfg(not(all(target_arch = "wasm32", target_os = "unknown")))]

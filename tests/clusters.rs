@@ -13,12 +13,13 @@ use std::collections::BTreeMap;
 
 use ewma_lb::map::Map;
 
-use ewma_lb::outcome::Outcome;
-use ewma_lb::state::{Accumulator, ClusterBatch, ClusterState};
-use ewma_lb::status::HostPhase;
-use ewma_lb::sync;
-use ewma_lb::telemetry::{Change, Metric};
-use ewma_lb::worker::{Decision, Finished, Worker, LEARNING_SHARE, LEARNING_WINDOW_NS};
+use ewma_lb::balance::explore::{LEARNING_SHARE, LEARNING_WINDOW_NS};
+use ewma_lb::record::state::{Accumulator, ClusterBatch, ClusterState};
+use ewma_lb::record::sync;
+use ewma_lb::worker::outcome::Outcome;
+use ewma_lb::worker::status::HostPhase;
+use ewma_lb::worker::telemetry::{Change, Metric};
+use ewma_lb::worker::{Decision, Finished, Worker};
 use store::{config, defaults, steer, Shared, CLUSTER, MS, SEC};
 
 fn served(w: &mut Worker, host: &str, ms: f64, endpoints: u32) {
@@ -79,7 +80,7 @@ fn endpoints_the_table_does_not_know_get_their_share_through_the_fallback() {
     w.tick(SEC + 100 * MS, &mut store.clone());
     w.tick(SEC + 300 * MS, &mut store.clone());
     assert_eq!(w.explore_share(CLUSTER), Some(0.0));
-    assert_eq!(store.state().unknown_endpoints(), 0);
+    assert_eq!(store.record_of(CLUSTER).unknown_endpoints(), 0);
 }
 
 #[test]
@@ -94,7 +95,7 @@ fn hosts_met_while_learning_the_cluster_need_no_slow_start_but_newcomers_ramp_in
         w.tick(t, &mut store.clone());
         t += 100 * MS;
     }
-    let state = store.state();
+    let state = store.record_of(CLUSTER);
     assert!(state.complete, "every endpoint known");
     assert!(
         state.hosts.iter().all(|h| h.active_since_ns == 0),
@@ -117,7 +118,7 @@ fn hosts_met_while_learning_the_cluster_need_no_slow_start_but_newcomers_ramp_in
     // A scale-out: the cluster grows to four, and the fourth is new to the cluster too.
     served(&mut w, &host(4), 50.0, 4);
     w.tick(t, &mut store.clone());
-    let state = store.state();
+    let state = store.record_of(CLUSTER);
     let newcomer = state.host(&host(4)).cloned().unwrap();
     assert!(newcomer.active_since_ns > 0, "{newcomer:?}");
     assert_eq!(
@@ -155,7 +156,7 @@ fn the_table_follows_a_change_of_membership_in_the_same_tick_not_at_the_next_ref
     served(&mut w, &host(3), 50.0, 4);
     let report = w.tick(SEC + 200 * MS, &mut store.clone());
     assert_eq!(report.refreshed, 1);
-    assert!(store.state().host(&host(3)).unwrap().share > 0.0);
+    assert!(store.record_of(CLUSTER).host(&host(3)).unwrap().share > 0.0);
     // Nothing new: no refresh before the interval.
     served(&mut w, &host(3), 50.0, 4);
     assert_eq!(w.tick(SEC + 300 * MS, &mut store.clone()).refreshed, 0);
@@ -172,7 +173,7 @@ fn while_endpoints_are_unknown_the_fallback_gets_half_the_requests_for_a_while()
         served(&mut w, &host(i), 50.0, 50);
     }
     w.tick(SEC, &mut store.clone());
-    assert_eq!(store.state().unknown_endpoints(), 1);
+    assert_eq!(store.record_of(CLUSTER).unknown_endpoints(), 1);
     assert_eq!(w.explore_share(CLUSTER), Some(LEARNING_SHARE));
     let counts = picks(&mut w, 20_000);
     let explored = counts.get("exploring").copied().unwrap_or(0);
@@ -233,7 +234,10 @@ fn a_host_envoy_no_longer_honours_leaves_the_table_at_once_and_its_gauges_go_to_
         },
     );
     let report = w.tick(SEC + 400 * MS, &mut store.clone());
-    assert!(store.state().host(&gone).is_none(), "still in the record");
+    assert!(
+        store.record_of(CLUSTER).host(&gone).is_none(),
+        "still in the record"
+    );
     let zeroed: Vec<Metric> = report
         .metrics
         .iter()
@@ -407,7 +411,7 @@ fn an_idle_cluster_is_not_reweighed_and_is_forgotten_after_the_ttl() {
         t += 100 * MS;
         adopted.extend(w.tick(t, &mut store.clone()).adopted);
     }
-    let version = store.state().table_version;
+    let version = store.record_of(CLUSTER).table_version;
     for _ in 0..10 {
         t += 100 * MS;
         assert!(
@@ -415,7 +419,7 @@ fn an_idle_cluster_is_not_reweighed_and_is_forgotten_after_the_ttl() {
             "an idle cluster got a new table"
         );
     }
-    assert_eq!(store.state().table_version, version);
+    assert_eq!(store.record_of(CLUSTER).table_version, version);
     // After host_ttl without use the VM forgets the cluster (the record stays in shared data).
     for _ in 0..60 {
         t += 100 * MS;
@@ -471,7 +475,7 @@ fn a_clock_step_moves_no_refresh_no_ejection_and_no_sample() {
         let report = w.tick(raw(real), &mut store.clone());
         *refreshes_per_second.entry(real / SEC).or_default() += report.refreshed;
         if store
-            .state()
+            .record_of(CLUSTER)
             .host("10.0.0.2:80")
             .is_some_and(|h| h.share == 0.0)
         {
@@ -543,7 +547,7 @@ fn hosts_learn_their_zone_and_the_local_zone_keeps_the_traffic() {
         cross_zone, 40,
         "the two remote hosts served 20 requests each"
     );
-    let state = store.state();
+    let state = store.record_of(CLUSTER);
     assert_eq!(
         state.host(&host(3)).map(|h| h.zone.as_str()),
         Some("zone-b")
@@ -717,7 +721,7 @@ fn large_run(endpoints: usize, cfg: &str, ticks: u64, per_tick: usize, window: u
         }
         if t > ticks - window {
             let mut hosts: Vec<String> = store
-                .state()
+                .record_of(CLUSTER)
                 .hosts
                 .iter()
                 .map(|h| h.address.clone())
@@ -728,7 +732,12 @@ fn large_run(endpoints: usize, cfg: &str, ticks: u64, per_tick: usize, window: u
     }
     LargeRun {
         host_sets,
-        samples: store.state().hosts.iter().map(|h| h.samples).collect(),
+        samples: store
+            .record_of(CLUSTER)
+            .hosts
+            .iter()
+            .map(|h| h.samples)
+            .collect(),
         fallback_share: fallback as f64 / total as f64,
         outside_subset,
     }

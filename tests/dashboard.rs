@@ -41,7 +41,7 @@ fn with_declared(mut sets: LabelSets) -> LabelSets {
         .filter(|(n, _)| n.starts_with("ewma_lb_"))
         .flat_map(|(_, l)| l.iter().cloned())
         .collect();
-    for metric in ewma_lb::telemetry::Metric::ALL {
+    for metric in ewma_lb::worker::telemetry::Metric::ALL {
         let labels: BTreeSet<String> = metric.labels().iter().map(|l| l.to_string()).collect();
         if !sets.contains_key(metric.name()) && labels.is_subset(&extracted) {
             sets.insert(metric.name().to_string(), labels);

@@ -1404,7 +1404,7 @@ fn docs_say_what_the_mesh_needs() {
         !docs.contains("proxyStatsMatcher:\n        inclusionPrefixes:\n        - wasmcustom"),
         "Istio always includes wasm stats: no proxyStatsMatcher for them"
     );
-    let tags: BTreeMap<&str, ()> = ewma_lb::telemetry::Metric::ALL
+    let tags: BTreeMap<&str, ()> = ewma_lb::worker::telemetry::Metric::ALL
         .iter()
         .flat_map(|m| m.labels().iter().map(|l| (*l, ())))
         .collect();

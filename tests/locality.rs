@@ -5,8 +5,8 @@
 #[cfg(target_arch = "wasm32")]
 use wasm_bindgen_test::wasm_bindgen_test;
 
-use ewma_lb::locality::{split, LocalityParams, ZoneInput};
-use ewma_lb::weights::{shares_within, HostInput, WeightParams};
+use ewma_lb::balance::locality::{split, LocalityParams, ZoneInput};
+use ewma_lb::balance::weights::{shares_within, HostInput, WeightParams};
 
 fn zone(zone: &'static str, score_ms: f64) -> ZoneInput<'static> {
     ZoneInput {

@@ -6,7 +6,9 @@
 #[cfg(target_arch = "wasm32")]
 use wasm_bindgen_test::wasm_bindgen_test;
 
-use ewma_lb::outcome::{flags, is_grpc_content_type, GrpcCode, GrpcCodes, GrpcResponse, Outcome};
+use ewma_lb::worker::outcome::{
+    flags, is_grpc_content_type, GrpcCode, GrpcCodes, GrpcResponse, Outcome,
+};
 
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]

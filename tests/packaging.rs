@@ -19,9 +19,9 @@ use std::process::Command;
 mod shipped;
 mod variants;
 
+use ewma_lb::balance::pick::PickAlgorithm;
 use ewma_lb::config::{ClusterConfig, Config, PluginConfig};
-use ewma_lb::pick::PickAlgorithm;
-use ewma_lb::telemetry::{Metric, MetricKind};
+use ewma_lb::worker::telemetry::{Metric, MetricKind};
 use ewma_lb::worker::FallbackReason;
 use harness::repo_root;
 use serde_json::{json, Value};
@@ -518,7 +518,7 @@ fn every_plugin_configuration_in_the_manifests_is_valid() {
 
 /// What each shipped plugin configuration sets on purpose, by dotted field path: every other
 /// field a file spells out must be what the parser fills in by itself, so a default that moves
-/// in src/config.rs shows up here as a file to update, never as a stale example.
+/// in src/config/ shows up here as a file to update, never as a stale example.
 const OVERRIDES: &[(&str, &[&str])] = &[
     // Steers the one static cluster of the file; nothing else.
     // Steers the one static cluster of the file, and follows Envoy's health checks through its

@@ -7,7 +7,7 @@
 use wasm_bindgen_test::wasm_bindgen_test;
 
 use ewma_lb::config::Config;
-use ewma_lb::state::{Accumulator, ClusterBatch, ClusterState, Policy};
+use ewma_lb::record::state::{Accumulator, ClusterBatch, ClusterState, Policy};
 
 const SEC: u64 = 1_000_000_000;
 const MS: u64 = 1_000_000;

@@ -6,7 +6,7 @@
 #[cfg(target_arch = "wasm32")]
 use wasm_bindgen_test::wasm_bindgen_test;
 
-use ewma_lb::pick::{PickAlgorithm, PickTable};
+use ewma_lb::balance::pick::{PickAlgorithm, PickTable};
 #[cfg(not(target_arch = "wasm32"))]
 use proptest::prelude::*;
 

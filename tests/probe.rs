@@ -8,7 +8,7 @@ use wasm_bindgen_test::wasm_bindgen_test;
 
 use std::rc::Rc;
 
-use ewma_lb::probe::{interval_ns, Probes};
+use ewma_lb::balance::probe::{interval_ns, Probes};
 
 const SEC: u64 = 1_000_000_000;
 const MS: u64 = 1_000_000;

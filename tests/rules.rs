@@ -8,7 +8,7 @@ use wasm_bindgen_test::wasm_bindgen_test;
 use std::borrow::Cow;
 
 use ewma_lb::config::Config;
-use ewma_lb::rules::{normalize, normalize_bytes, PathClass, Rules};
+use ewma_lb::worker::rules::{normalize, normalize_bytes, PathClass, Rules};
 
 fn rules(json: &str) -> Rules {
     Config::from_json(json.as_bytes())
@@ -403,9 +403,9 @@ fn custom_rules_and_their_errors() {
 
 #[cfg(not(target_arch = "wasm32"))]
 mod properties {
-    use ewma_lb::rules::{
-        normalize_bytes, normalize_counting, ManagementConfig, PathClass, PathSet, Rules,
-        MAX_DECODINGS, MAX_SCANNED_PER_BYTE,
+    use ewma_lb::config::{compile_rules, ManagementConfig, PathSet};
+    use ewma_lb::worker::rules::{
+        normalize_bytes, normalize_counting, PathClass, Rules, MAX_DECODINGS, MAX_SCANNED_PER_BYTE,
     };
     use proptest::prelude::*;
 
@@ -455,7 +455,7 @@ mod properties {
             paths: PathSet::default(),
             allowed_cidrs: vec![],
         };
-        Rules::compile(&health, &management, &PathSet::default()).unwrap()
+        compile_rules(&health, &management, &PathSet::default()).unwrap()
     }
 
     /// `pieces` (index, repeats) concatenated in turn until `len` bytes.

@@ -5,15 +5,15 @@
 #[cfg(target_arch = "wasm32")]
 use wasm_bindgen_test::wasm_bindgen_test;
 
-use ewma_lb::score::{
+use ewma_lb::balance::score::{
     parse_load_report, ErrorRate, Load, LoadMetric, LoadReportError, ScoreParams, Terms,
     LOAD_TTL_NS, MAX_REPORT_BYTES,
 };
 
 mod store;
 
-use ewma_lb::outcome::Outcome;
-use ewma_lb::telemetry::{Change, Metric};
+use ewma_lb::worker::outcome::Outcome;
+use ewma_lb::worker::telemetry::{Change, Metric};
 use ewma_lb::worker::{Finished, Worker};
 use store::{config, defaults, Shared, CLUSTER, MS, SEC};
 
@@ -367,7 +367,7 @@ fn a_host_reporting_a_high_load_loses_its_share_at_equal_latency() {
                 })
                 .sum::<u64>();
         }
-        let state = store.state();
+        let state = store.record_of(CLUSTER);
         let shares = hosts
             .iter()
             .map(|h| state.host(h).map_or(0.0, |h| h.share))
@@ -426,7 +426,10 @@ fn a_host_failing_a_fifth_of_its_requests_is_penalised_in_proportion() {
             }
             w.tick(tick * 100 * MS, &mut store.clone());
         }
-        let share = store.state().host(hosts[0]).map_or(0.0, |h| h.share);
+        let share = store
+            .record_of(CLUSTER)
+            .host(hosts[0])
+            .map_or(0.0, |h| h.share);
         let status: serde_json::Value = serde_json::from_str(&w.status_json()).unwrap();
         (share, status["clusters"][0]["hosts"][0].clone())
     };
@@ -473,7 +476,7 @@ envoy_admin::127.0.0.1:9901::health_flags::healthy
 ::127.0.0.1:1::health_flags::/failed_active_hc
 garbage \xff\xfe::health_flags::
 ";
-    let got = ewma_lb::health::unhealthy_hosts(text, |c| c == "backend" || c == "other");
+    let got = ewma_lb::worker::health::unhealthy_hosts(text, |c| c == "backend" || c == "other");
     let mut backend: Vec<&str> = got["backend"].iter().map(String::as_str).collect();
     backend.sort_unstable();
     assert_eq!(
@@ -483,7 +486,7 @@ garbage \xff\xfe::health_flags::
     );
     assert_eq!(got["other"].len(), 1);
     assert!(!got.contains_key("envoy_admin"), "not a steered cluster");
-    assert!(ewma_lb::health::unhealthy_hosts(b"", |_| true).is_empty());
+    assert!(ewma_lb::worker::health::unhealthy_hosts(b"", |_| true).is_empty());
 }
 
 /// A host Envoy reports unhealthy leaves this worker's picks at once and comes back when Envoy

@@ -5,7 +5,7 @@
 #[cfg(target_arch = "wasm32")]
 use wasm_bindgen_test::wasm_bindgen_test;
 
-use ewma_lb::smoothing::{Batch, Estimate, Smoother};
+use ewma_lb::balance::smoothing::{Batch, Estimate, Smoother};
 
 const SEC: u64 = 1_000_000_000;
 

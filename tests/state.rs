@@ -9,8 +9,8 @@ use wasm_bindgen_test::wasm_bindgen_test;
 use ewma_lb::map::Map;
 
 use ewma_lb::config::Config;
-use ewma_lb::state::{Accumulator, ClusterBatch, ClusterState, Policy};
-use ewma_lb::sync::{decode, encode, DecodeError, FORMAT_VERSION, MAGIC};
+use ewma_lb::record::state::{Accumulator, ClusterBatch, ClusterState, Policy};
+use ewma_lb::record::sync::{decode, encode, DecodeError, FORMAT_VERSION, MAGIC};
 #[cfg(not(target_arch = "wasm32"))]
 use proptest::prelude::*;
 
@@ -253,8 +253,8 @@ fn silent_learned_hosts_are_forgotten_static_ones_kept() {
 
 /// One small value of each kind, every field set, as written to shared data.
 fn golden_values() -> [Vec<u8>; 3] {
-    use ewma_lb::state::{Ack, HostState};
-    use ewma_lb::sync::{encode_head, encode_slot, Head, Lease, Slot, SlotBatch};
+    use ewma_lb::record::state::{Ack, HostState};
+    use ewma_lb::record::sync::{encode_head, encode_slot, Head, Lease, Slot, SlotBatch};
     let mut host = HostState {
         address: "10.0.0.1:80".into(),
         zone: "a".into(),
@@ -335,8 +335,8 @@ fn the_format_version_names_the_encoded_layout() {
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn values_are_bounded_in_size() {
-    use ewma_lb::state::HostState;
-    use ewma_lb::sync::{decode_head, decode_slot, MAX_RECORD_HOSTS, MAX_VALUE_BYTES};
+    use ewma_lb::record::state::HostState;
+    use ewma_lb::record::sync::{decode_head, decode_slot, MAX_RECORD_HOSTS, MAX_VALUE_BYTES};
     // The largest record a configuration allows, with long addresses and zones, fits a value.
     let host = |i: usize| HostState {
         address: format!(

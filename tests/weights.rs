@@ -5,7 +5,7 @@
 #[cfg(target_arch = "wasm32")]
 use wasm_bindgen_test::wasm_bindgen_test;
 
-use ewma_lb::weights::{shares, HostInput, WeightParams};
+use ewma_lb::balance::weights::{shares, HostInput, WeightParams};
 #[cfg(not(target_arch = "wasm32"))]
 use proptest::prelude::*;
 

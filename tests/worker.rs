@@ -10,8 +10,8 @@ mod store;
 
 use std::collections::HashMap;
 
-use ewma_lb::outcome::Outcome;
-use ewma_lb::telemetry::{Change, Metric, Update};
+use ewma_lb::worker::outcome::Outcome;
+use ewma_lb::worker::telemetry::{Change, Metric, Update};
 use ewma_lb::worker::{Decision, FallbackReason, Finished, Pick, Request, Worker};
 use store::{
     config, defaults, finish_pick, keys_of_kind, samples, steer, ticked, Shared, CLUSTER, MS, SEC,
@@ -59,7 +59,7 @@ fn no_sample_is_lost_under_contention() {
         }
     }
     let merged = store
-        .state()
+        .record_of(CLUSTER)
         .host("10.0.0.1:80")
         .map_or(0, |h| h.latency.samples());
     assert_eq!(merged, recorded);
@@ -116,9 +116,9 @@ fn one_refresh_per_interval_whoever_ticks() {
     assert_eq!(refreshes, 8);
     // The version moves only when a refresh changed the shares.
     assert!(
-        (1..=8).contains(&store.state().table_version),
+        (1..=8).contains(&store.record_of(CLUSTER).table_version),
         "{}",
-        store.state().table_version
+        store.record_of(CLUSTER).table_version
     );
 }
 
@@ -268,7 +268,7 @@ fn an_unreadable_record_is_rebuilt_reported_once_and_counted() {
         change: Change::Add(1)
     }));
     assert_eq!(
-        store.state().hosts.len(),
+        store.record_of(CLUSTER).hosts.len(),
         1,
         "rebuilt with this tick's samples"
     );
@@ -310,7 +310,7 @@ fn a_pick_that_needed_a_retry_counts_as_its_failure() {
         w.finish(CLUSTER, &retried);
     }
     w.tick(SEC + SEC / 5, &mut store.clone());
-    let state = store.state();
+    let state = store.record_of(CLUSTER);
     let dead = state.host("10.0.0.1:80").cloned().unwrap_or_default();
     assert!(
         dead.health.is_ejected(SEC + SEC / 5),
@@ -433,7 +433,7 @@ fn shadow_mode_samples_but_never_overrides() {
     w.tick(2 * SEC, &mut store.clone());
     assert_eq!(
         store
-            .state()
+            .record_of(CLUSTER)
             .host("10.0.0.1:80")
             .map(|h| h.latency.samples()),
         Some(1)
@@ -545,7 +545,7 @@ fn decisions_are_counted_and_handed_over_once() {
     let counters: Vec<(Metric, String, Option<String>, Change)> = report
         .metrics
         .iter()
-        .filter(|u| u.metric.kind() == ewma_lb::telemetry::MetricKind::Counter)
+        .filter(|u| u.metric.kind() == ewma_lb::worker::telemetry::MetricKind::Counter)
         .map(|u| (u.metric, u.cluster.clone(), u.label.clone(), u.change))
         .collect();
     let want = vec![
@@ -580,7 +580,7 @@ fn decisions_are_counted_and_handed_over_once() {
         again
             .metrics
             .iter()
-            .all(|u| u.metric.kind() != ewma_lb::telemetry::MetricKind::Counter),
+            .all(|u| u.metric.kind() != ewma_lb::worker::telemetry::MetricKind::Counter),
         "{:?}",
         again.metrics
     );
@@ -869,7 +869,7 @@ fn listeners_that_differ_outside_the_policy_keep_separate_records() {
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn a_grpc_status_decides_what_a_200_was() {
-    use ewma_lb::outcome::GrpcCode;
+    use ewma_lb::worker::outcome::GrpcCode;
     let grpc = |w: &mut Worker, status: GrpcCode| {
         let done = Finished {
             served_by: Some("10.0.0.1:80"),
@@ -889,7 +889,11 @@ fn a_grpc_status_decides_what_a_200_was() {
             grpc(&mut w, status);
         }
         w.tick(SEC, &mut store.clone());
-        let h = store.state().host("10.0.0.1:80").cloned().unwrap();
+        let h = store
+            .record_of(CLUSTER)
+            .host("10.0.0.1:80")
+            .cloned()
+            .unwrap();
         (
             h.latency.samples(),
             h.latency.value_ms().unwrap_or(0.0),
@@ -916,11 +920,11 @@ fn a_grpc_status_decides_what_a_200_was() {
     w.tick(SEC, &mut store.clone());
     assert!(
         store
-            .state()
+            .record_of(CLUSTER)
             .host("10.0.0.1:80")
             .is_none_or(|h| h.latency.samples() == 0),
         "{:?}",
-        store.state()
+        store.record_of(CLUSTER)
     );
 }
 
@@ -1007,8 +1011,8 @@ fn key_of(w: &Worker, kind: &str) -> String {
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn a_batch_written_after_the_refresher_collected_is_folded_next_time() {
-    use ewma_lb::state::Accumulator;
-    use ewma_lb::sync::{decode_slot, encode_slot, SlotBatch};
+    use ewma_lb::record::state::Accumulator;
+    use ewma_lb::record::sync::{decode_slot, encode_slot, SlotBatch};
     let store = Shared::default();
     let mut workers: Vec<Worker> = (0..2).map(|i| Worker::new(defaults(), i)).collect();
     let mut recorded = 0;
@@ -1171,4 +1175,21 @@ fn foreign_bytes_in_the_head_or_a_slot_are_replaced_and_counted() {
         .iter()
         .any(|u| u.metric == Metric::SharedRecordErrors));
     assert_eq!(samples(&store, HOST), 1);
+}
+
+/// The store every multi-worker test runs on compares and swaps as Envoy does: a write with a
+/// stale version fails, and the version of a key that does not exist yet is not checked.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn the_memory_store_compares_and_swaps_as_envoy_does() {
+    use ewma_lb::record::sync::{SharedStore, StoreError};
+    use ewma_lb::testing::MemoryStore;
+    let mut s = MemoryStore::default();
+    assert_eq!(s.get("k").unwrap(), (None, None));
+    s.set("k", b"a", Some(u32::MAX)).unwrap();
+    let (v, cas) = s.get("k").unwrap();
+    assert_eq!((v.as_deref(), cas), (Some(&b"a"[..]), Some(1)));
+    assert_eq!(s.set("k", b"b", Some(7)), Err(StoreError::CasMismatch));
+    s.set("k", b"b", cas).unwrap();
+    assert_eq!(s.get("k").unwrap().1, Some(2));
 }

@@ -7,13 +7,13 @@ use std::fmt::Write as _;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
+use ewma_lb::balance::pick::PickTable;
+use ewma_lb::balance::weights::{shares, HostInput, WeightParams};
 use ewma_lb::config::Config;
-use ewma_lb::outcome::Outcome;
-use ewma_lb::pick::PickTable;
-use ewma_lb::rules::normalize_bytes;
-use ewma_lb::state::{Accumulator, ClusterBatch, ClusterState};
-use ewma_lb::sync::{self, Keys, Member, SharedStore, StoreError, SyncContext};
-use ewma_lb::weights::{shares, HostInput, WeightParams};
+use ewma_lb::record::state::{Accumulator, ClusterBatch, ClusterState};
+use ewma_lb::record::sync::{self, Keys, Member, SharedStore, StoreError, SyncContext};
+use ewma_lb::worker::outcome::Outcome;
+use ewma_lb::worker::rules::normalize_bytes;
 use ewma_lb::worker::{Decision, Finished, Request, Worker};
 use serde::{Deserialize, Serialize};
 
@@ -71,7 +71,7 @@ fn latency_ms(i: usize) -> f64 {
 }
 
 /// A cluster state with `n` hosts that each have a few samples.
-fn state_with(n: usize) -> (ClusterState, ewma_lb::state::Policy) {
+fn state_with(n: usize) -> (ClusterState, ewma_lb::record::state::Policy) {
     let mut policy = Config::from_json(b"{}")
         .map(|c| c.policy().clone())
         .unwrap_or_else(|e| panic!("defaults: {e}"));
@@ -130,7 +130,7 @@ const SAMPLED: usize = 200;
 /// untimed between ticks, as another VM would, so the slot holds what it does in an Envoy.
 fn shared_data(
     n: usize,
-    policy: &ewma_lb::state::Policy,
+    policy: &ewma_lb::record::state::Policy,
     budget: Duration,
 ) -> ((f64, u64), (f64, u64)) {
     const REFRESHER: u64 = 1;

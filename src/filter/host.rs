@@ -13,7 +13,7 @@ use std::time::Instant;
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{MapType, Status};
 
-use crate::sync::{SharedStore, StoreError};
+use crate::record::sync::{SharedStore, StoreError};
 
 /// The host's monotonic clock in ns since this VM first read it. `Instant` reads WASI's
 /// `clock_time_get` with the monotonic clock, which Envoy serves from its own steady clock, so

@@ -17,7 +17,9 @@ use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
 
 use crate::map::Map;
-use crate::telemetry::{Build, Change, Metric, MetricKind, Update, CLUSTER_LABEL, NO_CLUSTER};
+use crate::worker::telemetry::{
+    Build, Change, Metric, MetricKind, Update, CLUSTER_LABEL, NO_CLUSTER,
+};
 
 /// Series one VM keeps updating at most (docs/observability.md).
 const MAX_SERIES: usize = 4096;

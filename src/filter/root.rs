@@ -13,8 +13,8 @@ use super::host::{self, SharedData};
 use super::http::Http;
 use super::vm::Vm;
 use crate::config::Config;
-use crate::telemetry::BUILD;
 use crate::units::ns_to_whole_ms;
+use crate::worker::telemetry::BUILD;
 use crate::worker::Worker;
 
 #[derive(Default)]

@@ -2,7 +2,7 @@
 
 #![allow(dead_code)] // each test binary uses its own part
 
-use ewma_lb::smoothing::Smoother;
+use ewma_lb::balance::smoothing::Smoother;
 
 /// Every smoother, once. The `match` makes a new algorithm a compile error here until it is
 /// added to this list (and so to the schema and the round-trip tests that read it).

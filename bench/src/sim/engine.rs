@@ -12,15 +12,15 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail, Result};
 use ewma_lb::config::Config;
-use ewma_lb::outcome::Outcome;
+use ewma_lb::worker::outcome::Outcome;
 use ewma_lb::worker::{Decision, Finished, Request, Worker};
 use hdrhistogram::Histogram;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::store::MemoryStore;
 use super::{host_address, Arrivals, SimSpec};
 use crate::policy::{merge, Balancer, Policy};
+use ewma_lb::testing::MemoryStore;
 
 /// The cluster every simulated proxy routes to.
 pub const CLUSTER: &str = "backend";

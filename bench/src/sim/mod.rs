@@ -7,7 +7,7 @@
 //! proxies (each an Envoy process with W worker VMs and its own shared data, since shared data
 //! is per process) against M hosts that serve k requests at once and queue the rest. The plugin
 //! is not modelled: every proxy worker is the core's [`ewma_lb::worker::Worker`], routing and
-//! finishing each request and ticking over the proxy's [`store::MemoryStore`] through
+//! finishing each request and ticking over the proxy's [`ewma_lb::testing::MemoryStore`] through
 //! `sync::SharedStore`, with the time of the simulation as its clock. Envoy's own balancers
 //! (round robin per worker, random, least request by the process's active requests) are
 //! modelled as Envoy documents them; they are also the plugin's fallback.
@@ -18,7 +18,6 @@
 pub mod engine;
 pub mod file;
 pub mod report;
-pub mod store;
 
 use std::time::Duration;
 

@@ -5,11 +5,11 @@
 //! and each leaf type says how it reads a value. This does what serde's derived deserializers
 //! wrapped in `serde_path_to_error` did, with the same messages, in a fraction of the module:
 //! those instantiate a visitor per type and a path-tracking wrapper around each, and replacing
-//! them took the plugin from 376 to 335 KB (bench/README.md, "Module size").
+//! them made the module markedly smaller (bench/README.md, "Module size", has the figures).
 
 use serde_json::Value;
 
-use crate::config::ConfigError;
+use super::ConfigError;
 use crate::map;
 
 /// A value that can be read from JSON at `path`.
@@ -54,7 +54,7 @@ impl<'a> Fields<'a> {
     }
 
     /// The path of field `name`.
-    pub fn path_of(&self, name: &str) -> String {
+    pub(crate) fn path_of(&self, name: &str) -> String {
         join(self.path, name)
     }
 }
@@ -69,7 +69,7 @@ pub fn join(parent: &str, child: &str) -> String {
 }
 
 /// What serde says was expected: `` `a` ``, `` `a` or `b` ``, `` one of `a`, `b`, `c` ``.
-pub fn one_of(names: &[&str]) -> String {
+pub(crate) fn one_of(names: &[&str]) -> String {
     match names {
         [] => "nothing".to_owned(),
         [one] => format!("`{one}`"),
@@ -98,7 +98,7 @@ pub fn error(path: impl Into<String>, message: impl Into<String>) -> ConfigError
 }
 
 /// "invalid type: string "two", expected f64", as serde words it.
-pub fn invalid_type(path: &str, value: &Value, expected: &str) -> ConfigError {
+pub(crate) fn invalid_type(path: &str, value: &Value, expected: &str) -> ConfigError {
     error(
         path,
         format!("invalid type: {}, expected {expected}", describe(value)),
@@ -243,12 +243,15 @@ pub fn variant<T: Copy>(
 /// Implements [`FromJson`] for a struct with `Default` from its named fields: an absent field
 /// keeps its default, an unknown one is an error, and the field list is the struct's own
 /// (a name that is not a field does not compile).
-#[macro_export]
 macro_rules! json_struct {
     ($ty:ty { $($field:ident),* $(,)? }) => {
-        impl $crate::json::FromJson for $ty {
-            fn from_json(value: &serde_json::Value, path: &str) -> Result<Self, $crate::config::ConfigError> {
-                let fields = $crate::json::Fields::of(value, path, &[$(stringify!($field)),*])?;
+        impl $crate::config::json::FromJson for $ty {
+            fn from_json(
+                value: &serde_json::Value,
+                path: &str,
+            ) -> Result<Self, $crate::config::ConfigError> {
+                let names = [$(stringify!($field)),*];
+                let fields = $crate::config::json::Fields::of(value, path, &names)?;
                 let mut out = <$ty>::default();
                 $( fields.read(stringify!($field), &mut out.$field)?; )*
                 Ok(out)

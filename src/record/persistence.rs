@@ -17,7 +17,7 @@
 //!
 //! Failures are never held: a failed request is evidence about the host, not a pause.
 
-use crate::state::{Accumulator, HostState, Policy};
+use crate::record::state::{Accumulator, HostState, Policy};
 
 /// How many spreads above the estimate a batch's mean must lie to count as a rise.
 const SPREADS: f64 = 3.0;
@@ -119,11 +119,11 @@ pub fn observed(host: &mut HostState, acc: &Accumulator, now_ns: u64, policy: &P
     host.noise = keep * host.noise + (1.0 - keep) * (mean / estimate).ln().abs();
 }
 
-/// How uncertain a host's estimate is, as a distance in `ln(latency)`: `STANDARD_ERRORS`
-/// standard errors of the mean of the batches behind it (their `noise`). Scores closer than this to the
-/// traffic's reference are taken as equal to it (`weights`), so equal hosts, whose estimates
-/// differ by chance alone, get equal shares; a host measured by a few probes is uncertain and
-/// stays closer to the rest until it has been measured better.
+/// How uncertain a host's estimate is, as a distance in `ln(latency)`: `STANDARD_ERRORS` standard
+/// errors of the mean of the batches behind it (their `noise`). Scores closer than this to the
+/// traffic's reference are taken as equal to it (`weights`), so equal hosts, whose estimates differ
+/// by chance alone, get equal shares; a host measured by a few probes is uncertain and stays closer
+/// to the rest until it has been measured better.
 pub fn uncertainty(host: &HostState) -> f64 {
     if host.evidence <= 0.0 {
         return 0.0;

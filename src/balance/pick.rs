@@ -11,21 +11,20 @@
 //! and at thousands of requests a second that is several requests a second to a host that takes
 //! a second to answer.
 //!
-//! The two candidates are distinct hosts, and the comparison is by load per unit of share (this worker's requests in flight / share), and
-//! a tie (most often: nothing in flight on either) goes to the host served least per unit of
-//! share since the table was adopted. With a `+ 1` in the cost instead, an idle pair would always
-//! go to the heavier host, turning a 2 % difference in weights into whole refreshes of traffic
-//! for one host; the served count turns ties into a smooth round of the shares. With equal
-//! shares this is least request's two choices over this worker's requests in flight.
+//! The two candidates are distinct hosts, and the comparison is by load per unit of share (this
+//! worker's requests in flight / share), and a tie (most often: nothing in flight on either) goes
+//! to the host served least per unit of share since the table was adopted. With a `+ 1` in the cost
+//! instead, an idle pair would always go to the heavier host, turning a 2 % difference in weights
+//! into whole refreshes of traffic for one host; the served count turns ties into a smooth round of
+//! the shares. With equal shares this is least request's two choices over this worker's requests in
+//! flight.
 
 use std::cell::Cell;
 use std::rc::Rc;
 
 use serde::Serialize;
 
-use crate::config::ConfigError;
-use crate::json::{variant, FromJson};
-use crate::units::within;
+use crate::units::clamp;
 
 /// How a host is chosen from the table; `pick` in the plugin configuration.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -38,14 +37,14 @@ pub enum PickAlgorithm {
     /// refreshes.
     #[default]
     WeightedP2c,
-    /// Always the host with the highest weight. Shipped for the benchmark only: it is the
-    /// "always the fastest" balancer the seeds warn herds and flaps.
+    /// Always the host with the highest weight. Shipped for the benchmark only: "always the
+    /// fastest" herds every request onto one host and flaps when another looks faster.
     LowestLatency,
 }
 
 impl PickAlgorithm {
     /// Every algorithm by its name in the configuration.
-    pub const NAMES: [(&'static str, PickAlgorithm); 3] = [
+    pub(crate) const NAMES: [(&'static str, PickAlgorithm); 3] = [
         ("weighted_random", PickAlgorithm::WeightedRandom),
         ("weighted_p2c", PickAlgorithm::WeightedP2c),
         ("lowest_latency", PickAlgorithm::LowestLatency),
@@ -57,12 +56,6 @@ impl PickAlgorithm {
             .iter()
             .find(|(_, p)| *p == self)
             .map_or("", |(n, _)| n)
-    }
-}
-
-impl FromJson for PickAlgorithm {
-    fn from_json(value: &serde_json::Value, path: &str) -> Result<Self, ConfigError> {
-        variant(value, path, &Self::NAMES)
     }
 }
 
@@ -101,7 +94,7 @@ impl PickTable {
             }
         }
         let floor = if floor.is_finite() {
-            within(floor, 0.0, 1.0) * total
+            clamp(floor, 0.0, 1.0) * total
         } else {
             0.0
         };
@@ -139,7 +132,7 @@ impl PickTable {
 
     /// Records a pick that did not come from [`PickTable::weighted_p2c`] (a probe), so the
     /// tie-break counts every request a host was sent.
-    pub fn count_served(&self, index: usize) {
+    pub(crate) fn count_served(&self, index: usize) {
         if let Some(n) = self.served.get(index) {
             n.set(n.get().saturating_add(1));
         }
@@ -150,7 +143,7 @@ impl PickTable {
     }
 
     /// The table's hosts, in its order (sorted by address when built from a record).
-    pub fn host_list(&self) -> &[Rc<str>] {
+    pub(crate) fn host_list(&self) -> &[Rc<str>] {
         &self.hosts
     }
 
@@ -199,7 +192,7 @@ impl PickTable {
     }
 
     /// The host with the highest weight (ties: the first).
-    pub fn heaviest(&self) -> Option<usize> {
+    pub(crate) fn heaviest(&self) -> Option<usize> {
         let mut heaviest: Option<(usize, f64)> = None;
         for (i, w) in self.weights.iter().enumerate() {
             if heaviest.is_none_or(|(_, best)| *w > best) {

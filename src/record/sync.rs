@@ -28,7 +28,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::clock::RecordClock;
-use crate::state::{Accumulator, Ack, ClusterBatch, ClusterState, Policy, WORKER_TTL_NS};
+use crate::record::state::{Accumulator, Ack, ClusterBatch, ClusterState, Policy, WORKER_TTL_NS};
 
 /// Shared data as proxy-wasm offers it: values with a version token for compare-and-swap.
 pub trait SharedStore {
@@ -63,12 +63,12 @@ pub fn key(namespace: &str, cluster: &str) -> String {
 }
 
 /// The key of a cluster's head.
-pub fn head_key(namespace: &str, cluster: &str) -> String {
+pub(crate) fn head_key(namespace: &str, cluster: &str) -> String {
     format!("ewma_lb.v{FORMAT_VERSION}.{namespace}.head.{cluster}")
 }
 
 /// The key of a cluster's slot `slot`.
-pub fn slot_key(namespace: &str, cluster: &str, slot: usize) -> String {
+pub(crate) fn slot_key(namespace: &str, cluster: &str, slot: usize) -> String {
     format!("ewma_lb.v{FORMAT_VERSION}.{namespace}.slot{slot}.{cluster}")
 }
 
@@ -96,35 +96,6 @@ impl Keys {
     }
 }
 
-/// The namespace of records written under `config`: a stable hash (FNV-1a, the same in every VM
-/// of a build) of every setting that changes what the record holds or what merging and refreshing
-/// do: the policy, in postcard's encoding (a field added to the policy is fingerprinted without
-/// anyone remembering to), and the settings outside it that shape samples or hosts (static
-/// endpoints, `failure_penalty_ms`, `latency_ceiling_ms`, the gRPC codes that are failures). Two
-/// listeners on one `vm_id` that differ in any of them keep separate records; before, those
-/// outside the policy shared one, and each listener's refresh dropped the other's static hosts.
-pub fn namespace(config: &crate::config::Config) -> String {
-    let mut bytes = postcard::to_allocvec(config.policy()).unwrap_or_default();
-    let mut clusters: Vec<&str> = config.static_clusters().collect();
-    clusters.sort_unstable();
-    for cluster in clusters {
-        bytes.extend_from_slice(cluster.as_bytes());
-        bytes.push(0);
-        for endpoint in config.static_endpoints(cluster) {
-            bytes.extend_from_slice(endpoint.as_bytes());
-            bytes.push(0);
-        }
-        bytes.push(0xff);
-    }
-    bytes.extend_from_slice(&config.failure_penalty_ms().to_bits().to_le_bytes());
-    bytes.extend_from_slice(&config.latency_ceiling_ms().to_bits().to_le_bytes());
-    bytes.extend_from_slice(format!("{:?}", config.grpc_failures()).as_bytes());
-    let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
-    });
-    format!("{hash:016x}")
-}
-
 // === Codec ===
 
 /// Leading bytes of every encoded record; a different prefix means "not ours".
@@ -142,13 +113,13 @@ pub const MAX_VALUE_BYTES: usize = 4 << 20;
 pub const MAX_SLOTS: usize = 256;
 /// Batches one slot holds before the newest are folded into one (a refresher that keeps not
 /// coming): their samples are kept, only their separate times are lost.
-pub const MAX_SLOT_BATCHES: usize = 64;
+pub(crate) const MAX_SLOT_BATCHES: usize = 64;
 /// A slot not written for this long (record time) may be claimed by another VM, with the batches
 /// it still holds.
-pub const SLOT_TTL_NS: u64 = 10 * crate::units::NS_PER_SEC;
+pub(crate) const SLOT_TTL_NS: u64 = 10 * crate::units::NS_PER_SEC;
 /// How long a refresher holds the head's lease: a VM runs a refresh within one tick, so a lease
 /// this old belongs to a VM that died or lost its write, and the next one takes over.
-pub const LEASE_NS: u64 = crate::units::NS_PER_SEC;
+pub(crate) const LEASE_NS: u64 = crate::units::NS_PER_SEC;
 
 /// What a value of shared data is, after the format version: a kind of one cluster's key
 /// stored in another's is corrupt, not silently misread.
@@ -367,14 +338,14 @@ impl Slot {
 
 /// Compare-and-swap attempts per key per tick; a batch that lost every attempt is kept by the
 /// caller and written on the next one.
-pub const MAX_CAS_ATTEMPTS: usize = 8;
+pub(crate) const MAX_CAS_ATTEMPTS: usize = 8;
 
 /// The version token a create-if-missing write carries. proxy-wasm ignores the token of a key
 /// that does not exist yet and requires a match for one that does, so a write with a token no
 /// value holds creates the key only if nobody else has: two VMs that find a key missing in the
 /// same tick never overwrite each other. (Envoy hands out tokens from a counter starting at 1:
 /// this one would be current only after four billion writes, and then only for one of them.)
-pub const CREATE_CAS: u32 = u32::MAX;
+pub(crate) const CREATE_CAS: u32 = u32::MAX;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SyncError {
@@ -513,7 +484,11 @@ pub fn sync_cluster(
 }
 
 /// The record at `key`, if there is one this configuration can read.
-pub fn read_record(store: &dyn SharedStore, key: &str, max_hosts: usize) -> Option<ClusterState> {
+pub(crate) fn read_record(
+    store: &dyn SharedStore,
+    key: &str,
+    max_hosts: usize,
+) -> Option<ClusterState> {
     let Ok((Some(bytes), _)) = store.get(key) else {
         return None;
     };

@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::units::{ms_to_ns, within};
+use crate::units::{clamp, ms_to_ns};
 
 /// `outlier_detection` in the plugin configuration (which gives the times in ms).
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -60,7 +60,7 @@ impl Health {
         };
     }
 
-    pub fn should_eject(&self, params: &OutlierParams, now_ns: u64) -> bool {
+    pub(crate) fn should_eject(&self, params: &OutlierParams, now_ns: u64) -> bool {
         params.consecutive_failures > 0
             && !self.is_ejected(now_ns)
             && self.consecutive_failures >= params.consecutive_failures
@@ -98,9 +98,9 @@ impl Health {
 }
 
 /// How many of `hosts` may be ejected at once.
-pub fn ejection_budget(params: &OutlierParams, hosts: usize) -> usize {
+pub(crate) fn ejection_budget(params: &OutlierParams, hosts: usize) -> usize {
     if hosts < 2 {
         return 0;
     }
-    ((within(params.max_ejection_share, 0.0, 1.0) * hosts as f64).floor() as usize).max(1)
+    ((clamp(params.max_ejection_share, 0.0, 1.0) * hosts as f64).floor() as usize).max(1)
 }

@@ -21,8 +21,9 @@
 //!
 //! Ejected hosts get nothing; they are excluded before any of the rules apply.
 
-use crate::locality::Split;
-use crate::units::{ms_to_ns, within};
+use super::locality::Split;
+use super::median;
+use crate::units::{clamp, ms_to_ns};
 
 /// The tunables of [`shares`]; `weights` in the plugin configuration (which gives the ramp in ms).
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -35,7 +36,7 @@ pub struct WeightParams {
     pub min_fair_share: f64,
     /// Largest factor by which one refresh may raise a host's share.
     pub max_step_ratio: f64,
-    /// Targets within this factor of a host's share are treated as noise (see [`settle`]).
+    /// Targets within this factor of a host's share are treated as noise (see `settle`).
     pub noise_band: f64,
     /// Share of the way to a target within the band made per refresh; 1 follows every target.
     pub noise_gain: f64,
@@ -130,7 +131,7 @@ pub fn shares_within(
                 |h| match (h.ejected, h.previous_share.filter(|p| *p > 0.0 && damped)) {
                     (true, _) => (0.0, 0.0),
                     (false, Some(prev)) => {
-                        ((prev / ratio).max(floor), within(prev * ratio, floor, 1.0))
+                        ((prev / ratio).max(floor), clamp(prev * ratio, floor, 1.0))
                     }
                     (false, None) => (floor, 1.0),
                 },
@@ -215,7 +216,7 @@ fn apportion(targets: &mut [f64], split: &Split) {
 /// late by a fixed fraction of the band at most. Hosts without a share yet, ejected ones and
 /// ones still ramping in (slow start is a schedule, not noise) are left alone.
 fn settle(targets: &mut [f64], hosts: &[HostInput], params: &WeightParams) {
-    let gain = within(params.noise_gain, 0.0, 1.0);
+    let gain = clamp(params.noise_gain, 0.0, 1.0);
     let band = params.noise_band.max(1.0).ln();
     let total: f64 = targets.iter().sum();
     if gain >= 1.0 || band <= 0.0 || total <= 0.0 {
@@ -252,7 +253,7 @@ fn fit(targets: &[f64], limits: &[(f64, f64)]) -> Vec<f64> {
         targets
             .iter()
             .zip(limits)
-            .map(|(t, (lo, hi))| within(lambda * t, *lo, *hi))
+            .map(|(t, (lo, hi))| clamp(lambda * t, *lo, *hi))
             .sum()
     };
     let (mut below, mut above) = (0.0, 1.0);
@@ -274,7 +275,7 @@ fn fit(targets: &[f64], limits: &[(f64, f64)]) -> Vec<f64> {
     let mut out: Vec<f64> = targets
         .iter()
         .zip(limits)
-        .map(|(t, (lo, hi))| within(above * t, *lo, *hi))
+        .map(|(t, (lo, hi))| clamp(above * t, *lo, *hi))
         .collect();
     // What bisection leaves (≤ 1e-12) is rounding; renormalise it away.
     let sum: f64 = out.iter().sum();
@@ -295,24 +296,5 @@ fn ramp(active_for_ns: u64, params: &WeightParams) -> f64 {
         return 1.0;
     }
     let progress = active_for_ns as f64 / params.slow_start_ns as f64;
-    within(
-        progress,
-        within(params.slow_start_min_factor, 0.0, 1.0),
-        1.0,
-    )
-}
-
-/// The median of the finite scores; `None` when there is none.
-pub fn median(scores: impl Iterator<Item = f64>) -> Option<f64> {
-    let mut v: Vec<f64> = scores.filter(|s| s.is_finite()).collect();
-    if v.is_empty() {
-        return None;
-    }
-    v.sort_unstable_by(f64::total_cmp);
-    let mid = v.len() / 2;
-    let upper = v.get(mid).copied()?;
-    if v.len() % 2 == 1 {
-        return Some(upper);
-    }
-    v.get(mid - 1).map(|lower| (lower + upper) / 2.0)
+    clamp(progress, clamp(params.slow_start_min_factor, 0.0, 1.0), 1.0)
 }

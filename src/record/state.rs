@@ -15,14 +15,14 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::locality::{self, LocalityParams, ZoneInput};
+use crate::balance::locality::{self, LocalityParams, ZoneInput};
+use crate::balance::outlier::{ejection_budget, Health, OutlierParams};
+use crate::balance::score::{ErrorRate, Load, ScoreParams, Terms};
+use crate::balance::smoothing::{Batch, Estimate, Smoother};
+use crate::balance::weights::{self, HostInput, WeightParams};
 use crate::map::Map;
-use crate::outlier::{ejection_budget, Health, OutlierParams};
-use crate::persistence;
-use crate::score::{ErrorRate, Load, ScoreParams, Terms};
-use crate::smoothing::{Batch, Estimate, Smoother};
+use crate::record::persistence;
 use crate::units::NS_PER_SEC;
-use crate::weights::{self, HostInput, WeightParams};
 
 /// What one worker observed of one host since its last successful merge. Stored in the worker's
 /// slot of shared data until a refresh folds it in (`sync`).
@@ -66,7 +66,7 @@ impl Accumulator {
 
     /// Adds a later batch of the same host: counts add up, the trailing failures are the later
     /// batch's (and run on from this one's when it had no success).
-    pub fn absorb(&mut self, later: &Accumulator) {
+    pub(crate) fn absorb(&mut self, later: &Accumulator) {
         self.latency.count = self.latency.count.saturating_add(later.latency.count);
         self.latency.sum_ms += later.latency.sum_ms;
         self.failures = self.failures.saturating_add(later.failures);
@@ -219,10 +219,10 @@ pub struct Ack {
 /// A worker VM that merged nothing for this long no longer counts as serving the cluster.
 pub const WORKER_TTL_NS: u64 = 2 * NS_PER_SEC;
 /// Most worker VMs a record counts: more than any Envoy runs.
-pub const MAX_WORKERS: usize = 256;
+pub(crate) const MAX_WORKERS: usize = 256;
 
 /// Everything merge and refresh need to know of the configuration; `Config::policy`. Serialized
-/// only to fingerprint it (`sync::namespace`).
+/// only to fingerprint it (`Config::record_namespace`).
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Policy {
     pub smoother: Smoother,
@@ -265,7 +265,7 @@ impl Merged {
     /// refresh, or a newcomer waits a refresh interval for its first share and the endpoints
     /// the record does not know wait as long for theirs (the anti-flap timer is for latencies,
     /// not for who is in the cluster).
-    pub fn membership_changed(&self) -> bool {
+    pub(crate) fn membership_changed(&self) -> bool {
         self.joined > 0 || self.resized
     }
 }
@@ -280,7 +280,7 @@ impl ClusterState {
             .binary_search_by(|h| h.address.as_str().cmp(address))
     }
 
-    pub fn refresh_due(&self, now_ns: u64, policy: &Policy) -> bool {
+    pub(crate) fn refresh_due(&self, now_ns: u64, policy: &Policy) -> bool {
         self.table_version == 0
             || now_ns.saturating_sub(self.refreshed_ns) >= policy.refresh_interval_ns
     }
@@ -304,7 +304,7 @@ impl ClusterState {
     }
 
     /// How many worker VMs serve the cluster now (at least 1).
-    pub fn active_workers(&self) -> usize {
+    pub(crate) fn active_workers(&self) -> usize {
         self.workers.len().max(1)
     }
 
@@ -662,14 +662,14 @@ impl ClusterState {
 /// is a draw (by a hash of each address), so its size varies by about its square root: at 90 %
 /// of 1,024 hosts, the bound is 3.3 standard deviations away, and a full record admits no
 /// newcomer rather than evicting a host (so a subset never churns).
-pub const SUBSET_FILL: f64 = 0.9;
+pub(crate) const SUBSET_FILL: f64 = 0.9;
 
 /// Whether the table keeps `address`: always in a cluster of at most `max_hosts` endpoints; in a
 /// larger one only if the address is in the stable subset, which a hash of the address decides
 /// the same way in every VM and at every tick, so the same hosts stay in and the others are left
 /// to Envoy's fallback policy. The subset changes only when the endpoint count does, and then
 /// mostly by the hosts at its edge.
-pub fn in_subset(address: &str, num_endpoints: u32, max_hosts: usize) -> bool {
+pub(crate) fn in_subset(address: &str, num_endpoints: u32, max_hosts: usize) -> bool {
     let n = usize::try_from(num_endpoints).unwrap_or(usize::MAX);
     if n <= max_hosts {
         return true;

@@ -29,13 +29,13 @@ pub mod flags {
     /// 408 itself.
     pub const STREAM_IDLE_TIMEOUT: u64 = 0x10000;
     /// DPE: the client broke the HTTP protocol.
-    pub const DOWNSTREAM_PROTOCOL_ERROR: u64 = 0x40000;
+    pub(crate) const DOWNSTREAM_PROTOCOL_ERROR: u64 = 0x40000;
     /// DT: the request outlived the connection manager's `max_stream_duration`.
-    pub const DURATION_TIMEOUT: u64 = 0x400000;
+    pub(crate) const DURATION_TIMEOUT: u64 = 0x400000;
     /// DR: the client reset the stream.
     pub const DOWNSTREAM_REMOTE_RESET: u64 = 0x1000_0000;
     /// Ends caused by the client or by Envoy's limits on it, not by the upstream.
-    pub const DOWNSTREAM: u64 = DOWNSTREAM_CONNECTION_TERMINATION
+    pub(crate) const DOWNSTREAM: u64 = DOWNSTREAM_CONNECTION_TERMINATION
         | STREAM_IDLE_TIMEOUT
         | DOWNSTREAM_PROTOCOL_ERROR
         | DURATION_TIMEOUT
@@ -65,7 +65,7 @@ impl Outcome {
     }
 
     /// A failure of the connection or stream to the upstream, rather than an answer.
-    pub fn is_transport_failure(self) -> bool {
+    pub(crate) fn is_transport_failure(self) -> bool {
         matches!(
             self,
             Outcome::Reset | Outcome::Timeout | Outcome::ConnectFailure
@@ -192,7 +192,7 @@ impl GrpcCode {
     ];
 
     /// The code of a number; `None` outside 0-16.
-    pub fn from_number(n: u64) -> Option<GrpcCode> {
+    pub(crate) fn from_number(n: u64) -> Option<GrpcCode> {
         Self::ALL
             .iter()
             .map(|(c, _)| *c)

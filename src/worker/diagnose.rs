@@ -148,7 +148,7 @@ impl SteeredWatch {
     }
 
     /// How long the VM has run since its first check.
-    pub fn running_ns(&self, now_ns: u64) -> u64 {
+    pub(crate) fn running_ns(&self, now_ns: u64) -> u64 {
         self.started_ns
             .map_or(0, |started| now_ns.saturating_sub(started))
     }

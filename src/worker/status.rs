@@ -2,10 +2,10 @@
 
 use serde::Serialize;
 
-use crate::score::ScoreParams;
-use crate::state::{ClusterState, HostState};
-use crate::telemetry::Build;
+use crate::balance::score::ScoreParams;
+use crate::record::state::{ClusterState, HostState};
 use crate::units::ns_to_whole_ms;
+use crate::worker::telemetry::Build;
 
 #[derive(Serialize)]
 pub struct Status<'a> {

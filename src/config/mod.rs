@@ -9,26 +9,35 @@
 //! Envoy passes the configuration as a `google.protobuf.StringValue`; it reaches `on_configure`
 //! byte for byte. Unknown fields are rejected: a typo must not silently become a default.
 
-use std::fmt;
-use std::net::SocketAddr;
+mod error;
+#[macro_use]
+pub(crate) mod json;
+mod clusters;
+mod rules;
+mod sections;
+mod smoothing;
+
 use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::json::{quoted, FromJson};
-use crate::json_struct;
-use crate::locality::LocalityParams;
-use crate::map::{Map, Set};
-use crate::outcome::{GrpcCode, GrpcCodes};
-use crate::outlier::OutlierParams;
-use crate::pick::PickAlgorithm;
-use crate::rules::{default_health_paths, normalize, ManagementConfig, PathSet, Rules};
-use crate::score::{LoadMetric, ScoreParams, MAX_UTILIZATION_CAP};
-use crate::smoothing::{Smoother, MAX_PEAK_SAMPLES, MAX_SMA_WINDOW};
-use crate::state::Policy;
-use crate::sync::MAX_RECORD_HOSTS;
-use crate::units::{ms_to_ns, ns_to_whole_ms};
-use crate::weights::WeightParams;
+use crate::balance::pick::PickAlgorithm;
+use crate::balance::smoothing::Smoother;
+use crate::map::Map;
+use crate::record::state::Policy;
+use crate::record::sync::MAX_RECORD_HOSTS;
+use crate::units::ms_to_ns;
+use crate::worker::outcome::{GrpcCode, GrpcCodes};
+use crate::worker::rules::{normalize, Rules};
+use clusters::{compile_clusters, ANY_CLUSTER};
+pub use clusters::{ClusterConfig, SteeredClusters};
+pub use error::ConfigError;
+use error::{err, in_range};
+use json::{quoted, variant, FromJson};
+use rules::default_health_paths;
+pub use rules::{compile_rules, ManagementConfig, PathSet};
+pub use sections::{EnvoyHealthConfig, LocalityConfig, OutlierConfig, ScoreConfig, WeightsConfig};
+use smoothing::check_smoother;
 
 // === The JSON form ===
 
@@ -88,131 +97,6 @@ pub struct PluginConfig {
     pub shadow: bool,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct ClusterConfig {
-    /// `IP:port` of each endpoint, as Envoy names them in `upstream.address`.
-    pub endpoints: Vec<String>,
-}
-
-/// `weights`: the JSON form of [`WeightParams`], durations in ms.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct WeightsConfig {
-    pub exponent: f64,
-    pub min_share: f64,
-    pub min_fair_share: f64,
-    pub max_step_ratio: f64,
-    pub noise_band: f64,
-    pub noise_gain: f64,
-    pub slow_start_ms: u64,
-    pub slow_start_min_factor: f64,
-}
-
-/// `outlier_detection`: the JSON form of [`OutlierParams`], durations in ms.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct OutlierConfig {
-    pub consecutive_failures: u32,
-    pub base_ejection_ms: u64,
-    pub max_ejection_ms: u64,
-    pub max_ejection_share: f64,
-}
-
-/// `score`: the JSON form of [`ScoreParams`], the metric by name.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct ScoreConfig {
-    pub error_weight: f64,
-    pub load_weight: f64,
-    pub max_utilization: f64,
-    pub load_metric: String,
-}
-
-impl Default for ScoreConfig {
-    fn default() -> Self {
-        let p = ScoreParams::default();
-        ScoreConfig {
-            error_weight: p.error_weight,
-            load_weight: p.load_weight,
-            max_utilization: p.max_utilization,
-            load_metric: p.load_metric.into(),
-        }
-    }
-}
-
-impl ScoreConfig {
-    fn compile(self) -> Result<ScoreParams, ConfigError> {
-        let load_metric = LoadMetric::parse(&self.load_metric).ok_or_else(|| {
-            err(
-                "score.load_metric",
-                format!(
-                    "must be `auto`, `cpu_utilization`, `application_utilization`, `named_metrics.<name>` or `none`, got {}",
-                    quoted(&self.load_metric)
-                ),
-            )
-        })?;
-        Ok(ScoreParams {
-            error_weight: in_range("score.error_weight", self.error_weight, 0.0, 10.0)?,
-            load_weight: in_range("score.load_weight", self.load_weight, 0.0, 10.0)?,
-            max_utilization: in_range(
-                "score.max_utilization",
-                self.max_utilization,
-                0.5,
-                MAX_UTILIZATION_CAP,
-            )?,
-            load_metric,
-        })
-    }
-}
-
-/// `envoy_health`: a cluster pointing at Envoy's admin address, and how often to ask it.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct EnvoyHealthConfig {
-    /// Empty: Envoy's health is not read (hosts it marks unhealthy still get picks).
-    pub admin_cluster: String,
-    pub poll_interval_ms: u64,
-}
-
-impl Default for EnvoyHealthConfig {
-    fn default() -> Self {
-        EnvoyHealthConfig {
-            admin_cluster: String::new(),
-            poll_interval_ms: 1_000,
-        }
-    }
-}
-
-/// `locality`: the JSON form of [`LocalityParams`].
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct LocalityConfig {
-    pub enabled: bool,
-    pub spillover_latency_ratio: f64,
-    pub min_local_hosts: u32,
-}
-
-impl Default for LocalityConfig {
-    fn default() -> Self {
-        let p = LocalityParams::default();
-        LocalityConfig {
-            enabled: p.enabled,
-            spillover_latency_ratio: p.spillover_latency_ratio,
-            min_local_hosts: p.min_local_hosts,
-        }
-    }
-}
-
-impl LocalityConfig {
-    fn compile(self) -> Result<LocalityParams, ConfigError> {
-        Ok(LocalityParams {
-            enabled: self.enabled,
-            spillover_latency_ratio: in_range(
-                "locality.spillover_latency_ratio",
-                self.spillover_latency_ratio,
-                1.0,
-                100.0,
-            )?,
-            min_local_hosts: in_range("locality.min_local_hosts", self.min_local_hosts, 1, 1000)?,
-        })
-    }
-}
-
 impl Default for PluginConfig {
     fn default() -> Self {
         PluginConfig {
@@ -248,35 +132,6 @@ impl Default for PluginConfig {
     }
 }
 
-// The defaults of the tunables live with the code that uses them; the JSON form only changes units.
-impl Default for WeightsConfig {
-    fn default() -> Self {
-        let p = WeightParams::default();
-        WeightsConfig {
-            exponent: p.exponent,
-            min_share: p.min_share,
-            min_fair_share: p.min_fair_share,
-            max_step_ratio: p.max_step_ratio,
-            noise_band: p.noise_band,
-            noise_gain: p.noise_gain,
-            slow_start_ms: ns_to_whole_ms(p.slow_start_ns),
-            slow_start_min_factor: p.slow_start_min_factor,
-        }
-    }
-}
-
-impl Default for OutlierConfig {
-    fn default() -> Self {
-        let p = OutlierParams::default();
-        OutlierConfig {
-            consecutive_failures: p.consecutive_failures,
-            base_ejection_ms: ns_to_whole_ms(p.base_ejection_ns),
-            max_ejection_ms: ns_to_whole_ms(p.max_ejection_ns),
-            max_ejection_share: p.max_ejection_share,
-        }
-    }
-}
-
 json_struct!(PluginConfig {
     override_header,
     tick_period_ms,
@@ -304,38 +159,13 @@ json_struct!(PluginConfig {
     status_path,
     shadow,
 });
-json_struct!(ClusterConfig { endpoints });
-json_struct!(WeightsConfig {
-    exponent,
-    min_share,
-    min_fair_share,
-    max_step_ratio,
-    noise_band,
-    noise_gain,
-    slow_start_ms,
-    slow_start_min_factor
-});
-json_struct!(OutlierConfig {
-    consecutive_failures,
-    base_ejection_ms,
-    max_ejection_ms,
-    max_ejection_share
-});
-json_struct!(ScoreConfig {
-    error_weight,
-    load_weight,
-    max_utilization,
-    load_metric
-});
-json_struct!(EnvoyHealthConfig {
-    admin_cluster,
-    poll_interval_ms
-});
-json_struct!(LocalityConfig {
-    enabled,
-    spillover_latency_ratio,
-    min_local_hosts
-});
+
+/// `pick`: an algorithm by its name.
+impl FromJson for PickAlgorithm {
+    fn from_json(value: &serde_json::Value, path: &str) -> Result<Self, ConfigError> {
+        variant(value, path, &Self::NAMES)
+    }
+}
 
 // === The runtime form ===
 
@@ -421,7 +251,7 @@ impl Config {
 
     /// The exact names of `steered_clusters` (not the prefixes), in configured order: the ones a
     /// typo can hide in (`diagnose::SteeredWatch`).
-    pub fn steered_names(&self) -> impl Iterator<Item = &str> {
+    pub(crate) fn steered_names(&self) -> impl Iterator<Item = &str> {
         self.steered
             .listed
             .iter()
@@ -437,7 +267,7 @@ impl Config {
     }
 
     /// Clusters with static endpoints.
-    pub fn static_clusters(&self) -> impl Iterator<Item = &str> {
+    pub(crate) fn static_clusters(&self) -> impl Iterator<Item = &str> {
         self.static_endpoints.keys().map(String::as_str)
     }
 
@@ -464,75 +294,37 @@ impl Config {
     }
 
     /// How often each VM asks it.
-    pub fn health_poll_ns(&self) -> u64 {
+    pub(crate) fn health_poll_ns(&self) -> u64 {
         self.health_poll_ns
     }
-}
 
-/// A configuration error: which field, and what is wrong with it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ConfigError {
-    pub field: String,
-    pub message: String,
-}
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.field, self.message)
-    }
-}
-
-impl std::error::Error for ConfigError {}
-
-fn err(field: impl Into<String>, message: impl Into<String>) -> ConfigError {
-    ConfigError {
-        field: field.into(),
-        message: message.into(),
-    }
-}
-
-fn in_range<T: PartialOrd + Shown>(field: &str, value: T, lo: T, hi: T) -> Result<T, ConfigError> {
-    if value >= lo && value <= hi {
-        Ok(value)
-    } else {
-        Err(out_of_range(field, lo.shown(), hi.shown(), value.shown()))
-    }
-}
-
-/// Kept out of line: every bound checked would otherwise carry its own copy of the formatting.
-#[cold]
-#[inline(never)]
-fn out_of_range(field: &str, lo: String, hi: String, got: String) -> ConfigError {
-    err(field, format!("must be in [{lo}, {hi}], got {got}"))
-}
-
-/// A bound or value as an error message shows it: integers as Rust writes them, numbers with a
-/// fraction as JSON does (serde_json's float writer, already in the module for the status page:
-/// core's own float formatting would add 20 KB for these messages alone).
-trait Shown {
-    fn shown(&self) -> String;
-}
-
-macro_rules! shown_as_integer {
-    ($($t:ty),*) => {$(
-        impl Shown for $t {
-            fn shown(&self) -> String {
-                self.to_string()
+    /// The namespace of records written under this configuration: a stable hash (FNV-1a, the same
+    /// in every VM of a build) of every setting that changes what the record holds or what merging
+    /// and refreshing do: the policy, in postcard's encoding (a field added to the policy is
+    /// fingerprinted without anyone remembering to), and the settings outside it that shape
+    /// samples or hosts (static endpoints, `failure_penalty_ms`, `latency_ceiling_ms`, the gRPC
+    /// codes that are failures). Two listeners on one `vm_id` that differ in any of them keep
+    /// separate records: sharing one, each listener's refresh would drop the other's static hosts.
+    pub(crate) fn record_namespace(&self) -> String {
+        let mut bytes = postcard::to_allocvec(self.policy()).unwrap_or_default();
+        let mut clusters: Vec<&str> = self.static_clusters().collect();
+        clusters.sort_unstable();
+        for cluster in clusters {
+            bytes.extend_from_slice(cluster.as_bytes());
+            bytes.push(0);
+            for endpoint in self.static_endpoints(cluster) {
+                bytes.extend_from_slice(endpoint.as_bytes());
+                bytes.push(0);
             }
+            bytes.push(0xff);
         }
-    )*};
-}
-
-shown_as_integer!(u32, u64, usize);
-
-impl Shown for f64 {
-    fn shown(&self) -> String {
-        const EXACT: f64 = 9_007_199_254_740_992.0; // 2^53: whole numbers below are exact
-        if self.fract() == 0.0 && self.abs() < EXACT {
-            (*self as i64).to_string()
-        } else {
-            serde_json::Number::from_f64(*self).map_or_else(|| "NaN".to_owned(), |n| n.to_string())
-        }
+        bytes.extend_from_slice(&self.failure_penalty_ms().to_bits().to_le_bytes());
+        bytes.extend_from_slice(&self.latency_ceiling_ms().to_bits().to_le_bytes());
+        bytes.extend_from_slice(format!("{:?}", self.grpc_failures()).as_bytes());
+        let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        format!("{hash:016x}")
     }
 }
 
@@ -634,7 +426,7 @@ impl PluginConfig {
         let locality = self.locality.compile()?;
         let steered = SteeredClusters::compile(&self.steered_clusters)?;
         let static_endpoints = compile_clusters(self.clusters, max_hosts, &steered)?;
-        let rules = Rules::compile(&self.health_paths, &self.management, &self.excluded_paths)?;
+        let rules = compile_rules(&self.health_paths, &self.management, &self.excluded_paths)?;
         let status_path = check_status_path(self.status_path, &rules, &self.health_paths)?;
         let guard_warning = guard_warning(&self.management.allowed_cidrs);
         Ok(Config {
@@ -767,186 +559,6 @@ fn check_status_path(
     Ok(status_path)
 }
 
-impl WeightsConfig {
-    fn compile(self) -> Result<WeightParams, ConfigError> {
-        Ok(WeightParams {
-            exponent: in_range("weights.exponent", self.exponent, 0.1, 8.0)?,
-            min_share: in_range("weights.min_share", self.min_share, 0.0, 0.5)?,
-            min_fair_share: in_range("weights.min_fair_share", self.min_fair_share, 0.0, 1.0)?,
-            max_step_ratio: in_range("weights.max_step_ratio", self.max_step_ratio, 1.0, 1000.0)?,
-            noise_band: in_range("weights.noise_band", self.noise_band, 1.0, 100.0)?,
-            noise_gain: in_range("weights.noise_gain", self.noise_gain, 0.01, 1.0)?,
-            slow_start_ns: ms_to_ns(in_range(
-                "weights.slow_start_ms",
-                self.slow_start_ms,
-                0,
-                600_000,
-            )?),
-            slow_start_min_factor: in_range(
-                "weights.slow_start_min_factor",
-                self.slow_start_min_factor,
-                0.01,
-                1.0,
-            )?,
-        })
-    }
-}
-
-impl OutlierConfig {
-    fn compile(self) -> Result<OutlierParams, ConfigError> {
-        const HOUR_MS: u64 = 3_600_000;
-        let base_ms = in_range(
-            "outlier_detection.base_ejection_ms",
-            self.base_ejection_ms,
-            1,
-            HOUR_MS,
-        )?;
-        Ok(OutlierParams {
-            consecutive_failures: in_range(
-                "outlier_detection.consecutive_failures",
-                self.consecutive_failures,
-                0,
-                10_000,
-            )?,
-            base_ejection_ns: ms_to_ns(base_ms),
-            max_ejection_ns: ms_to_ns(in_range(
-                "outlier_detection.max_ejection_ms",
-                self.max_ejection_ms,
-                base_ms,
-                HOUR_MS,
-            )?),
-            max_ejection_share: in_range(
-                "outlier_detection.max_ejection_share",
-                self.max_ejection_share,
-                0.0,
-                1.0,
-            )?,
-        })
-    }
-}
-
-/// `steered_clusters` entry that matches every cluster (the default).
-pub const ANY_CLUSTER: &str = "*";
-
-/// The compiled `steered_clusters`: exact names, and prefixes (an entry ending in `*`).
-///
-/// Istio names clusters `outbound|PORT|SUBSET|FQDN` and Envoy Gateway `httproute/NS/NAME/rule/N`,
-/// so an exact name or a prefix says everything an operator needs; a regex would be one more
-/// language to get wrong in a list that decides where Envoy obeys the plugin.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct SteeredClusters {
-    exact: Set<String>,
-    prefixes: Vec<String>,
-    /// Every entry as configured, in order, without repeats.
-    listed: Vec<String>,
-}
-
-impl SteeredClusters {
-    fn compile(entries: &[String]) -> Result<SteeredClusters, ConfigError> {
-        let mut set = SteeredClusters::default();
-        for (i, entry) in entries.iter().enumerate() {
-            let field = || format!("steered_clusters[{i}]");
-            let (name, is_prefix) = match entry.strip_suffix('*') {
-                Some(prefix) => (prefix, true),
-                None => (entry.as_str(), false),
-            };
-            if name.contains('*') {
-                return Err(err(
-                    field(),
-                    format!("`*` may only end a prefix, got {}", quoted(entry)),
-                ));
-            }
-            if !is_prefix && name.is_empty() {
-                return Err(err(
-                    field(),
-                    "must be a cluster name or a prefix ending in `*`, got \"\"",
-                ));
-            }
-            if name.chars().any(char::is_whitespace) {
-                return Err(err(
-                    field(),
-                    format!("cluster names have no white space, got {}", quoted(entry)),
-                ));
-            }
-            if is_prefix {
-                set.prefixes.push(name.to_owned());
-            } else {
-                set.exact.insert(name.to_owned());
-            }
-            if !set.listed.contains(entry) {
-                set.listed.push(entry.clone());
-            }
-        }
-        Ok(set)
-    }
-
-    /// Whether `cluster` is listed, by name or by prefix.
-    pub fn contains(&self, cluster: &str) -> bool {
-        self.exact.contains(cluster)
-            || self
-                .prefixes
-                .iter()
-                .any(|p| cluster.starts_with(p.as_str()))
-    }
-}
-
-fn compile_clusters(
-    clusters: Map<String, ClusterConfig>,
-    max_hosts: usize,
-    steered: &SteeredClusters,
-) -> Result<Map<String, Vec<String>>, ConfigError> {
-    for (name, cluster) in &clusters {
-        if name.is_empty() {
-            return Err(err("clusters", "cluster names must not be empty"));
-        }
-        if !steered.contains(name) {
-            return Err(err(
-                format!("clusters.{name}"),
-                "has static endpoints but is not in steered_clusters: the plugin would never steer it",
-            ));
-        }
-        if cluster.endpoints.len() > max_hosts {
-            return Err(err(
-                format!("clusters.{name}.endpoints"),
-                format!(
-                    "{} endpoints, more than max_hosts_per_cluster ({max_hosts})",
-                    cluster.endpoints.len()
-                ),
-            ));
-        }
-        for (i, endpoint) in cluster.endpoints.iter().enumerate() {
-            let Ok(addr) = endpoint.parse::<SocketAddr>() else {
-                return Err(err(
-                    format!("clusters.{name}.endpoints[{i}]"),
-                    format!("must be IP:port, got {}", quoted(endpoint)),
-                ));
-            };
-            // Hosts are matched by the text Envoy gives (`upstream.address`), which is the
-            // canonical form: `[0:0::1]:80` would never match Envoy's `[::1]:80`.
-            let canonical = addr.to_string();
-            if canonical != *endpoint {
-                return Err(err(
-                    format!("clusters.{name}.endpoints[{i}]"),
-                    format!(
-                        "must be written as Envoy writes the address, {}, got {}",
-                        quoted(&canonical),
-                        quoted(endpoint)
-                    ),
-                ));
-            }
-        }
-    }
-    // Sorted like a record's hosts, so a refresh matches them in one walk.
-    Ok(clusters
-        .into_iter()
-        .map(|(name, mut c)| {
-            c.endpoints.sort_unstable();
-            c.endpoints.dedup();
-            (name, c.endpoints)
-        })
-        .collect())
-}
-
 /// `grpc_failure_status_codes`: canonical names only. OK is a success and CANCELLED no sample
 /// at all (the caller gave up), so neither can be a host's failure.
 fn compile_grpc_codes(names: &[String]) -> Result<GrpcCodes, ConfigError> {
@@ -987,46 +599,4 @@ fn compile_grpc_codes(names: &[String]) -> Result<GrpcCodes, ConfigError> {
         }
     }
     Ok(codes.into_iter().collect())
-}
-
-fn check_smoother(smoother: Smoother) -> Result<Smoother, ConfigError> {
-    const TAU_MAX_MS: u64 = 600_000;
-    match smoother {
-        Smoother::Ewma { alpha } if !(alpha > 0.0 && alpha <= 1.0) => {
-            return Err(err(
-                "smoothing.alpha",
-                format!("must be in (0, 1], got {}", alpha.shown()),
-            ))
-        }
-        Smoother::Ewma { .. } => {}
-        Smoother::DecayEwma { tau_ms } => {
-            in_range("smoothing.tau_ms", tau_ms, 1, TAU_MAX_MS)?;
-        }
-        Smoother::PeakEwma {
-            tau_ms,
-            peak_samples,
-        } => {
-            in_range("smoothing.tau_ms", tau_ms, 1, TAU_MAX_MS)?;
-            in_range("smoothing.peak_samples", peak_samples, 1, MAX_PEAK_SAMPLES)?;
-        }
-        Smoother::Sma { window } => {
-            in_range("smoothing.window", window, 1, MAX_SMA_WINDOW)?;
-        }
-        Smoother::BiasCorrectedEwma { beta } => {
-            in_range("smoothing.beta", beta, 0.0, 0.999_999)?;
-        }
-        Smoother::DualEwma {
-            short_tau_ms,
-            long_tau_ms,
-        } => {
-            in_range("smoothing.short_tau_ms", short_tau_ms, 1, TAU_MAX_MS)?;
-            in_range(
-                "smoothing.long_tau_ms",
-                long_tau_ms,
-                short_tau_ms,
-                TAU_MAX_MS,
-            )?;
-        }
-    }
-    Ok(smoother)
 }

@@ -8,8 +8,8 @@
 //! A small latency gain never sends everything across zones: the spill grows with the ratio,
 //! and the local zone keeps its share until the ratio is crossed.
 
-use crate::units::within;
-use crate::weights::median;
+use super::median;
+use crate::units::clamp;
 
 /// `locality` in the plugin configuration.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -89,6 +89,6 @@ pub fn split(
     let enough = (live_local as f64 / f64::from(params.min_local_hosts.max(1))).min(1.0);
     Some(Split {
         is_local,
-        local_share: within(latency * health * enough, 0.0, 1.0),
+        local_share: clamp(latency * health * enough, 0.0, 1.0),
     })
 }

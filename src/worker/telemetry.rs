@@ -7,11 +7,18 @@
 
 use serde::Serialize;
 
+use crate::balance::score::ScoreParams;
+use crate::record::state::ClusterState;
+use crate::units::{ms_to_whole_us, share_to_ppm};
+use crate::worker::cluster::{Counts, LocalCluster};
+use crate::worker::decision::FallbackReason;
+use crate::worker::status::HostPhase;
+
 /// Label every series has but `ewma_lb_build_info`: the Envoy cluster (`none` for a request
 /// without one).
-pub const CLUSTER_LABEL: &str = "cluster_name";
+pub(crate) const CLUSTER_LABEL: &str = "cluster_name";
 /// `cluster_name` of requests that have no cluster (a direct response, a route without one).
-pub const NO_CLUSTER: &str = "none";
+pub(crate) const NO_CLUSTER: &str = "none";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum MetricKind {
@@ -196,7 +203,7 @@ pub struct Build {
     pub commit: &'static str,
 }
 
-pub const BUILD: Build = Build {
+pub(crate) const BUILD: Build = Build {
     version: env!("CARGO_PKG_VERSION"),
     commit: match option_env!("EWMA_LB_GIT_COMMIT") {
         Some(commit) => commit,
@@ -231,4 +238,118 @@ pub struct Update {
     /// The value of [`Metric::label`]; `None` for metrics without one.
     pub label: Option<String>,
     pub change: Change,
+}
+
+// === The updates of a tick ===
+
+pub(crate) fn update(metric: Metric, cluster: &str, label: Option<&str>, change: Change) -> Update {
+    Update {
+        metric,
+        cluster: cluster.to_owned(),
+        label: label.map(str::to_owned),
+        change,
+    }
+}
+
+/// The per-host gauges of a newly adopted table, and zeros for the hosts that left it. Every VM
+/// adopts the same table, so they all set the same values.
+pub(crate) fn host_gauges(
+    cluster: &str,
+    old: &ClusterState,
+    new: &ClusterState,
+    slow_start_ns: u64,
+    score: &ScoreParams,
+    out: &mut Vec<Update>,
+) {
+    const HOST_GAUGES: [Metric; 6] = [
+        Metric::HostWeight,
+        Metric::HostLatency,
+        Metric::HostEjected,
+        Metric::HostErrorRate,
+        Metric::HostUtilization,
+        Metric::HostScore,
+    ];
+    for h in &new.hosts {
+        let ejected = HostPhase::of(h, new.clock_ns, slow_start_ns) == HostPhase::Ejected;
+        let terms = h.terms(new.clock_ns);
+        let latency_us = terms.latency_ms.map_or(0, ms_to_whole_us);
+        let values = [
+            share_to_ppm(h.share),
+            latency_us,
+            u64::from(ejected),
+            share_to_ppm(terms.error_rate),
+            terms.utilization.map_or(0, share_to_ppm),
+            terms.score_ms(score).map_or(0, ms_to_whole_us),
+        ];
+        for (metric, value) in HOST_GAUGES.into_iter().zip(values) {
+            out.push(update(
+                metric,
+                cluster,
+                Some(&h.address),
+                Change::Set(value),
+            ));
+        }
+    }
+    // Both sorted by address: one walk finds the hosts that left.
+    let mut present = new.hosts.iter().map(|h| h.address.as_str()).peekable();
+    let gone = old.hosts.iter().filter(|h| {
+        while present.next_if(|a| *a < h.address.as_str()).is_some() {}
+        present.peek() != Some(&h.address.as_str())
+    });
+    for gone in gone {
+        for metric in HOST_GAUGES {
+            out.push(update(metric, cluster, Some(&gone.address), Change::Set(0)));
+        }
+    }
+    out.push(update(
+        Metric::UnknownEndpoints,
+        cluster,
+        None,
+        Change::Set(u64::from(new.unknown_endpoints())),
+    ));
+}
+
+/// Moves the shared in-flight gauge by this worker's change since the last tick.
+pub(crate) fn in_flight_updates(cluster: &str, local: &mut LocalCluster, out: &mut Vec<Update>) {
+    for (host, n) in &mut local.in_flight {
+        if n.now != n.reported {
+            let delta = i64::from(n.now) - i64::from(n.reported);
+            out.push(update(
+                Metric::HostInFlight,
+                cluster,
+                Some(host),
+                Change::Add(delta),
+            ));
+            n.reported = n.now;
+        }
+    }
+}
+
+/// The counters as counter increments, then zeroed.
+pub(crate) fn count_updates(cluster: &str, counts: &mut Counts, out: &mut Vec<Update>) {
+    let plain = [
+        (Metric::SteeredRequests, counts.steered),
+        (Metric::ManagementDeniedRequests, counts.denied),
+        (Metric::CrossZoneRequests, counts.cross_zone),
+        (Metric::SharedRecordErrors, counts.bad_records),
+        (Metric::PicksNotHonoured, counts.not_honoured),
+        (Metric::LoadReportErrors, counts.load_report_errors),
+    ];
+    for (metric, n) in plain.into_iter().filter(|(_, n)| *n > 0) {
+        out.push(update(metric, cluster, None, Change::Add(n as i64)));
+    }
+    for (reason, n) in FallbackReason::ALL.iter().zip(&counts.fallback) {
+        if *n > 0 {
+            out.push(update(
+                Metric::FallbackRequests,
+                cluster,
+                Some(reason.label()),
+                Change::Add(*n as i64),
+            ));
+        }
+    }
+    *counts = Counts {
+        steered_label: counts.steered_label,
+        ..Counts::default()
+    };
 }

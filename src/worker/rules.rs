@@ -1,90 +1,26 @@
 //! Path rules: which requests the balancer touches, and who may reach management paths.
 //!
-//! Health checks and metrics are different things: a load balancer probes a light health path
-//! and routes by it alone; metrics and management endpoints are not business traffic, must not be reachable through the
-//! business entry point except from internal networks, and their heavy scrapes must not pollute
-//! the latency statistics. So:
+//! Health checks and metrics are different things: a load balancer probes a light health path and
+//! routes by it alone; metrics and management endpoints are not business traffic, must not be
+//! reachable through the business entry point except from internal networks, and their heavy
+//! scrapes must not pollute the latency statistics. So:
 //! - health probes pass untouched: never steered, never sampled;
 //! - management paths are answered with a local 403 unless the client is in the allowlist;
 //! - excluded paths (long polls, streams, uploads) are left to the fallback and never sampled,
 //!   since their duration says nothing about the host's speed.
 //!
-//! Paths are compared after normalisation (query dropped, percent-decoding, dot segments,
-//! repeated slashes, `;` parameters, case), so `/Actuator/./env;x` cannot slip past a rule, and
-//! a prefix matches whole segments, so `/actuator/health` is not a prefix of `/actuator/healthdump`.
-//! The client writes the path, so normalising it is linear in its length whatever it holds, and
-//! a path a backend could read as another one than the rules do (an encoded separator, a NUL,
-//! still encoded after a few decodings) is guarded like a management path rather than guessed at.
+//! Paths are compared after normalisation (query dropped, percent-decoding, dot segments, repeated
+//! slashes, `;` parameters, case), so `/Actuator/./env;x` cannot slip past a rule, and a prefix
+//! matches whole segments, so `/actuator/health` is not a prefix of `/actuator/healthdump`. The
+//! client writes the path, so normalising it is linear in its length whatever it holds, and a path
+//! a backend could read as another one than the rules do (an encoded separator, a NUL, still
+//! encoded after a few decodings) is guarded like a management path rather than guessed at.
 
 use std::borrow::Cow;
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
-use serde::Serialize;
-
-use crate::config::ConfigError;
-use crate::json::quoted;
-use crate::json_struct;
-
-/// Paths by exact match or by prefix. A prefix matches whole segments, as Envoy's route
-/// `path_separated_prefix` does: `/a` matches `/a` and `/a/b`, not `/ab`. Neither kind cares
-/// whether the request adds a trailing slash: backends (Spring's trailing-slash match, a
-/// directory index) serve `/a/` as `/a`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
-pub struct PathSet {
-    pub exact: Vec<String>,
-    pub prefix: Vec<String>,
-}
-
-impl PathSet {
-    fn of(exact: &[&str], prefix: &[&str]) -> Self {
-        PathSet {
-            exact: exact.iter().map(|s| s.to_string()).collect(),
-            prefix: prefix.iter().map(|s| s.to_string()).collect(),
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.exact.is_empty() && self.prefix.is_empty()
-    }
-}
-
-/// `management` in the plugin configuration.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct ManagementConfig {
-    pub paths: PathSet,
-    /// Networks (CIDR, or a bare address) whose clients may reach management paths. The client
-    /// is Envoy's `source.address`: the peer, or with `xff_num_trusted_hops` set on Envoy's
-    /// connection manager the address those trusted proxies reported (see README).
-    pub allowed_cidrs: Vec<String>,
-}
-
-impl Default for ManagementConfig {
-    fn default() -> Self {
-        ManagementConfig {
-            paths: PathSet::of(&[], &["/actuator"]),
-            // Loopback only: behind a load balancer or NAT with a private address, every client
-            // would be "internal". Operators list their own internal ranges (README).
-            allowed_cidrs: vec!["127.0.0.0/8".to_string(), "::1/128".to_string()],
-        }
-    }
-}
-
-json_struct!(PathSet { exact, prefix });
-json_struct!(ManagementConfig {
-    paths,
-    allowed_cidrs
-});
-
-pub fn default_health_paths() -> PathSet {
-    PathSet::of(
-        &[
-            "/health", "/healthz", "/livez", "/readyz", "/ready", "/status", "/ping",
-        ],
-        &["/actuator/health"],
-    )
-}
 
 /// What a request's path makes of it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,17 +34,18 @@ pub enum PathClass {
 /// The compiled rules: normalised paths and parsed networks.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Rules {
-    health: CompiledSet,
-    management: CompiledSet,
-    excluded: CompiledSet,
-    allowed: Vec<IpNet>,
+    pub(crate) health: CompiledSet,
+    pub(crate) management: CompiledSet,
+    pub(crate) excluded: CompiledSet,
+    /// The networks of `management.allowed_cidrs`.
+    pub(crate) allowed: Vec<IpNet>,
 }
 
-/// A `PathSet` whose paths are normalised.
+/// Exact paths and prefixes, normalised (`normalize`).
 #[derive(Clone, Debug, Default, PartialEq)]
-struct CompiledSet {
-    exact: Vec<Vec<u8>>,
-    prefix: Vec<Vec<u8>>,
+pub(crate) struct CompiledSet {
+    pub(crate) exact: Vec<Vec<u8>>,
+    pub(crate) prefix: Vec<Vec<u8>>,
 }
 
 impl CompiledSet {
@@ -133,38 +70,9 @@ impl CompiledSet {
 }
 
 impl Rules {
-    pub fn compile(
-        health: &PathSet,
-        management: &ManagementConfig,
-        excluded: &PathSet,
-    ) -> Result<Rules, ConfigError> {
-        let allowed = management
-            .allowed_cidrs
-            .iter()
-            .enumerate()
-            .map(|(i, cidr)| {
-                parse_network(cidr).ok_or_else(|| ConfigError {
-                    field: format!("management.allowed_cidrs[{i}]"),
-                    message: format!(
-                        "must be a CIDR such as 10.0.0.0/8 or an IP address, got {}",
-                        quoted(cidr)
-                    ),
-                })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        let rules = Rules {
-            health: compile_set("health_paths", health)?,
-            management: compile_set("management.paths", &management.paths)?,
-            excluded: compile_set("excluded_paths", excluded)?,
-            allowed,
-        };
-        check_guarded_paths(&rules.management, &management.paths)?;
-        Ok(rules)
-    }
-
     /// The `health_paths` rule that makes `path` a probe: its kind (`exact` or `prefix`) and
     /// index. `None` when `path` is ambiguous or no health rule matches it.
-    pub fn health_rule(&self, path: &str) -> Option<(&'static str, usize)> {
+    pub(crate) fn health_rule(&self, path: &str) -> Option<(&'static str, usize)> {
         let normal = normalize(path);
         if normal.is_ambiguous() {
             return None;
@@ -186,7 +94,7 @@ impl Rules {
 
     /// `classify` for a path `normalize` already returned. An ambiguous path is management
     /// whatever the rules say: neither a probe that passes untouched nor business traffic.
-    pub fn classify_normalized(&self, path: &NormalPath<'_>) -> PathClass {
+    pub(crate) fn classify_normalized(&self, path: &NormalPath<'_>) -> PathClass {
         let bytes = path.as_bytes();
         if path.is_ambiguous() {
             PathClass::Management
@@ -209,73 +117,6 @@ impl Rules {
             .and_then(parse_ip)
             .is_some_and(|ip| self.allowed.iter().any(|net| net.contains(&ip)))
     }
-}
-
-fn compile_set(field: &str, set: &PathSet) -> Result<CompiledSet, ConfigError> {
-    let check = |kind: &str, paths: &[String]| -> Result<Vec<Vec<u8>>, ConfigError> {
-        paths
-            .iter()
-            .enumerate()
-            .map(|(i, p)| {
-                let error = |message| ConfigError { field: format!("{field}.{kind}[{i}]"), message };
-                if !p.starts_with('/') || p.len() > MAX_RULE_PATH {
-                    return Err(error(format!("must start with '/' and be at most {MAX_RULE_PATH} bytes, got {}", quoted(p))));
-                }
-                let normal = normalize(p);
-                if normal.is_ambiguous() {
-                    // It could never match: an ambiguous request path is guarded before any rule.
-                    return Err(error(format!(
-                        "must not hold a backslash, an encoded separator or dot segment, a control byte, or an escape left after {MAX_DECODINGS} decodings, got {}",
-                        quoted(p)
-                    )));
-                }
-                Ok(normal.into_bytes().into_owned())
-            })
-            .collect()
-    };
-    Ok(CompiledSet {
-        exact: check("exact", &set.exact)?,
-        prefix: check("prefix", &set.prefix)?,
-    })
-}
-
-const MAX_RULE_PATH: usize = 1024;
-
-/// A guarded path with a trailing slash guards what lies under it but not itself: a prefix
-/// `/actuator/` leaves `/actuator`, which Spring answers with the list of every endpoint.
-fn check_guarded_paths(compiled: &CompiledSet, written: &PathSet) -> Result<(), ConfigError> {
-    let kinds = [
-        ("exact", &compiled.exact, &written.exact),
-        ("prefix", &compiled.prefix, &written.prefix),
-    ];
-    for (kind, normal, raw) in kinds {
-        for (i, (path, p)) in normal.iter().zip(raw).enumerate() {
-            let Some(bare) = path.strip_suffix(b"/").filter(|b| !b.is_empty()) else {
-                continue;
-            };
-            let bare = String::from_utf8_lossy(bare);
-            let covers = match kind {
-                "exact" => "an exact path matches with or without a trailing slash",
-                _ => "a prefix matches whole segments, so it covers everything under it",
-            };
-            return Err(ConfigError {
-                field: format!("management.paths.{kind}[{i}]"),
-                message: format!(
-                    "must not end in '/', which would leave {} itself unguarded (write {}: {covers}), got {}",
-                    quoted(&bare),
-                    quoted(&bare),
-                    quoted(p)
-                ),
-            });
-        }
-    }
-    Ok(())
-}
-
-fn parse_network(s: &str) -> Option<IpNet> {
-    s.parse::<IpNet>()
-        .ok()
-        .or_else(|| s.parse::<IpAddr>().ok().map(IpNet::from))
 }
 
 /// An IP from `IP`, `IP:port` or `[IPv6]:port`; IPv4-mapped IPv6 counts as IPv4. Unix socket

@@ -1,12 +1,12 @@
 //! Probes: how a host out of favour keeps being measured.
 //!
-//! A host at the weight table's floor gets no traffic from the pick (`pick`), so without probes
-//! its estimate would never change and it could never earn its traffic back. Only such hosts are
-//! probed: one above the floor gets its share from the pick, however rarely in a large cluster. Probes are spent by
-//! time, not by share: each worker VM sends a host a request when it has sent it none for the
-//! host's probe interval, so what a slow host costs does not grow with the traffic (a share of
-//! all requests would: at thousands of requests a second, 0.2 % is several requests a second to a
-//! host that may take a second to answer).
+//! A host at the weight table's floor gets no traffic from the pick (`pick`), so without probes its
+//! estimate would never change and it could never earn its traffic back. Only such hosts are
+//! probed: one above the floor gets its share from the pick, however rarely in a large cluster.
+//! Probes are spent by time, not by share: each worker VM sends a host a request when it has sent
+//! it none for the host's probe interval, so what a slow host costs does not grow with the traffic
+//! (a share of all requests would: at thousands of requests a second, 0.2 % is several requests a
+//! second to a host that may take a second to answer).
 //!
 //! A probe costs the request that carries it the host's latency, and a probe seen sooner shows a
 //! recovery sooner. The interval that minimises their sum, cost per second ∝ `excess / interval`
@@ -33,7 +33,7 @@
 
 use std::rc::Rc;
 
-use crate::units::within;
+use crate::units::clamp;
 
 /// The longest a host goes without a probe, whatever its latency, as a multiple of the
 /// configured interval: how late a recovery is seen must not grow without bound with how slow
@@ -48,7 +48,7 @@ pub fn interval_ns(base_ns: u64, score_ms: Option<f64>, reference_ms: Option<f64
         (Some(s), Some(r)) if r > 0.0 && s.is_finite() && r.is_finite() => s / r,
         _ => 1.0,
     };
-    let factor = within(ratio, 1.0, MAX_INTERVAL_FACTOR * MAX_INTERVAL_FACTOR).sqrt();
+    let factor = clamp(ratio, 1.0, MAX_INTERVAL_FACTOR * MAX_INTERVAL_FACTOR).sqrt();
     (base_ns as f64 * factor) as u64
 }
 

@@ -14,15 +14,11 @@
 
 use std::collections::VecDeque;
 
-use serde::{Deserialize, Serialize};
-use serde_json::Value;
-
-use crate::config::ConfigError;
-use crate::json::{error, variant, Fields, FromJson};
 use crate::units::ms_to_ns_f64;
+use serde::{Deserialize, Serialize};
 
 /// Upper bound on `sma.window`: the window lives in shared state, once per host.
-pub const MAX_SMA_WINDOW: usize = 64;
+pub(crate) const MAX_SMA_WINDOW: usize = 64;
 
 /// The samples one worker saw for one host since its last merge.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -50,8 +46,7 @@ impl Batch {
 }
 
 /// Which smoother, with its parameters. Chosen in the plugin configuration as `smoothing`.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
-#[serde(into = "SmoothingSpec")]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Smoother {
     /// Per-sample EWMA `v = α·x + (1−α)·v` (α 0.2-0.3 is typical; TCP's SRTT is α = 1/8).
     Ewma { alpha: f64 },
@@ -75,195 +70,6 @@ pub enum Smoother {
     /// Two decay EWMAs, short and long; the score is their maximum, so a host must look good on
     /// both horizons before it is trusted.
     DualEwma { short_tau_ms: u64, long_tau_ms: u64 },
-}
-
-/// The JSON form of `smoothing`: the algorithm and its parameters side by side. Parameters left
-/// out take their defaults; a parameter of another algorithm is an error, not a silent no-op.
-#[derive(Clone, Copy, Debug, Default, Serialize)]
-struct SmoothingSpec {
-    algorithm: Algorithm,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    alpha: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tau_ms: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    peak_samples: Option<u32>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    window: Option<usize>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    beta: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    short_tau_ms: Option<u64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    long_tau_ms: Option<u64>,
-}
-
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-enum Algorithm {
-    Ewma,
-    DecayEwma,
-    #[default]
-    PeakEwma,
-    Sma,
-    BiasCorrectedEwma,
-    DualEwma,
-}
-
-impl Algorithm {
-    const NAMES: [(&'static str, Algorithm); 6] = [
-        ("ewma", Algorithm::Ewma),
-        ("decay_ewma", Algorithm::DecayEwma),
-        ("peak_ewma", Algorithm::PeakEwma),
-        ("sma", Algorithm::Sma),
-        ("bias_corrected_ewma", Algorithm::BiasCorrectedEwma),
-        ("dual_ewma", Algorithm::DualEwma),
-    ];
-}
-
-/// `smoothing`: an `algorithm` and that algorithm's parameters.
-impl FromJson for Smoother {
-    fn from_json(value: &Value, path: &str) -> Result<Self, ConfigError> {
-        const PARAMS: [&str; 8] = [
-            "algorithm",
-            "alpha",
-            "tau_ms",
-            "peak_samples",
-            "window",
-            "beta",
-            "short_tau_ms",
-            "long_tau_ms",
-        ];
-        let fields = Fields::of(value, path, &PARAMS)?;
-        let Some(algorithm) = fields.get("algorithm") else {
-            return Err(error(path, "missing field `algorithm`"));
-        };
-        let mut spec = SmoothingSpec {
-            algorithm: variant(algorithm, &fields.path_of("algorithm"), &Algorithm::NAMES)?,
-            ..SmoothingSpec::default()
-        };
-        fields.read("alpha", &mut spec.alpha)?;
-        fields.read("tau_ms", &mut spec.tau_ms)?;
-        fields.read("peak_samples", &mut spec.peak_samples)?;
-        fields.read("window", &mut spec.window)?;
-        fields.read("beta", &mut spec.beta)?;
-        fields.read("short_tau_ms", &mut spec.short_tau_ms)?;
-        fields.read("long_tau_ms", &mut spec.long_tau_ms)?;
-        Smoother::try_from(spec).map_err(|message| error(path, message))
-    }
-}
-
-impl TryFrom<SmoothingSpec> for Smoother {
-    type Error = String;
-
-    fn try_from(spec: SmoothingSpec) -> Result<Self, String> {
-        let given = [
-            ("alpha", spec.alpha.is_some()),
-            ("tau_ms", spec.tau_ms.is_some()),
-            ("peak_samples", spec.peak_samples.is_some()),
-            ("window", spec.window.is_some()),
-            ("beta", spec.beta.is_some()),
-            ("short_tau_ms", spec.short_tau_ms.is_some()),
-            ("long_tau_ms", spec.long_tau_ms.is_some()),
-        ];
-        let (smoother, takes): (Smoother, &[&str]) = match spec.algorithm {
-            Algorithm::Ewma => (
-                Smoother::Ewma {
-                    alpha: spec.alpha.unwrap_or(0.3),
-                },
-                &["alpha"],
-            ),
-            Algorithm::DecayEwma => (
-                Smoother::DecayEwma {
-                    tau_ms: spec.tau_ms.unwrap_or(DEFAULT_TAU_MS),
-                },
-                &["tau_ms"],
-            ),
-            Algorithm::PeakEwma => (
-                Smoother::PeakEwma {
-                    tau_ms: spec.tau_ms.unwrap_or(DEFAULT_TAU_MS),
-                    peak_samples: spec.peak_samples.unwrap_or(DEFAULT_PEAK_SAMPLES),
-                },
-                &["tau_ms", "peak_samples"],
-            ),
-            Algorithm::Sma => (
-                Smoother::Sma {
-                    window: spec.window.unwrap_or(16),
-                },
-                &["window"],
-            ),
-            Algorithm::BiasCorrectedEwma => (
-                Smoother::BiasCorrectedEwma {
-                    beta: spec.beta.unwrap_or(0.9),
-                },
-                &["beta"],
-            ),
-            Algorithm::DualEwma => (
-                Smoother::DualEwma {
-                    short_tau_ms: spec.short_tau_ms.unwrap_or(1_000),
-                    long_tau_ms: spec.long_tau_ms.unwrap_or(10_000),
-                },
-                &["short_tau_ms", "long_tau_ms"],
-            ),
-        };
-        match given
-            .iter()
-            .find(|(name, present)| *present && !takes.contains(name))
-        {
-            Some((name, _)) => Err(format!(
-                "`{name}` is not a parameter of `{}`, which takes `{}`",
-                smoother.name(),
-                takes.join("`, `")
-            )),
-            None => Ok(smoother),
-        }
-    }
-}
-
-impl From<Smoother> for SmoothingSpec {
-    fn from(smoother: Smoother) -> Self {
-        let none = SmoothingSpec::default();
-        match smoother {
-            Smoother::Ewma { alpha } => SmoothingSpec {
-                algorithm: Algorithm::Ewma,
-                alpha: Some(alpha),
-                ..none
-            },
-            Smoother::DecayEwma { tau_ms } => SmoothingSpec {
-                algorithm: Algorithm::DecayEwma,
-                tau_ms: Some(tau_ms),
-                ..none
-            },
-            Smoother::PeakEwma {
-                tau_ms,
-                peak_samples,
-            } => SmoothingSpec {
-                algorithm: Algorithm::PeakEwma,
-                tau_ms: Some(tau_ms),
-                peak_samples: Some(peak_samples),
-                ..none
-            },
-            Smoother::Sma { window } => SmoothingSpec {
-                algorithm: Algorithm::Sma,
-                window: Some(window),
-                ..none
-            },
-            Smoother::BiasCorrectedEwma { beta } => SmoothingSpec {
-                algorithm: Algorithm::BiasCorrectedEwma,
-                beta: Some(beta),
-                ..none
-            },
-            Smoother::DualEwma {
-                short_tau_ms,
-                long_tau_ms,
-            } => SmoothingSpec {
-                algorithm: Algorithm::DualEwma,
-                short_tau_ms: Some(short_tau_ms),
-                long_tau_ms: Some(long_tau_ms),
-                ..none
-            },
-        }
-    }
 }
 
 impl Smoother {
@@ -317,7 +123,7 @@ impl Estimate {
         self.samples
     }
 
-    pub fn updated_ns(&self) -> u64 {
+    pub(crate) fn updated_ns(&self) -> u64 {
         self.updated_ns
     }
 }
@@ -339,7 +145,7 @@ impl Smoother {
     /// How far back the estimate remembers, for the weight of the evidence behind it
     /// (`persistence::Evidence`): the time constant of the time-decayed smoothers, the short one
     /// of the dual, and one second for the per-sample ones (whose memory is counted in samples).
-    pub fn memory_ns(&self) -> u64 {
+    pub(crate) fn memory_ns(&self) -> u64 {
         let ms = match *self {
             Smoother::DecayEwma { tau_ms } | Smoother::PeakEwma { tau_ms, .. } => tau_ms,
             Smoother::DualEwma { short_tau_ms, .. } => short_tau_ms,
@@ -469,12 +275,12 @@ impl Default for Smoother {
 /// slow phase at this pace, and its share follows. So short a memory swings equal hosts' shares
 /// when the weights follow every refresh; the noise band of `weights` keeps it calm
 /// (bench/README.md, "Defaults").
-pub const DEFAULT_TAU_MS: u64 = 1_000;
+pub(crate) const DEFAULT_TAU_MS: u64 = 1_000;
 
 /// Default `peak_samples`: at 200 requests a second over four hosts and two workers, a tick's
 /// batch holds two or three samples of a host; four lets a batch move the estimate most of the
 /// way while a single slow answer moves it a quarter of it (bench/README.md, "Defaults").
-pub const DEFAULT_PEAK_SAMPLES: u32 = 4;
+pub(crate) const DEFAULT_PEAK_SAMPLES: u32 = 4;
 
 /// Upper bound on `peak_samples`.
-pub const MAX_PEAK_SAMPLES: u32 = 1_000;
+pub(crate) const MAX_PEAK_SAMPLES: u32 = 1_000;

@@ -27,13 +27,13 @@ use crate::units::NS_PER_SEC;
 
 /// Error rates above this count as this: the factor stays finite (10), and a host failing
 /// nearly everything is the outlier ejection's to take out, not the score's.
-pub const MAX_ERROR_RATE: f64 = 0.9;
+pub(crate) const MAX_ERROR_RATE: f64 = 0.9;
 /// Time constant of the error rate: a burst of failures fades over tens of seconds, while the
 /// penalty latency of the failures moves the score within a tick.
 pub const ERROR_RATE_TAU_NS: u64 = 10 * NS_PER_SEC;
 /// Requests of prior evidence of success the error rate starts from: one failure out of a
 /// host's first two requests is not a 50 % error rate.
-pub const ERROR_RATE_PRIOR: f64 = 4.0;
+pub(crate) const ERROR_RATE_PRIOR: f64 = 4.0;
 /// Time constant of the reported load: reports are instantaneous readings, averaged over about
 /// a second, as the latency is.
 pub const LOAD_TAU_NS: u64 = NS_PER_SEC;
@@ -165,7 +165,7 @@ impl Terms {
 }
 
 /// The highest `max_utilization` allowed: the factor must stay finite.
-pub const MAX_UTILIZATION_CAP: f64 = 0.99;
+pub(crate) const MAX_UTILIZATION_CAP: f64 = 0.99;
 
 /// A host's failed fraction: failures and requests, each decayed with [`ERROR_RATE_TAU_NS`].
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -1,0 +1,178 @@
+//! What one VM keeps per cluster: its pick table and probe schedule, its batch of samples for
+//! the next tick, its requests in flight, the last record it read; and its request counters per
+//! `cluster_name` label, handed to the metrics on every tick.
+
+use std::rc::Rc;
+
+use crate::balance::explore::Exploration;
+use crate::balance::pick::PickTable;
+use crate::balance::probe::Probes;
+use crate::map::{Map, Set};
+use crate::record::state::{Accumulator, ClusterBatch, ClusterState};
+use crate::record::sync::{Keys, Member};
+use crate::worker::decision::FallbackReason;
+use crate::worker::diagnose::HonourWatch;
+
+/// Clusters one worker keeps state for at once; an idle one makes room (`Worker::tick`).
+pub(crate) const MAX_CLUSTERS: usize = 256;
+
+/// Hosts one worker accumulates samples for between ticks.
+const MAX_PENDING_HOSTS: usize = 4096;
+
+/// This worker's requests to one host that have not finished, and how many of them the metrics
+/// were last told about (the in-flight gauge is shared by every VM, so each moves it by its own
+/// changes).
+#[derive(Debug, Default)]
+pub(crate) struct InFlight {
+    pub(crate) now: u32,
+    pub(crate) reported: u32,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct LocalCluster {
+    pub(crate) table: PickTable,
+    pub(crate) table_version: u64,
+    /// When each host of the table is due a probe (`probe`).
+    pub(crate) probes: Probes,
+    /// The share of requests left to the fallback (`explore`).
+    pub(crate) exploration: Exploration,
+    /// Keyed by address so counts survive a table rebuild.
+    pub(crate) in_flight: Map<Rc<str>, InFlight>,
+    /// This tick's samples. Entries are emptied, not removed, after a merge: the next tick's
+    /// samples of the same host need no allocation.
+    pub(crate) batch: ClusterBatch,
+    /// This cluster's keys in shared data, and this VM's place there (clock, slot).
+    pub(crate) keys: Keys,
+    pub(crate) member: Member,
+    /// The last record read from shared data, for status and metrics.
+    pub(crate) snapshot: ClusterState,
+    /// `snapshot.unknown_endpoints()`, counted once per record read.
+    pub(crate) unknown: u32,
+    /// A request or a sample since the last tick.
+    pub(crate) used: bool,
+    /// Steady time of the last tick that saw it used.
+    pub(crate) last_used_ns: u64,
+    /// Reported that the stored record could not be read (reported once).
+    pub(crate) reported_bad_record: bool,
+    /// Whether Envoy honours this VM's picks (`diagnose`).
+    pub(crate) honour: HonourWatch,
+    /// When a shared-data error of this cluster was last warned of, and how many were not
+    /// warned of since (`ERROR_WARNING_INTERVAL_NS`).
+    pub(crate) error_warned_ns: Option<u64>,
+    pub(crate) errors_unwarned: u64,
+    /// The batch dropped its empty entries since the last tick (`host_batch`).
+    pub(crate) batch_pruned: bool,
+    /// Hosts Envoy's admin `/clusters` last marked unhealthy: out of the pick table (`health`).
+    pub(crate) unhealthy: Set<String>,
+}
+
+impl LocalCluster {
+    /// The batch of `host`, created while there is room. Entries are emptied, not removed, after a
+    /// merge (the next tick's samples of the same host need no allocation); a full batch drops
+    /// its empty entries once a tick to make room: otherwise the first hosts a VM met would hold
+    /// every place for good, and a larger cluster would never be learned beyond them.
+    pub(crate) fn host_batch(&mut self, host: &str) -> Option<&mut Accumulator> {
+        if !self.batch.hosts.contains_key(host)
+            && self.batch.hosts.len() >= MAX_PENDING_HOSTS
+            && !self.batch_pruned
+        {
+            self.batch.hosts.retain(|_, acc| !acc.is_empty());
+            self.batch_pruned = true;
+        }
+        if !self.batch.hosts.contains_key(host) && self.batch.hosts.len() < MAX_PENDING_HOSTS {
+            self.batch
+                .hosts
+                .insert(host.to_owned(), Accumulator::default());
+        }
+        self.batch.hosts.get_mut(host)
+    }
+
+    pub(crate) fn in_flight(&self, host: &str) -> u32 {
+        self.in_flight.get(host).map_or(0, |n| n.now)
+    }
+}
+
+/// What happened since the last tick, for one `cluster_name`.
+#[derive(Debug, Default)]
+pub(crate) struct Counts {
+    pub(crate) steered: u64,
+    pub(crate) denied: u64,
+    pub(crate) fallback: [u64; FallbackReason::ALL.len()],
+    /// Finished requests served by a host outside the proxy's zone.
+    pub(crate) cross_zone: u64,
+    /// Stored records that could not be read and were rebuilt.
+    pub(crate) bad_records: u64,
+    /// Picks Envoy served by another host on the first attempt.
+    pub(crate) not_honoured: u64,
+    /// A cluster the configuration steers, or `telemetry::NO_CLUSTER` (`counts_entry`).
+    pub(crate) steered_label: bool,
+    /// Load reports ignored as malformed or out of range.
+    pub(crate) load_report_errors: u64,
+}
+
+impl Counts {
+    /// Nothing to hand over: the counters went to the metrics at the last tick.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.steered == 0
+            && self.denied == 0
+            && self.fallback.iter().all(|n| *n == 0)
+            && self.cross_zone == 0
+            && self.bad_records == 0
+            && self.not_honoured == 0
+            && self.load_report_errors == 0
+    }
+}
+
+/// The counters of `label`, created on first sight while there is room. Clusters the configuration
+/// steers (at most [`MAX_CLUSTERS`] have a local entry) and `telemetry::NO_CLUSTER` always find
+/// room: unlisted clusters, which a proxy may meet without bound, have [`MAX_CLUSTERS`] of their
+/// own, and one whose counters were handed over at the last tick (all zero) gives its place to a
+/// newcomer: otherwise the first labels of any kind would take every place for good.
+pub(crate) fn counts_entry<'a>(
+    counts: &'a mut Map<String, Counts>,
+    label: &str,
+    steered: impl FnOnce() -> bool,
+) -> Option<&'a mut Counts> {
+    if !counts.contains_key(label) {
+        let steered = steered();
+        let room = if steered {
+            counts.len() <= 2 * MAX_CLUSTERS
+        } else {
+            let unlisted = counts.values().filter(|c| !c.steered_label).count();
+            let idle = (unlisted >= MAX_CLUSTERS)
+                .then(|| {
+                    counts
+                        .iter()
+                        .find(|(_, c)| !c.steered_label && c.is_empty())
+                        .map(|(k, _)| k.clone())
+                })
+                .flatten();
+            if let Some(idle) = &idle {
+                counts.remove(idle);
+            }
+            unlisted < MAX_CLUSTERS || idle.is_some()
+        };
+        if room {
+            let fresh = Counts {
+                steered_label: steered,
+                ..Counts::default()
+            };
+            counts.insert(label.to_owned(), fresh);
+        }
+    }
+    counts.get_mut(label)
+}
+
+/// The local entry of `cluster`, created on first sight while there is room.
+pub(crate) fn local_entry<'a>(
+    clusters: &'a mut Map<String, LocalCluster>,
+    cluster: &str,
+    worker: u64,
+) -> Option<&'a mut LocalCluster> {
+    if !clusters.contains_key(cluster) && clusters.len() < MAX_CLUSTERS {
+        let mut local = LocalCluster::default();
+        local.batch.worker = worker;
+        clusters.insert(cluster.to_owned(), local);
+    }
+    clusters.get_mut(cluster)
+}

@@ -1,0 +1,171 @@
+//! What the worker decides for a request ([`Decision`]): a host to name in the override header,
+//! the fallback and why, or a local answer; and how the adapter writes it into the header and
+//! the access log.
+
+use std::rc::Rc;
+
+/// What the filter does with a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Name this host (and an alternative for a retry) in the override header.
+    Override(Pick),
+    /// Leave the request to the cluster's fallback policy.
+    Fallback(FallbackReason),
+    /// Answer locally with 403: a management path from outside the allowlist.
+    Deny,
+    /// Answer locally with the status document.
+    Status,
+}
+
+/// A host chosen for a request. The addresses are the pick table's own, shared, so a pick
+/// allocates nothing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Pick {
+    pub host: Rc<str>,
+    /// A different host for the retry of a failed connection: Envoy tries the addresses of the
+    /// header in order.
+    pub alternative: Option<Rc<str>>,
+    /// The host was due a probe (`probe`), not drawn by weight.
+    pub probe: bool,
+    /// The version of the pick table it came from.
+    pub table_version: u64,
+}
+
+impl Pick {
+    /// The override header's value, `IP:port` or `IP:port,IP:port`, written into `out` (cleared
+    /// first), so a caller can reuse one buffer for every request.
+    pub fn write_header_value(&self, out: &mut String) {
+        out.clear();
+        out.push_str(&self.host);
+        if let Some(alternative) = &self.alternative {
+            out.push(',');
+            out.push_str(alternative);
+        }
+    }
+}
+
+/// For logs: `override 10.0.0.1:80,10.0.0.2:80`, `fallback (exploring)`, `deny`, `status`.
+impl std::fmt::Display for Decision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Decision::Override(pick) => {
+                f.write_str("override ")?;
+                f.write_str(&pick.host)?;
+                match &pick.alternative {
+                    Some(alternative) => write!(f, ",{alternative}"),
+                    None => Ok(()),
+                }
+            }
+            Decision::Fallback(reason) => write!(f, "fallback ({})", reason.label()),
+            Decision::Deny => f.write_str("deny"),
+            Decision::Status => f.write_str("status"),
+        }
+    }
+}
+
+impl Decision {
+    /// Whether the request's outcome is a latency sample of the host that serves it.
+    pub fn is_sampled(&self) -> bool {
+        match self {
+            Decision::Override(_) => true,
+            Decision::Fallback(reason) => {
+                matches!(
+                    reason,
+                    FallbackReason::Exploring
+                        | FallbackReason::TableNotReady
+                        | FallbackReason::Shadow
+                )
+            }
+            Decision::Deny | Decision::Status => false,
+        }
+    }
+
+    /// The request's decision as the access log reads it (the filter state
+    /// `wasm.ewma_lb_decision`): `REASON HOST VERSION`, `-` for what there is none of.
+    /// REASON is `steered` or `probe` (a pick: HOST is the picked host), `fallback:WHY` with
+    /// WHY the `reason` label of `ewma_lb_fallback_requests_total`, `health_path`,
+    /// `management`, `denied` or `status`. VERSION is the pick table's version
+    /// (`table_version` of the status page): the pick's own, or for a fallback `table_version`,
+    /// the cluster's table at the time. Written into `out` (cleared first), so one buffer
+    /// serves every request.
+    pub fn write_log_value(&self, table_version: Option<u64>, out: &mut String) {
+        use std::fmt::Write as _;
+        out.clear();
+        let (reason, host, version) = match self {
+            Decision::Override(pick) => (
+                if pick.probe { "probe" } else { "steered" },
+                Some(&*pick.host),
+                Some(pick.table_version),
+            ),
+            Decision::Fallback(FallbackReason::HealthPath) => ("health_path", None, None),
+            Decision::Fallback(FallbackReason::Management) => ("management", None, None),
+            Decision::Fallback(why) => {
+                out.push_str("fallback:");
+                (why.label(), None, table_version)
+            }
+            Decision::Deny => ("denied", None, None),
+            Decision::Status => ("status", None, None),
+        };
+        out.push_str(reason);
+        out.push(' ');
+        out.push_str(host.unwrap_or("-"));
+        match version.filter(|v| *v > 0) {
+            Some(v) => {
+                let _ = write!(out, " {v}");
+            }
+            None => out.push_str(" -"),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FallbackReason {
+    /// The exploration share: lets the fallback find endpoints the table does not know.
+    Exploring,
+    /// No weight table for this cluster yet (first requests, or nothing learned).
+    TableNotReady,
+    /// A health probe: never steered, never sampled.
+    HealthPath,
+    /// A management request from an allowed network: passed, never sampled.
+    Management,
+    /// An excluded path (long poll, stream, upload): never sampled.
+    Excluded,
+    /// No cluster name: a direct response or a route without a cluster.
+    NoCluster,
+    /// Shadow mode: the table is computed and sampled, never applied.
+    Shadow,
+    /// A cluster outside `steered_clusters`: its policy may not obey the header, so the plugin
+    /// leaves it to Envoy and keeps no state for it.
+    UnlistedCluster,
+}
+
+impl FallbackReason {
+    pub const ALL: [FallbackReason; 8] = [
+        FallbackReason::Exploring,
+        FallbackReason::TableNotReady,
+        FallbackReason::HealthPath,
+        FallbackReason::Management,
+        FallbackReason::Excluded,
+        FallbackReason::NoCluster,
+        FallbackReason::Shadow,
+        FallbackReason::UnlistedCluster,
+    ];
+
+    /// The `reason` label of `ewma_lb_fallback_requests_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            FallbackReason::Exploring => "exploring",
+            FallbackReason::TableNotReady => "table_not_ready",
+            FallbackReason::HealthPath => "health_path",
+            FallbackReason::Management => "management",
+            FallbackReason::Excluded => "excluded",
+            FallbackReason::NoCluster => "no_cluster",
+            FallbackReason::Shadow => "shadow",
+            FallbackReason::UnlistedCluster => "unlisted_cluster",
+        }
+    }
+
+    pub(crate) fn index(self) -> usize {
+        self as usize
+    }
+}

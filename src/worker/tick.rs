@@ -1,0 +1,402 @@
+//! Per tick: sync every cluster with its shared record, adopt a new table, forget idle clusters
+//! and stale health, and collect what the metrics and logs should say ([`TickReport`]).
+
+use crate::balance::pick::PickTable;
+use crate::balance::probe;
+use crate::record::state::{ClusterBatch, ClusterState, Policy};
+use crate::record::sync::{
+    self, sync_cluster, DecodeError, Keys, SharedStore, SyncContext, SyncError,
+};
+use crate::worker::cluster::{counts_entry, LocalCluster};
+use crate::worker::diagnose::Warning;
+use crate::worker::telemetry::{self, Change, Metric, Update, NO_CLUSTER};
+use crate::worker::Worker;
+
+impl Worker {
+    /// Merges this worker's samples into shared state, refreshes weights when due, adopts the
+    /// newest table, and collects what the metrics should say. Call on every tick, with the host
+    /// clock's reading.
+    pub fn tick(&mut self, raw_now_ns: u64, store: &mut dyn SharedStore) -> TickReport {
+        let steady_ns = self.clock.now(raw_now_ns);
+        let mut report = TickReport::default();
+        self.evict_idle(steady_ns);
+        self.forget_stale_health(steady_ns);
+        let local_zone = self.local_zone.as_deref().filter(|z| !z.is_empty());
+        let policy = self.config.policy();
+        let slow_start_ns = policy.weights.slow_start_ns;
+        let tick_ns = u64::try_from(self.config.tick_period().as_nanos()).unwrap_or(u64::MAX);
+        for (name, local) in &mut self.clusters {
+            if local.keys.record.is_empty() {
+                local.keys = Keys::new(&self.namespace, name);
+            }
+            let ctx = SyncContext {
+                keys: &local.keys,
+                static_hosts: self.config.static_endpoints(name),
+                policy,
+                local_zone,
+                steady_ns,
+                worker: self.id,
+                tick_ns,
+                urgent: urgent(&local.batch, &local.snapshot),
+                table_version: local.table_version,
+            };
+            match sync_cluster(store, &ctx, &local.batch, &mut local.member) {
+                Ok(sync) => {
+                    match sync.kept {
+                        None => local.batch.clear(),
+                        Some(e) => report.errors.push((name.clone(), e)),
+                    }
+                    if let Some(e) = sync.failed {
+                        report.errors.push((name.clone(), e));
+                    }
+                    report.refreshed += usize::from(sync.refreshed);
+                    if sync.ejected > 0 {
+                        report.metrics.push(telemetry::update(
+                            Metric::Ejections,
+                            name,
+                            None,
+                            Change::Add(sync.ejected as i64),
+                        ));
+                    }
+                    if let Some(e) = sync.replaced {
+                        if let Some(c) = counts_entry(&mut self.counts, name, || true) {
+                            c.bad_records += 1;
+                        }
+                        if !local.reported_bad_record {
+                            local.reported_bad_record = true;
+                            report.bad_records.push((name.clone(), e));
+                        }
+                    }
+                    local.probes.set_workers(sync.head.workers as usize);
+                    if let Some(state) = sync.state {
+                        // Entries of hosts that left the record go; only a change of the
+                        // record's hosts can make any.
+                        if !same_hosts(&local.snapshot, &state) {
+                            forget_departed(local, &state);
+                        }
+                        local.unknown = if state.num_endpoints > 0 {
+                            state.unknown_endpoints()
+                        } else {
+                            0
+                        };
+                        if state.table_version != local.table_version {
+                            adopt(local, &state, policy, steady_ns);
+                            report.adopted.push((name.clone(), local.table_version));
+                            // The per-host gauges are the process's, like the table: the VM
+                            // that published the table sets them, not every VM that adopts it
+                            // (a cluster's hosts times Envoy's workers in host calls a refresh).
+                            if sync.folded {
+                                telemetry::host_gauges(
+                                    name,
+                                    &local.snapshot,
+                                    &state,
+                                    slow_start_ns,
+                                    &policy.score,
+                                    &mut report.metrics,
+                                );
+                                report.metrics.push(telemetry::update(
+                                    Metric::HostsOutsideSubset,
+                                    name,
+                                    None,
+                                    Change::Set(u64::from(state.outside_subset(policy.max_hosts))),
+                                ));
+                            }
+                        }
+                        local.snapshot = state;
+                    }
+                    local.exploration.update(
+                        local.unknown,
+                        local.snapshot.num_endpoints,
+                        self.config.exploration_share(),
+                        steady_ns,
+                    );
+                }
+                Err(e) => report.errors.push((name.clone(), e)),
+            }
+            warn_errors(
+                name,
+                local,
+                &report.errors,
+                steady_ns,
+                &mut report.error_warnings,
+            );
+            local.batch_pruned = false;
+            telemetry::in_flight_updates(name, local, &mut report.metrics);
+            if let Some(window) = local.honour.check(steady_ns) {
+                report.warnings.push(Warning::NotHonoured {
+                    cluster: name.clone(),
+                    window,
+                    header: self.config.override_header().to_owned(),
+                });
+            }
+        }
+        for (cluster, counts) in &mut self.counts {
+            telemetry::count_updates(cluster, counts, &mut report.metrics);
+        }
+        self.watch_steered(steady_ns, &*store, &mut report.warnings);
+        report
+    }
+
+    /// Warns of names in `steered_clusters` no request carried (`diagnose::SteeredWatch`). A
+    /// name is seen when this VM counted a request to it; before warning, also when another VM
+    /// did (its record shows traffic). Only a VM that saw requests warns, listing their clusters:
+    /// the main thread's VM, or a worker without traffic, knows nothing to compare with.
+    fn watch_steered(&mut self, steady_ns: u64, store: &dyn SharedStore, out: &mut Vec<Warning>) {
+        let Worker {
+            steered_watch: watch,
+            counts,
+            namespace,
+            config,
+            ..
+        } = self;
+        watch.observe(|name| counts.contains_key(name));
+        if !watch.due(steady_ns) || counts.keys().all(|c| c == NO_CLUSTER) {
+            return;
+        }
+        watch.warned(steady_ns);
+        let max_hosts = config.policy().max_hosts;
+        watch.observe(|name| record_shows_traffic(store, &sync::key(namespace, name), max_hosts));
+        if watch.unseen().is_empty() {
+            return;
+        }
+        out.push(Warning::unseen_clusters(
+            watch.unseen(),
+            watch.running_ns(steady_ns),
+            counts
+                .keys()
+                .map(String::as_str)
+                .filter(|c| *c != NO_CLUSTER),
+        ));
+    }
+
+    /// Forgets clusters this VM has not used for `host_ttl` (nothing in flight, not configured),
+    /// so a proxy that routed to many clusters once keeps room for the ones it uses now.
+    fn evict_idle(&mut self, steady_ns: u64) {
+        let idle_after_ns = self.config.policy().host_ttl_ns;
+        let config = &self.config;
+        let counts = &mut self.counts;
+        self.clusters.retain(|name, local| {
+            if std::mem::take(&mut local.used) {
+                local.last_used_ns = steady_ns;
+            }
+            let idle = steady_ns.saturating_sub(local.last_used_ns) >= idle_after_ns
+                && local
+                    .in_flight
+                    .values()
+                    .all(|n| n.now == 0 && n.reported == 0)
+                && config.static_endpoints(name).is_empty();
+            if idle {
+                counts.remove(name.as_str());
+            }
+            !idle
+        });
+    }
+
+    /// Whether the adapter should ask Envoy's admin `/clusters` for its hosts' health now, at the
+    /// host clock's reading `raw_now_ns`; notes the question as asked. Only a VM with a table
+    /// asks: the main thread's VM never picks.
+    pub fn envoy_health_due(&mut self, raw_now_ns: u64) -> bool {
+        if self.config.admin_cluster().is_none()
+            || self.clusters.values().all(|c| c.table.is_empty())
+        {
+            return false;
+        }
+        let now_ns = self.clock.now(raw_now_ns);
+        let due = self
+            .health_asked_ns
+            .is_none_or(|at| now_ns.saturating_sub(at) >= self.config.health_poll_ns());
+        if due {
+            self.health_asked_ns = Some(now_ns);
+        }
+        due
+    }
+
+    /// Takes in Envoy's answer to `/clusters`: each steered cluster's pick table leaves out the
+    /// hosts marked unhealthy there, and takes back the ones no longer marked.
+    pub fn envoy_health(&mut self, raw_now_ns: u64, clusters_text: &[u8]) {
+        let now_ns = self.clock.now(raw_now_ns);
+        self.health_answered_ns = now_ns;
+        let mut unhealthy =
+            crate::worker::health::unhealthy_hosts(clusters_text, |c| self.config.steers(c));
+        let policy = self.config.policy();
+        for (name, local) in &mut self.clusters {
+            let hosts = unhealthy.remove(name).unwrap_or_default();
+            if hosts != local.unhealthy {
+                local.unhealthy = hosts;
+                let state = local.snapshot.clone();
+                adopt(local, &state, policy, now_ns);
+            }
+        }
+    }
+
+    /// Forgets what Envoy said of its hosts' health once it has not answered for
+    /// [`HEALTH_STALE_POLLS`] intervals: without an answer the table decides again.
+    fn forget_stale_health(&mut self, now_ns: u64) {
+        let stale_after = self
+            .config
+            .health_poll_ns()
+            .saturating_mul(HEALTH_STALE_POLLS);
+        if now_ns.saturating_sub(self.health_answered_ns) < stale_after {
+            return;
+        }
+        let policy = self.config.policy();
+        for local in self.clusters.values_mut() {
+            if !local.unhealthy.is_empty() {
+                local.unhealthy.clear();
+                let state = local.snapshot.clone();
+                adopt(local, &state, policy, now_ns);
+            }
+        }
+    }
+}
+
+/// Whether the stored record at `key` shows requests: an endpoint count or a host with samples,
+/// which only finished requests give (a cluster's static hosts alone are no traffic).
+fn record_shows_traffic(store: &dyn SharedStore, key: &str, max_hosts: usize) -> bool {
+    let Ok((Some(bytes), _)) = store.get(key) else {
+        return false;
+    };
+    sync::decode(&bytes, max_hosts)
+        .is_ok_and(|state| state.num_endpoints > 0 || state.hosts.iter().any(|h| h.samples > 0))
+}
+
+/// Rebuilds this VM's pick table from a new version of the record, with the weights' floor (the
+/// pick draws above it, see `pick`) and each host's probe interval (`probe`), measured against
+/// the latency the table's traffic gets on average.
+fn adopt(local: &mut LocalCluster, state: &ClusterState, policy: &Policy, now_ns: u64) {
+    // A host Envoy marked unhealthy gets nothing from this VM, neither picks nor probes.
+    let unhealthy = &local.unhealthy;
+    let share_of = |h: &crate::record::state::HostState| match unhealthy.contains(&h.address) {
+        true => 0.0,
+        false => h.share,
+    };
+    let live = state.hosts.iter().filter(|h| share_of(h) > 0.0);
+    let floor = crate::balance::weights::floor(&policy.weights, live.clone().count());
+    let (weighted, mass) = live
+        .filter_map(|h| h.latency.value_ms().map(|v| (v * h.share, h.share)))
+        .fold((0.0, 0.0), |(w, m), (v, s)| (w + v, m + s));
+    let reference_ms = (mass > 0.0).then(|| weighted / mass);
+    let table = PickTable::with_floor(
+        state
+            .hosts
+            .iter()
+            .map(|h| (h.address.as_str(), share_of(h))),
+        floor,
+    );
+    // Only hosts at the floor, which the pick never draws, are probed. A host above it gets its
+    // share from the pick, however rarely that comes in a large cluster: probing it for being
+    // quiet would turn a sparse table into round robin.
+    let at_floor = |share: f64| share <= floor * (1.0 + FLOOR_TOLERANCE);
+    let intervals = state
+        .hosts
+        .iter()
+        .filter(|h| share_of(h) > 0.0 && h.share.is_finite())
+        .map(|h| match at_floor(h.share) {
+            true => {
+                probe::interval_ns(policy.probe_interval_ns, h.latency.value_ms(), reference_ms)
+            }
+            false => u64::MAX,
+        })
+        .collect();
+    local.probes = local.probes.rebuild(
+        local.table.host_list(),
+        table.host_list(),
+        intervals,
+        now_ns,
+    );
+    local.probes.set_floor(floor);
+    local.table = table;
+    local.table_version = state.table_version;
+}
+
+/// Polls without an answer after which Envoy's health is forgotten.
+const HEALTH_STALE_POLLS: u64 = 5;
+
+/// Shares this close above the floor (relatively) are at it: rounding of the table's fit.
+const FLOOR_TOLERANCE: f64 = 1e-6;
+
+/// Moves the shared in-flight gauge by this worker's change since the last tick.
+/// How often a cluster's shared-data errors are logged at most. Under contention the same error
+/// ("every compare-and-swap lost") can come every tick of every VM: ten lines a second each.
+const ERROR_WARNING_INTERVAL_NS: u64 = 60_000_000_000;
+
+/// Picks this tick's errors of `cluster` (the last entries of `errors` naming it) to log.
+fn warn_errors(
+    cluster: &str,
+    local: &mut LocalCluster,
+    errors: &[(String, SyncError)],
+    now_ns: u64,
+    out: &mut Vec<(String, SyncError, u64)>,
+) {
+    for (_, e) in errors.iter().filter(|(c, _)| c == cluster) {
+        let due = local
+            .error_warned_ns
+            .is_none_or(|at| now_ns.saturating_sub(at) >= ERROR_WARNING_INTERVAL_NS);
+        if due {
+            out.push((cluster.to_owned(), e.clone(), local.errors_unwarned));
+            local.error_warned_ns = Some(now_ns);
+            local.errors_unwarned = 0;
+        } else {
+            local.errors_unwarned += 1;
+        }
+    }
+}
+
+/// Whether `batch` holds what the table should follow at once rather than at the next refresh:
+/// a host the record does not know, another endpoint count, a host whose every request failed or
+/// that Envoy no longer has. Costs what the batch holds.
+fn urgent(batch: &ClusterBatch, record: &ClusterState) -> bool {
+    batch
+        .num_endpoints
+        .is_some_and(|n| n != record.num_endpoints)
+        || batch.hosts.iter().any(|(address, acc)| {
+            acc.not_honoured > 0
+                || (acc.failures > 0 && !acc.had_success)
+                || (acc.latency.count > 0 && record.host(address).is_none())
+        })
+}
+
+/// Whether two records list the same hosts (both are sorted by address).
+fn same_hosts(a: &ClusterState, b: &ClusterState) -> bool {
+    a.hosts.len() == b.hosts.len()
+        && a.hosts
+            .iter()
+            .zip(&b.hosts)
+            .all(|(x, y)| x.address == y.address)
+}
+
+/// Forgets the batch entries of hosts no longer in `record`, and the in-flight entries of those
+/// with nothing in flight or unreported. Called when the record's hosts changed, not on every
+/// tick: searching every entry of a 500-host cluster on every tick cost more than the rest of
+/// the tick. (The batch is a hash map, so each entry is looked up in the record, whose hosts
+/// are sorted.)
+fn forget_departed(local: &mut LocalCluster, record: &ClusterState) {
+    local
+        .batch
+        .hosts
+        .retain(|host, _| record.host(host).is_some());
+    local
+        .in_flight
+        .retain(|host, n| n.now > 0 || n.reported > 0 || record.host(host).is_some());
+}
+
+/// What a tick did, for logs and metrics.
+#[derive(Debug, Default)]
+pub struct TickReport {
+    /// Clusters whose weights this worker recomputed.
+    pub refreshed: usize,
+    /// Clusters whose pick table changed, with the new version.
+    pub adopted: Vec<(String, u64)>,
+    /// Clusters whose samples could not be written this tick (they are kept), or whose refresh
+    /// did not finish (the next refresher redoes it).
+    pub errors: Vec<(String, SyncError)>,
+    /// The errors to log: per cluster, the first of `errors`, then at most one a minute, with
+    /// how many of that cluster's errors went unlogged before it.
+    pub error_warnings: Vec<(String, SyncError, u64)>,
+    /// Clusters whose stored record could not be read and was rebuilt, the first time each.
+    pub bad_records: Vec<(String, DecodeError)>,
+    /// What the metrics should say now.
+    pub metrics: Vec<Update>,
+    /// Misconfigurations to log (`diagnose`), each rate-limited already.
+    pub warnings: Vec<Warning>,
+}
