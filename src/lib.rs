@@ -10,6 +10,7 @@ pub mod clock;
 pub mod config;
 pub mod map;
 pub mod record;
+pub mod rules;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod units;

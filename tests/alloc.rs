@@ -15,7 +15,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::rc::Rc;
 
-use ewma_lb::worker::outcome::Outcome;
+use ewma_lb::balance::outcome::Outcome;
 use ewma_lb::worker::{Decision, Finished, Request, Worker};
 use store::{ticked, CLUSTER, SEC};
 

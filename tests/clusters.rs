@@ -14,9 +14,9 @@ use std::collections::BTreeMap;
 use ewma_lb::map::Map;
 
 use ewma_lb::balance::explore::{LEARNING_SHARE, LEARNING_WINDOW_NS};
+use ewma_lb::balance::outcome::Outcome;
 use ewma_lb::record::state::{Accumulator, ClusterBatch, ClusterState};
 use ewma_lb::record::sync;
-use ewma_lb::worker::outcome::Outcome;
 use ewma_lb::worker::status::HostPhase;
 use ewma_lb::worker::telemetry::{Change, Metric};
 use ewma_lb::worker::{Decision, Finished, Worker};

@@ -5,10 +5,10 @@
 #[cfg(target_arch = "wasm32")]
 use wasm_bindgen_test::wasm_bindgen_test;
 
+use ewma_lb::balance::outcome::GrpcCode;
 use ewma_lb::balance::pick::PickAlgorithm;
 use ewma_lb::balance::smoothing::Smoother;
 use ewma_lb::config::{Config, PluginConfig};
-use ewma_lb::worker::outcome::GrpcCode;
 
 mod variants;
 use variants::all_smoothers;

@@ -9,11 +9,11 @@ use wasm_bindgen_test::wasm_bindgen_test;
 
 mod store;
 
+use ewma_lb::balance::outcome::Outcome;
 use ewma_lb::worker::diagnose::{
     HonourWatch, SteeredWatch, Unhonoured, Warning, MAX_WINDOW_NS, MIN_PICKS,
     NOT_HONOURED_EVERY_NS, UNSEEN_AFTER_NS, UNSEEN_EVERY_NS, WINDOW_NS,
 };
-use ewma_lb::worker::outcome::Outcome;
 use ewma_lb::worker::telemetry::{Change, Metric};
 use ewma_lb::worker::{Decision, Finished, Request, TickReport, Worker};
 use store::{config, Shared, CLUSTER, MS, SEC};

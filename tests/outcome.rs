@@ -6,7 +6,7 @@
 #[cfg(target_arch = "wasm32")]
 use wasm_bindgen_test::wasm_bindgen_test;
 
-use ewma_lb::worker::outcome::{
+use ewma_lb::balance::outcome::{
     flags, is_grpc_content_type, GrpcCode, GrpcCodes, GrpcResponse, Outcome,
 };
 

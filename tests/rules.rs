@@ -8,7 +8,7 @@ use wasm_bindgen_test::wasm_bindgen_test;
 use std::borrow::Cow;
 
 use ewma_lb::config::Config;
-use ewma_lb::worker::rules::{normalize, normalize_bytes, PathClass, Rules};
+use ewma_lb::rules::{normalize, normalize_bytes, PathClass, Rules};
 
 fn rules(json: &str) -> Rules {
     Config::from_json(json.as_bytes())
@@ -404,7 +404,7 @@ fn custom_rules_and_their_errors() {
 #[cfg(not(target_arch = "wasm32"))]
 mod properties {
     use ewma_lb::config::{compile_rules, ManagementConfig, PathSet};
-    use ewma_lb::worker::rules::{
+    use ewma_lb::rules::{
         normalize_bytes, normalize_counting, PathClass, Rules, MAX_DECODINGS, MAX_SCANNED_PER_BYTE,
     };
     use proptest::prelude::*;

@@ -12,7 +12,7 @@ use ewma_lb::balance::score::{
 
 mod store;
 
-use ewma_lb::worker::outcome::Outcome;
+use ewma_lb::balance::outcome::Outcome;
 use ewma_lb::worker::telemetry::{Change, Metric};
 use ewma_lb::worker::{Finished, Worker};
 use store::{config, defaults, Shared, CLUSTER, MS, SEC};

@@ -10,7 +10,7 @@ mod store;
 
 use std::collections::HashMap;
 
-use ewma_lb::worker::outcome::Outcome;
+use ewma_lb::balance::outcome::Outcome;
 use ewma_lb::worker::telemetry::{Change, Metric, Update};
 use ewma_lb::worker::{Decision, FallbackReason, Finished, Pick, Request, Worker};
 use store::{
@@ -869,7 +869,7 @@ fn listeners_that_differ_outside_the_policy_keep_separate_records() {
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn a_grpc_status_decides_what_a_200_was() {
-    use ewma_lb::worker::outcome::GrpcCode;
+    use ewma_lb::balance::outcome::GrpcCode;
     let grpc = |w: &mut Worker, status: GrpcCode| {
         let done = Finished {
             served_by: Some("10.0.0.1:80"),

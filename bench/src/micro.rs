@@ -7,13 +7,13 @@ use std::fmt::Write as _;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
+use ewma_lb::balance::outcome::Outcome;
 use ewma_lb::balance::pick::PickTable;
 use ewma_lb::balance::weights::{shares, HostInput, WeightParams};
 use ewma_lb::config::Config;
 use ewma_lb::record::state::{Accumulator, ClusterBatch, ClusterState};
 use ewma_lb::record::sync::{self, Keys, Member, SharedStore, StoreError, SyncContext};
-use ewma_lb::worker::outcome::Outcome;
-use ewma_lb::worker::rules::normalize_bytes;
+use ewma_lb::rules::normalize_bytes;
 use ewma_lb::worker::{Decision, Finished, Request, Worker};
 use serde::{Deserialize, Serialize};
 

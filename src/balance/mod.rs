@@ -5,6 +5,7 @@
 
 pub mod explore;
 pub mod locality;
+pub mod outcome;
 pub mod outlier;
 pub mod pick;
 pub mod probe;

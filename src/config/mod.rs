@@ -21,14 +21,14 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::balance::outcome::{GrpcCode, GrpcCodes};
 use crate::balance::pick::PickAlgorithm;
 use crate::balance::smoothing::Smoother;
 use crate::map::Map;
 use crate::record::state::Policy;
 use crate::record::sync::MAX_RECORD_HOSTS;
+use crate::rules::{normalize, Rules};
 use crate::units::ms_to_ns;
-use crate::worker::outcome::{GrpcCode, GrpcCodes};
-use crate::worker::rules::{normalize, Rules};
 use clusters::{compile_clusters, ANY_CLUSTER};
 pub use clusters::{ClusterConfig, SteeredClusters};
 pub use error::ConfigError;

@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use super::json::quoted;
 use super::ConfigError;
-use crate::worker::rules::{normalize, CompiledSet, Rules, MAX_DECODINGS};
+use crate::rules::{normalize, CompiledSet, Rules, MAX_DECODINGS};
 
 /// Paths by exact match or by prefix. A prefix matches whole segments, as Envoy's route
 /// `path_separated_prefix` does: `/a` matches `/a` and `/a/b`, not `/ab`. Neither kind cares

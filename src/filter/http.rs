@@ -10,9 +10,9 @@ use proxy_wasm::types::{Action, MapType};
 
 use super::host;
 use super::vm::Vm;
+use crate::balance::outcome::{GrpcResponse, Outcome};
 use crate::balance::score::LOAD_REPORT_HEADER;
 use crate::units::ns_to_ms;
-use crate::worker::outcome::{GrpcResponse, Outcome};
 use crate::worker::{Decision, Finished, Request};
 
 pub struct Http {

@@ -1,7 +1,7 @@
 //! What the adapter hands the worker about a request: when it arrives ([`Request`]) and when it
 //! is done ([`Finished`]).
 
-use crate::worker::outcome::{GrpcCode, Outcome};
+use crate::balance::outcome::{GrpcCode, Outcome};
 
 /// What the filter knows of a request when it arrives.
 #[derive(Clone, Copy, Debug, Default)]

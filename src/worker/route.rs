@@ -3,12 +3,12 @@
 
 use std::rc::Rc;
 
+use crate::balance::outcome::Outcome;
 use crate::balance::score::{parse_load_report, LoadMetric};
+use crate::rules::{normalize_bytes, PathClass};
 use crate::worker::cluster::{counts_entry, local_entry, InFlight, LocalCluster};
 use crate::worker::decision::{Decision, FallbackReason, Pick};
-use crate::worker::outcome::Outcome;
 use crate::worker::request::{Finished, Request};
-use crate::worker::rules::{normalize_bytes, PathClass};
 use crate::worker::Worker;
 
 impl Worker {

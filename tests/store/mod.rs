@@ -50,7 +50,7 @@ pub fn finish_pick(w: &mut Worker, host: &str, latency_ms: f64) {
         served_by: Some(host),
         attempts: 1,
         latency_ms,
-        outcome: Some(ewma_lb::worker::outcome::Outcome::Success),
+        outcome: Some(ewma_lb::balance::outcome::Outcome::Success),
         num_endpoints: Some(2),
         ..Default::default()
     };

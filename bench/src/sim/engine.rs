@@ -11,8 +11,8 @@ use std::rc::Rc;
 use std::time::Instant;
 
 use anyhow::{anyhow, bail, Result};
+use ewma_lb::balance::outcome::Outcome;
 use ewma_lb::config::Config;
-use ewma_lb::worker::outcome::Outcome;
 use ewma_lb::worker::{Decision, Finished, Request, Worker};
 use hdrhistogram::Histogram;
 use rand::rngs::StdRng;

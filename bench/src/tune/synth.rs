@@ -25,7 +25,7 @@ pub fn write_log(spec: &SimSpec, policy: &Policy, out: &mut dyn Write) -> Result
         );
         let latency_ms = r.latency_ns / 1_000_000;
         let (code, flags) = match r.outcome {
-            ewma_lb::worker::outcome::Outcome::Timeout => (504, "UT"),
+            ewma_lb::balance::outcome::Outcome::Timeout => (504, "UT"),
             o if o.is_failure() => (503, "-"),
             _ => (200, "-"),
         };
