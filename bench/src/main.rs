@@ -126,6 +126,10 @@ struct OverheadArgs {
     /// The header-only filter module [default: built from bench/header-filter].
     #[arg(long)]
     header_wasm: Option<PathBuf>,
+    /// Another ewma-lb module (e.g. built from the commit before a change), measured in the same
+    /// rounds as a fifth variant.
+    #[arg(long)]
+    baseline_wasm: Option<PathBuf>,
     /// Rounds, in alternating order [default: 5].
     #[arg(long)]
     rounds: Option<u32>,
@@ -391,6 +395,7 @@ fn overhead(args: OverheadArgs) -> Result<()> {
     let mut opts = OverheadOptions::new(out.clone(), args.wasm);
     opts.noop_wasm = args.noop_wasm;
     opts.header_wasm = args.header_wasm;
+    opts.baseline_wasm = args.baseline_wasm;
     if let Some(r) = args.rounds {
         opts.rounds = r.clamp(1, 20);
     }
