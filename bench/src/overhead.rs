@@ -584,6 +584,7 @@ mod tests {
             plugin: "/d/ewma_lb.wasm".into(),
             noop: "/d/noop.wasm".into(),
             header: "/d/header.wasm".into(),
+            baseline: Some("/d/before.wasm".into()),
         }
     }
 
@@ -602,9 +603,20 @@ mod tests {
                 .unwrap()
         };
         let shipped = lb(Variant::EwmaLb);
-        for v in Variant::ALL {
+        for v in Variant::ALL.into_iter().chain([Variant::Baseline]) {
             assert_eq!(lb(v), shipped, "{}", v.name());
         }
+        // The baseline is the plugin as shipped, from its own file.
+        let mut baseline = config(Variant::Baseline);
+        let mut plugin = config(Variant::EwmaLb);
+        assert_eq!(
+            baseline.plugin().unwrap().module_file().unwrap(),
+            "/d/before.wasm"
+        );
+        assert_eq!(
+            baseline.plugin().unwrap().plugin_config().unwrap(),
+            plugin.plugin().unwrap().plugin_config().unwrap()
+        );
         assert!(config(Variant::NoFilter).plugin().is_err());
         let mut noop = config(Variant::NoopWasm);
         assert_eq!(
