@@ -263,3 +263,83 @@ fn what_a_request_says_depends_on_who_ended_it() {
     }
     assert!(!Outcome::Abandoned.is_failure());
 }
+
+/// The adapter skips the `response.flags` read when `Outcome::needs_flags` says so: then no
+/// flag Envoy can set with such a response changes the outcome, whoever ended the request. And
+/// where it reads them, some flag would change it.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn the_flags_are_read_exactly_when_they_can_change_the_outcome() {
+    let codes = [
+        None,
+        Some(0),
+        Some(99),
+        Some(100),
+        Some(200),
+        Some(204),
+        Some(302),
+        Some(404),
+        Some(408),
+        Some(429),
+        Some(499),
+        Some(500),
+        Some(502),
+        Some(503),
+        Some(504),
+        Some(599),
+        Some(600),
+        Some(-1),
+    ];
+    let downstream = [
+        flags::DOWNSTREAM_CONNECTION_TERMINATION,
+        flags::STREAM_IDLE_TIMEOUT,
+        flags::DOWNSTREAM_PROTOCOL_ERROR,
+        flags::DURATION_TIMEOUT,
+        flags::DOWNSTREAM_REMOTE_RESET,
+    ];
+    // Every combination of the client's flags, each with any other single bit Envoy might add
+    // (rate limited, local reset, retries exhausted, ...), but never a bit of UPSTREAM_FAILURE.
+    let mut possible = Vec::new();
+    for subset in 0..1u32 << downstream.len() {
+        let base = downstream
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| subset & 1 << i != 0)
+            .fold(0, |f, (_, bit)| f | bit);
+        for extra in (0..64).map(|b| 1u64 << b).chain([0]) {
+            possible.push((base | extra) & !flags::UPSTREAM_FAILURE);
+        }
+    }
+    let decisive: Vec<u64> = (0..64)
+        .map(|b| 1u64 << b)
+        .filter(|bit| bit & (flags::UPSTREAM_FAILURE | flags::DOWNSTREAM) != 0)
+        .collect();
+    let mut skipped = 0;
+    for code in codes {
+        for answered in [false, true] {
+            for response_ended in [false, true] {
+                for request_ended in [false, true] {
+                    let without = Outcome::of_request(code, 0, answered, request_ended);
+                    let changes =
+                        |f: u64| Outcome::of_request(code, f, answered, request_ended) != without;
+                    let case = format!(
+                        "code {code:?}, answered {answered}, response ended {response_ended}, request ended {request_ended}"
+                    );
+                    if Outcome::needs_flags(code, answered, response_ended) {
+                        assert!(
+                            decisive.iter().any(|&f| changes(f)),
+                            "read for nothing: {case}"
+                        );
+                    } else {
+                        skipped += 1;
+                        for &f in &possible {
+                            assert!(!changes(f), "flags {f:#x} change {case}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // Complete answers with codes 100-499, whoever ended the request: 8 codes x 2.
+    assert_eq!(skipped, 16);
+}

@@ -6,8 +6,8 @@
 use wasm_bindgen_test::wasm_bindgen_test;
 
 use ewma_lb::balance::score::{
-    parse_load_report, ErrorRate, Load, LoadMetric, LoadReportError, ScoreParams, Terms,
-    LOAD_TTL_NS, MAX_REPORT_BYTES,
+    parse_load_report, ErrorRate, Load, LoadMetric, LoadReportError, LoadReportWatch, ScoreParams,
+    Terms, LOAD_REPORT_RECHECK_NS, LOAD_TTL_NS, MAX_REPORT_BYTES,
 };
 
 mod store;
@@ -558,4 +558,28 @@ fn hosts_envoy_marks_unhealthy_leave_the_picks() {
     let later = run(&mut w, 70);
     assert!(later - (now + SEC) >= 5 * SEC);
     assert!(picked(&mut w, later).iter().any(|h| h == "10.0.0.2:80"));
+}
+
+/// A cluster's load report header is read on every response once one carried a report, and
+/// before that on the first response of each recheck interval only.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn the_load_report_header_is_read_where_reports_come() {
+    let mut watch = LoadReportWatch::default();
+    // The first response is looked at; the next ones within the interval are not.
+    assert!(watch.wants(5 * SEC));
+    watch.looked(false);
+    assert!(!watch.wants(5 * SEC + 1));
+    assert!(!watch.wants(5 * SEC + LOAD_REPORT_RECHECK_NS - 1));
+    // One look per interval while none comes.
+    assert!(watch.wants(5 * SEC + LOAD_REPORT_RECHECK_NS));
+    watch.looked(false);
+    assert!(!watch.wants(5 * SEC + LOAD_REPORT_RECHECK_NS + MS));
+    assert!(watch.wants(9 * SEC));
+    // A report (well formed or not): every response from then on.
+    watch.looked(true);
+    for t in 0..1_000 {
+        assert!(watch.wants(9 * SEC + t));
+        watch.looked(false);
+    }
 }

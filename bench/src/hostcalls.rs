@@ -23,7 +23,7 @@ use crate::overhead::{
 
 /// The calls bench/hostcall-filter knows (its configuration's first word), where it makes them,
 /// and the host call each is.
-pub const CALLS: [(&str, &str, &str); 8] = [
+pub const CALLS: [(&str, &str, &str); 9] = [
     (
         "path",
         "request headers",
@@ -48,6 +48,11 @@ pub const CALLS: [(&str, &str, &str); 8] = [
         "set_header",
         "request headers",
         "set_http_request_header(\"x-bench-hostcall\", \"1\")",
+    ),
+    (
+        "filter_state",
+        "request headers",
+        "set_property([\"bench_hostcall_I\"], ...), a new filter state per call (as the decision for the access log)",
     ),
     (
         "content_type",

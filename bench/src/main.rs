@@ -126,6 +126,10 @@ struct OverheadArgs {
     /// The header-only filter module [default: built from bench/header-filter].
     #[arg(long)]
     header_wasm: Option<PathBuf>,
+    /// Another ewma-lb module (e.g. built from the commit before a change), measured in the same
+    /// rounds as a fifth variant.
+    #[arg(long)]
+    baseline_wasm: Option<PathBuf>,
     /// Rounds, in alternating order [default: 5].
     #[arg(long)]
     rounds: Option<u32>,
@@ -143,7 +147,7 @@ struct HostcallsArgs {
     #[arg(long)]
     module: Option<PathBuf>,
     /// The calls [default: all: path, cluster_name, monotonic_clock, current_time, set_header,
-    /// content_type, upstream_address, response_code].
+    /// filter_state, content_type, upstream_address, response_code].
     #[arg(long, value_delimiter = ',')]
     calls: Vec<String>,
     /// Calls per request, each > 0; N = 0 always runs [default: 50,200].
@@ -391,6 +395,7 @@ fn overhead(args: OverheadArgs) -> Result<()> {
     let mut opts = OverheadOptions::new(out.clone(), args.wasm);
     opts.noop_wasm = args.noop_wasm;
     opts.header_wasm = args.header_wasm;
+    opts.baseline_wasm = args.baseline_wasm;
     if let Some(r) = args.rounds {
         opts.rounds = r.clamp(1, 20);
     }

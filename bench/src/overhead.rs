@@ -33,6 +33,9 @@ pub enum Variant {
     NoopWasm,
     HeaderOnly,
     EwmaLb,
+    /// Another build of ewma-lb (`--baseline-wasm`, e.g. the commit before a change), run in
+    /// the same rounds so a change is measured against it under the same noise.
+    Baseline,
 }
 
 impl Variant {
@@ -49,6 +52,7 @@ impl Variant {
             Variant::NoopWasm => "no-op wasm filter",
             Variant::HeaderOnly => "header-only wasm filter",
             Variant::EwmaLb => "ewma-lb",
+            Variant::Baseline => "ewma-lb baseline (--baseline-wasm)",
         }
     }
 }
@@ -63,6 +67,8 @@ pub struct OverheadOptions {
     pub noop_wasm: Option<PathBuf>,
     /// The header-only filter; built from bench/header-filter when `None`.
     pub header_wasm: Option<PathBuf>,
+    /// Another ewma-lb module run as a fifth variant ([`Variant::Baseline`]).
+    pub baseline_wasm: Option<PathBuf>,
     pub rounds: u32,
     /// Instant backends in the cluster: more than one, so the plugin's pick is a real one.
     pub endpoints: usize,
@@ -87,6 +93,7 @@ impl OverheadOptions {
             wasm,
             noop_wasm: None,
             header_wasm: None,
+            baseline_wasm: None,
             rounds: DEFAULT_ROUNDS,
             endpoints: 4,
             workers: 16,
@@ -169,6 +176,7 @@ pub struct Modules {
     pub plugin: PathBuf,
     pub noop: PathBuf,
     pub header: PathBuf,
+    pub baseline: Option<PathBuf>,
 }
 
 /// `config` with a reference module in the plugin's place: its file, its configuration (a
@@ -207,6 +215,10 @@ fn config_for(variant: Variant, m: &Modules, endpoints: &[SocketAddr]) -> Result
             reference_module(&mut config, "header_only", &m.header, &hosts.join(","))?
         }
         Variant::EwmaLb => {}
+        Variant::Baseline => match &m.baseline {
+            Some(module) => config = shipped_config(module, endpoints)?,
+            None => bail!("no --baseline-wasm module"),
+        },
     }
     Ok(config)
 }
@@ -366,12 +378,17 @@ pub fn run(o: &OverheadOptions) -> Result<OverheadReport> {
             Some(p) => p.clone(),
             None => build_module("header-filter")?,
         },
+        baseline: o.baseline_wasm.clone(),
     };
+    let variants: Vec<Variant> = Variant::ALL
+        .into_iter()
+        .chain(modules.baseline.is_some().then_some(Variant::Baseline))
+        .collect();
     let backends = prepare(&o.out_dir, o.endpoints)?;
     check_header_only_steers(&modules, &backends)?;
     let mut runs = Vec::new();
     for round in 0..o.rounds {
-        let mut order = Variant::ALL.to_vec();
+        let mut order = variants.clone();
         if round % 2 == 1 {
             order.reverse();
         }
@@ -387,7 +404,7 @@ pub fn run(o: &OverheadOptions) -> Result<OverheadReport> {
         }
     }
     drop(backends);
-    let results = Variant::ALL
+    let results = variants
         .iter()
         .map(|&v| {
             let mine: Vec<&OverheadRun> = runs.iter().filter(|r| r.variant == v).collect();
@@ -421,6 +438,7 @@ pub fn run(o: &OverheadOptions) -> Result<OverheadReport> {
             "plugin": modules.plugin.display().to_string(),
             "noop": modules.noop.display().to_string(),
             "header_only": modules.header.display().to_string(),
+            "baseline": modules.baseline.as_ref().map(|p| p.display().to_string()),
         }),
         results,
         runs,
@@ -478,6 +496,15 @@ pub fn table(r: &OverheadReport) -> String {
                 " Per request at saturation: the mechanism (header-only - no-op) {:+.1} µs, ewma-lb's own work (ewma-lb - header-only) {:+.1} µs.",
                 us(h) - us(n),
                 us(e) - us(h)
+            );
+        }
+        if let Some(b) = get(Variant::Baseline) {
+            let _ = write!(
+                md,
+                " ewma-lb / the baseline module, medians: throughput {:.3}, p99 {:.3}; per request {:+.1} µs.",
+                q(e.saturation_rps.median, b.saturation_rps.median),
+                q(e.p99_ms.median, b.p99_ms.median),
+                us(e) - us(b)
             );
         }
         md.push('\n');
@@ -557,6 +584,7 @@ mod tests {
             plugin: "/d/ewma_lb.wasm".into(),
             noop: "/d/noop.wasm".into(),
             header: "/d/header.wasm".into(),
+            baseline: Some("/d/before.wasm".into()),
         }
     }
 
@@ -575,9 +603,20 @@ mod tests {
                 .unwrap()
         };
         let shipped = lb(Variant::EwmaLb);
-        for v in Variant::ALL {
+        for v in Variant::ALL.into_iter().chain([Variant::Baseline]) {
             assert_eq!(lb(v), shipped, "{}", v.name());
         }
+        // The baseline is the plugin as shipped, from its own file.
+        let mut baseline = config(Variant::Baseline);
+        let mut plugin = config(Variant::EwmaLb);
+        assert_eq!(
+            baseline.plugin().unwrap().module_file().unwrap(),
+            "/d/before.wasm"
+        );
+        assert_eq!(
+            baseline.plugin().unwrap().plugin_config().unwrap(),
+            plugin.plugin().unwrap().plugin_config().unwrap()
+        );
         assert!(config(Variant::NoFilter).plugin().is_err());
         let mut noop = config(Variant::NoopWasm);
         assert_eq!(

@@ -29,17 +29,25 @@ pub mod flags {
     /// 408 itself.
     pub const STREAM_IDLE_TIMEOUT: u64 = 0x10000;
     /// DPE: the client broke the HTTP protocol.
-    pub(crate) const DOWNSTREAM_PROTOCOL_ERROR: u64 = 0x40000;
+    pub const DOWNSTREAM_PROTOCOL_ERROR: u64 = 0x40000;
     /// DT: the request outlived the connection manager's `max_stream_duration`.
-    pub(crate) const DURATION_TIMEOUT: u64 = 0x400000;
+    pub const DURATION_TIMEOUT: u64 = 0x400000;
     /// DR: the client reset the stream.
     pub const DOWNSTREAM_REMOTE_RESET: u64 = 0x1000_0000;
     /// Ends caused by the client or by Envoy's limits on it, not by the upstream.
-    pub(crate) const DOWNSTREAM: u64 = DOWNSTREAM_CONNECTION_TERMINATION
+    pub const DOWNSTREAM: u64 = DOWNSTREAM_CONNECTION_TERMINATION
         | STREAM_IDLE_TIMEOUT
         | DOWNSTREAM_PROTOCOL_ERROR
         | DURATION_TIMEOUT
         | DOWNSTREAM_REMOTE_RESET;
+    /// The flags that override a status code in [`super::Outcome::classify`]. Envoy's router
+    /// sets them only when it gives up on the upstream: before the response's end (the stream
+    /// is reset, so the response never ends), or with a reply of its own, 502, 503 or 504.
+    pub const UPSTREAM_FAILURE: u64 = NO_HEALTHY_UPSTREAM
+        | UPSTREAM_REQUEST_TIMEOUT
+        | UPSTREAM_REMOTE_RESET
+        | UPSTREAM_CONNECTION_FAILURE
+        | UPSTREAM_CONNECTION_TERMINATION;
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,6 +104,17 @@ impl Outcome {
             (false, true) if downstream => Some(Outcome::Abandoned),
             (false, true) => Outcome::classify(code, upstream_flags),
         }
+    }
+
+    /// Whether [`Outcome::of_request`] needs the response flags, knowing the status code,
+    /// whether the upstream answered and whether the response's end passed through the filter.
+    /// Not for a complete answer with a code below 500: only [`flags::UPSTREAM_FAILURE`] could
+    /// change its outcome, and Envoy never sets those on a response that ended with such a code
+    /// (see there), so reading the flags (a host call) would change nothing. One exception:
+    /// a `local_reply_config` mapper that rewrites Envoy's own 502-504 to a code below 500 makes
+    /// the request count as that code says.
+    pub fn needs_flags(code: Option<i64>, answered: bool, response_ended: bool) -> bool {
+        !(answered && response_ended && code.is_some_and(|c| (100..500).contains(&c)))
     }
 
     /// Classifies a request from its status code (0 or absent when none was sent) and response

@@ -11,7 +11,7 @@ use proxy_wasm::types::{Action, MapType};
 use super::host;
 use super::vm::Vm;
 use crate::balance::outcome::{GrpcResponse, Outcome};
-use crate::balance::score::LOAD_REPORT_HEADER;
+use crate::balance::score::{LoadReportWatch, LOAD_REPORT_HEADER};
 use crate::units::ns_to_ms;
 use crate::worker::{Decision, Finished, Request};
 
@@ -34,6 +34,12 @@ pub struct Http {
     grpc: GrpcResponse,
     /// The upstream response's ORCA load report (`score`), read once with its headers.
     load_report: Option<Vec<u8>>,
+    /// The request came with a body (its headers did not end the stream). gRPC requires one:
+    /// a call's request ends in a DATA frame, empty if it has no message (gRPC's HTTP/2
+    /// protocol, "MUST send an empty DATA frame"), so a request without one is not a gRPC call.
+    request_body: bool,
+    /// The response's end passed through this filter: Envoy's router had it all.
+    response_ended: bool,
 }
 
 impl Http {
@@ -48,6 +54,8 @@ impl Http {
             latency_ns: None,
             grpc: GrpcResponse::default(),
             load_report: None,
+            request_body: false,
+            response_ended: false,
         }
     }
 }
@@ -151,6 +159,7 @@ impl HttpContext for Http {
             d if d.is_sampled() => {
                 self.start_ns = now_ns;
                 self.request_end_ns = end_of_stream.then_some(now_ns);
+                self.request_body = !end_of_stream;
                 self.sampled_cluster = cluster;
             }
             _ => {}
@@ -170,34 +179,54 @@ impl HttpContext for Http {
         Action::Continue
     }
 
-    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        if self.sampled_cluster.is_some() && self.latency_ns.is_none() {
-            let mut reads_load = false;
-            if let Ok(mut vm) = self.vm.try_borrow_mut() {
-                let start_ns = self.sample_start_ns();
-                self.latency_ns = Some(
-                    vm.worker
-                        .clock(host::monotonic_ns())
-                        .saturating_sub(start_ns),
-                );
-                reads_load = vm.worker.reads_load_reports();
-            }
-            // A trailers-only gRPC response (an error before any message) has its grpc-status here.
+    fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        self.response_ended |= end_of_stream;
+        let Some(cluster) = self.sampled_cluster.as_deref() else {
+            return Action::Continue;
+        };
+        if self.latency_ns.is_some() {
+            return Action::Continue;
+        }
+        let Ok(mut vm) = self.vm.try_borrow_mut() else {
+            return Action::Continue;
+        };
+        let now_ns = vm.worker.clock(host::monotonic_ns());
+        self.latency_ns = Some(now_ns.saturating_sub(self.sample_start_ns()));
+        // A trailers-only gRPC response (an error before any message) has its grpc-status here.
+        // No content-type read (a host call) for a request that cannot be a gRPC call.
+        if self.request_body {
             let content_type = host::map_value_bytes(MapType::HttpResponseHeaders, "content-type");
             self.grpc = GrpcResponse::from_headers(content_type.as_deref(), || {
                 host::map_value_bytes(MapType::HttpResponseHeaders, "grpc-status")
             });
-            // The upstream's response headers only: a report in the client's request is never
-            // read. One host call per sampled response, none when the score ignores reports.
-            if reads_load {
-                self.load_report =
-                    host::map_value_bytes(MapType::HttpResponseHeaders, LOAD_REPORT_HEADER);
+        }
+        // The upstream's response headers only: a report in the client's request is never
+        // read. None when the score ignores reports, and for a cluster whose responses carry
+        // none only an occasional look (`LoadReportWatch`).
+        if vm.worker.reads_load_reports() {
+            let Vm { load_reports, .. } = &mut *vm;
+            if !load_reports.contains_key(cluster) {
+                load_reports.insert(cluster.to_owned(), LoadReportWatch::default());
+            }
+            if let Some(watch) = load_reports.get_mut(cluster) {
+                if watch.wants(now_ns) {
+                    self.load_report =
+                        host::map_value_bytes(MapType::HttpResponseHeaders, LOAD_REPORT_HEADER);
+                    watch.looked(self.load_report.is_some());
+                }
             }
         }
         Action::Continue
     }
 
+    fn on_http_response_body(&mut self, _body_size: usize, end_of_stream: bool) -> Action {
+        self.response_ended |= end_of_stream;
+        Action::Continue
+    }
+
     fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
+        // Trailers end the response.
+        self.response_ended = true;
         if self.sampled_cluster.is_some() {
             self.grpc
                 .trailers(|| host::map_value_bytes(MapType::HttpResponseTrailers, "grpc-status"));
@@ -213,8 +242,14 @@ impl HttpContext for Http {
             return;
         };
         let served_by = host::property_string(&["upstream", "address"]);
+        let answered = self.latency_ns.is_some();
         let code = host::property_i64(&["response", "code"]);
-        let flags = host::property_i64(&["response", "flags"]).map_or(0, |f| f as u64);
+        // Read only when they could change the outcome (`Outcome::needs_flags`).
+        let flags = if Outcome::needs_flags(code, answered, self.response_ended) {
+            host::property_i64(&["response", "flags"]).map_or(0, |f| f as u64)
+        } else {
+            0
+        };
         // The attempt count only matters when another host served our pick (`Worker::finish`):
         // one host call less for every other request.
         let attempts = match (self.picked.as_deref(), served_by.as_deref()) {
@@ -228,7 +263,6 @@ impl HttpContext for Http {
         // whose body never ended and that the upstream never answered (the client stalled or
         // left, Envoy's stream idle timeout) says nothing about the host, unless the host failed
         // it (a refused connection, a reset).
-        let answered = self.latency_ns.is_some();
         let latency_ns = match (self.latency_ns, self.request_end_ns) {
             (Some(latency_ns), _) => latency_ns,
             (None, Some(end_ns)) => vm.worker.clock(host::monotonic_ns()).saturating_sub(end_ns),

@@ -75,7 +75,8 @@ impl RootContext for Root {
         if hostcalls::set_tick_period(config.tick_period()).is_err() {
             error!(
                 "ewma-lb: the host refused tick_period_ms {}",
-                config.tick_period().as_millis()
+                // As u64: formatting the u128 of `as_millis` would add 1.4 KB to the module.
+                u64::try_from(config.tick_period().as_millis()).unwrap_or(u64::MAX)
             );
             return false;
         }

@@ -2,6 +2,8 @@
 //! `Rc<RefCell>`).
 
 use super::metrics::Metrics;
+use crate::balance::score::LoadReportWatch;
+use crate::map::Map;
 use crate::worker::Worker;
 
 pub struct Vm {
@@ -11,6 +13,9 @@ pub struct Vm {
     pub header_value: String,
     /// Reused for every request's decision property (`wasm.ewma_lb_decision`).
     pub decision_value: String,
+    /// Per cluster: whether its responses carry load reports, so the header is read only where
+    /// they do.
+    pub load_reports: Map<String, LoadReportWatch>,
 }
 
 impl Vm {
@@ -20,6 +25,7 @@ impl Vm {
             metrics: Metrics::default(),
             header_value: String::new(),
             decision_value: String::new(),
+            load_reports: Map::default(),
         }
     }
 }

@@ -8,6 +8,7 @@
 //! | `monotonic_clock` | `Instant::now()` (WASI clock_time_get, monotonic: ewma-lb's clock) | request headers |
 //! | `current_time` | get_current_time (proxy_get_current_time_nanoseconds) | request headers |
 //! | `set_header` | set_http_request_header("x-bench-hostcall", ...) | request headers |
+//! | `filter_state` | set_property(["bench_hostcall_I"], ...), I = 0..N: a new filter state each, as ewma-lb's decision for the access log | request headers |
 //! | `content_type` | get_http_response_header("content-type") | response headers |
 //! | `upstream_address` | get_property(["upstream", "address"]) | on_log |
 //! | `response_code` | get_property(["response", "code"]) | on_log |
@@ -15,6 +16,7 @@
 //! N = 0 is the module doing nothing: the baseline the per-call cost is taken against.
 
 use std::hint::black_box;
+use std::rc::Rc;
 use std::time::Instant;
 
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
@@ -22,7 +24,7 @@ use proxy_wasm::types::{Action, ContextType};
 
 proxy_wasm::main! {{
     proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> {
-        Box::new(CallRoot { call: Call::Path, n: 0 })
+        Box::new(CallRoot { call: Call::Path, n: 0, keys: Rc::from([]) })
     });
 }}
 
@@ -33,6 +35,7 @@ enum Call {
     MonotonicClock,
     CurrentTime,
     SetHeader,
+    FilterState,
     ContentType,
     UpstreamAddress,
     ResponseCode,
@@ -46,6 +49,7 @@ impl Call {
             "monotonic_clock" => Call::MonotonicClock,
             "current_time" => Call::CurrentTime,
             "set_header" => Call::SetHeader,
+            "filter_state" => Call::FilterState,
             "content_type" => Call::ContentType,
             "upstream_address" => Call::UpstreamAddress,
             "response_code" => Call::ResponseCode,
@@ -57,6 +61,7 @@ impl Call {
 struct CallRoot {
     call: Call,
     n: u32,
+    keys: Rc<[String]>,
 }
 
 impl Context for CallRoot {}
@@ -72,6 +77,9 @@ impl RootContext for CallRoot {
             (Some(call), Some(n)) => {
                 self.call = call;
                 self.n = n;
+                if call == Call::FilterState {
+                    self.keys = (0..n).map(|i| format!("bench_hostcall_{i}")).collect();
+                }
                 true
             }
             // A configuration it cannot read would measure nothing: refuse to start.
@@ -87,6 +95,7 @@ impl RootContext for CallRoot {
         Some(Box::new(CallHttp {
             call: self.call,
             n: self.n,
+            keys: self.keys.clone(),
         }))
     }
 }
@@ -94,6 +103,8 @@ impl RootContext for CallRoot {
 struct CallHttp {
     call: Call,
     n: u32,
+    /// `filter_state`'s keys, made once at configure time.
+    keys: Rc<[String]>,
 }
 
 impl CallHttp {
@@ -110,6 +121,13 @@ impl Context for CallHttp {}
 
 impl HttpContext for CallHttp {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+        // Each its own key: ewma-lb creates its filter state once per request, and setting a key
+        // again only replaces the value.
+        if self.call == Call::FilterState {
+            for key in self.keys.iter() {
+                self.set_property(vec![key.as_str()], Some(b"steered 10.0.0.1:80 7"));
+            }
+        }
         self.repeat(
             &[
                 Call::Path,
