@@ -169,6 +169,39 @@ pub fn compare(s: &Scenario, opts: &CompareOptions) -> Result<Report> {
     Ok(report)
 }
 
+/// The load of every Envoy at once, its records in one list in the order they were sent.
+fn run_loads(s: &Scenario, specs: &[LoadSpec]) -> Result<Vec<Record>> {
+    if let [spec] = specs {
+        return s.transport.run_load(spec);
+    }
+    let per_envoy: Vec<Result<Vec<Record>>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = specs
+            .iter()
+            .map(|spec| scope.spawn(move || s.transport.run_load(spec)))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a load generator panicked")))
+            })
+            .collect()
+    });
+    let mut records = Vec::new();
+    for r in per_envoy {
+        records.extend(r?);
+    }
+    records.sort_by_key(|r| r.sent_at);
+    Ok(records)
+}
+
+/// Envoy `i`'s part of `total` closed-loop workers split among `n`: the first ones get the
+/// remainder.
+fn share(total: usize, n: u32, i: u32) -> usize {
+    let (n, i) = (n as usize, i as usize);
+    total / n + usize::from(i < total % n)
+}
+
 /// Runs `load` while the scenario's outages happen: each backend down (stopped: connections
 /// refused) over its seconds, counted from now; every one of them is listening again when this
 /// returns, so the next policy starts with the same backends.
@@ -210,34 +243,44 @@ fn run_policy(
     by_addr: &HashMap<String, String>,
     names: &[String],
 ) -> Result<PolicyRun> {
-    let mut config = policy.envoy_config(&s.plugin_config, wasm, endpoints, s.route_timeout)?;
-    s.transport.prepare(&mut config)?;
-    // Endpoints that join, leave or have zones: from a file, rewritten while the load runs.
-    let churn = Churn::prepare(&s.membership, &mut config, backends)?;
-    let port = config.listener(LISTENER)?.port()?;
-    let yaml = config.to_yaml()?;
-    let options = EnvoyOptions {
-        concurrency: s.concurrency,
-        log_level: "warn".into(),
-        component_log_level: "wasm:info".into(),
-        ..EnvoyOptions::new(yaml)
-    };
-    let envoy = Envoy::start(options).with_context(|| format!("starting Envoy for {policy}"))?;
-    let spec = LoadSpec {
-        url: format!("http://127.0.0.1:{port}/"),
-        rate_per_s: s.rate,
-        duration: s.duration,
-        max_in_flight: s.max_in_flight,
-        closed_loop_workers: s.workers,
-        headers: Vec::new(),
-        timeout: s.client_timeout,
-    };
+    // Every Envoy the same configuration but its own listener; only the first rewrites endpoint
+    // files (more than one Envoy needs a static membership, `Scenario::validate`).
+    let mut envoys = Vec::new();
+    let mut specs = Vec::new();
+    let mut churn = None;
+    for i in 0..s.envoys {
+        let mut config = policy.envoy_config(&s.plugin_config, wasm, endpoints, s.route_timeout)?;
+        s.transport.prepare(&mut config)?;
+        if i == 0 {
+            // Endpoints that join, leave or have zones: from a file, rewritten while the load runs.
+            churn = Churn::prepare(&s.membership, &mut config, backends)?;
+        }
+        let port = config.listener(LISTENER)?.port()?;
+        let options = EnvoyOptions {
+            concurrency: s.concurrency,
+            log_level: "warn".into(),
+            component_log_level: "wasm:info".into(),
+            ..EnvoyOptions::new(config.to_yaml()?)
+        };
+        envoys.push(
+            Envoy::start(options).with_context(|| format!("starting Envoy {i} for {policy}"))?,
+        );
+        specs.push(LoadSpec {
+            url: format!("http://127.0.0.1:{port}/"),
+            rate_per_s: s.rate / f64::from(s.envoys),
+            duration: s.duration,
+            max_in_flight: s.max_in_flight,
+            closed_loop_workers: s.workers.map(|w| share(w, s.envoys, i)),
+            headers: Vec::new(),
+            timeout: s.client_timeout,
+        });
+    }
     for b in backends {
         b.reset_clock();
         b.reset_counts();
     }
     let churn = churn.map(|c| c.start(s.duration));
-    let mut records = with_outages(s, backends, || s.transport.run_load(&spec))?;
+    let mut records = with_outages(s, backends, || run_loads(s, &specs))?;
     let _eds = churn
         .map(|c| {
             c.join()
@@ -250,7 +293,8 @@ fn run_policy(
         }
     }
     let mut envoy_counters = BTreeMap::new();
-    if let Ok(stats) = envoy.stats() {
+    for stats in envoys.iter().filter_map(|e| e.stats().ok()) {
+        let mut add = |key: String, v: u64| *envoy_counters.entry(key).or_insert(0) += v;
         for key in [
             "cluster.backend.upstream_rq_total",
             "cluster.backend.upstream_rq_timeout",
@@ -259,14 +303,14 @@ fn run_policy(
             "cluster.backend.upstream_rq_pending_overflow",
         ] {
             if let Some(v) = stats.get(key) {
-                envoy_counters.insert(key.trim_start_matches("cluster.backend.").to_string(), *v);
+                add(key.trim_start_matches("cluster.backend.").to_string(), *v);
             }
         }
         for (k, v) in stats.iter().filter(|(k, _)| k.starts_with("wasmcustom.")) {
-            envoy_counters.insert(k.clone(), *v);
+            add(k.clone(), *v);
         }
     }
-    drop(envoy);
+    drop(envoys);
     let measured: Vec<Record> = records
         .iter()
         .filter(|r| r.sent_at >= s.warmup)
@@ -338,6 +382,7 @@ fn settings(s: &Scenario, rounds: u32) -> serde_json::Value {
         "route_timeout_s": s.route_timeout.as_secs_f64(),
         "client_timeout_s": s.client_timeout.as_secs_f64(),
         "envoy_concurrency": s.concurrency,
+        "envoys": s.envoys,
         "rounds": rounds,
         "policies": s.policies.iter().map(Policy::name).collect::<Vec<_>>(),
         "variants": s.policies.iter().filter(|p| p.uses_plugin() && p.name() != "ewma_lb").map(|p| (p.name().to_owned(), p.overrides().clone())).collect::<serde_json::Map<_, _>>(),
@@ -500,16 +545,29 @@ pub fn load_line(report: &Report) -> String {
     };
     format!(
         "Load: {load}; {} s per policy and round, the first {} s left out of the latency figures; \
-         route timeout {} s; Envoy --concurrency {}; {} round(s) in alternating order, each figure the median \
+         route timeout {} s; {}; {} round(s) in alternating order, each figure the median \
          (min-max) over the rounds. Plugin configuration: `{}`{}.",
         num(&st["duration_s"]),
         num(&st["warmup_s"]),
         num(&st["route_timeout_s"]),
-        st["envoy_concurrency"],
+        envoys_note(st),
         st["rounds"],
         st["plugin_config"],
         variants_note(st)
     )
+}
+
+/// "Envoy --concurrency N", or how many Envoys shared the load (runs before `envoys` existed had
+/// one).
+fn envoys_note(st: &serde_json::Value) -> String {
+    match st.get("envoys").and_then(serde_json::Value::as_u64) {
+        Some(n) if n > 1 => format!(
+            "{n} Envoys in front of the same backends, each --concurrency {}, the load split evenly \
+             among them",
+            st["envoy_concurrency"]
+        ),
+        _ => format!("Envoy --concurrency {}", st["envoy_concurrency"]),
+    }
 }
 
 /// results.md: the settings, the table, the ratios, the run order and the files.
@@ -553,4 +611,18 @@ pub fn results_markdown(report: &Report) -> String {
         );
     }
     md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::share;
+
+    #[test]
+    fn closed_loop_workers_are_split_without_losing_any() {
+        for (total, n) in [(50, 3), (3, 3), (7, 2), (8, 1)] {
+            let parts: Vec<usize> = (0..n).map(|i| share(total, n, i)).collect();
+            assert_eq!(parts.iter().sum::<usize>(), total, "{total} among {n}");
+            assert!(parts.iter().max().unwrap() - parts.iter().min().unwrap() <= 1);
+        }
+    }
 }

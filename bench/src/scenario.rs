@@ -56,6 +56,9 @@ struct File {
     #[serde(default)]
     max_in_flight: Option<usize>,
     concurrency: Option<u32>,
+    /// Envoys in front of the same backends, each with `concurrency` workers; the load is split
+    /// evenly among them.
+    envoys: Option<u32>,
     policies: Option<Vec<String>>,
     rounds: Option<u32>,
     pause: Option<String>,
@@ -157,6 +160,8 @@ pub struct Scenario {
     pub client_timeout: Duration,
     pub max_in_flight: usize,
     pub concurrency: u32,
+    /// Envoys in front of the same backends (each `concurrency` workers), the load split evenly.
+    pub envoys: u32,
     pub policies: Vec<Policy>,
     pub rounds: u32,
     pub pause: Duration,
@@ -228,6 +233,7 @@ impl Scenario {
                 .unwrap_or(Duration::from_secs(10)),
             max_in_flight: f.max_in_flight.unwrap_or(2000),
             concurrency: f.concurrency.unwrap_or(2),
+            envoys: f.envoys.unwrap_or(1),
             policies: {
                 let variants = match serde_json::to_value(f.variants.unwrap_or_default())? {
                     serde_json::Value::Object(m) => m,
@@ -354,6 +360,16 @@ impl Scenario {
         if !(1..=16).contains(&self.concurrency) {
             bail!("concurrency must be in 1..=16");
         }
+        if !(1..=8).contains(&self.envoys) {
+            bail!("envoys must be in 1..=8");
+        }
+        if self.envoys > 1 && !self.membership.is_static() {
+            // Each Envoy would need its own endpoint file rewritten in step with the others.
+            bail!("envoys > 1 needs backends that stay in the cluster (no join, leave or zone)");
+        }
+        if let Some(w) = self.workers.filter(|w| *w < self.envoys as usize) {
+            bail!("workers ({w}) must be at least envoys ({})", self.envoys);
+        }
         if !(1..=10).contains(&self.rounds) {
             bail!("rounds must be in 1..=10");
         }
@@ -432,6 +448,24 @@ phases = ["5-35@uniform:300-600"]
     }
 
     #[test]
+    fn several_envoys_need_a_static_cluster_and_a_worker_each() {
+        let with = |extra: &str| Scenario::parse(&format!("envoys = 3\n{extra}{MINIMAL}"), "x");
+        assert_eq!(with("").unwrap().envoys, 3);
+        assert_eq!(with("workers = 3\n").unwrap().workers, Some(3));
+        let err = |r: Result<Scenario>| format!("{:#}", r.unwrap_err());
+        assert!(err(with("workers = 2\n")).contains("workers (2) must be at least envoys (3)"));
+        let joining = MINIMAL.replace("name = \"b\"", "name = \"b\"\njoin = \"10s\"");
+        assert!(err(Scenario::parse(&format!("envoys = 2\n{joining}"), "x"))
+            .contains("envoys > 1 needs backends that stay in the cluster"));
+        for n in ["0", "9"] {
+            assert!(
+                err(Scenario::parse(&format!("envoys = {n}\n{MINIMAL}"), "x"))
+                    .contains("envoys must be in 1..=8")
+            );
+        }
+    }
+
+    #[test]
     fn parses_a_scenario_with_defaults() {
         let s = Scenario::parse(MINIMAL, "x").unwrap();
         assert_eq!(s.name, "x");
@@ -440,6 +474,7 @@ phases = ["5-35@uniform:300-600"]
         assert_eq!(s.policies, Policy::defaults());
         assert_eq!(s.rounds, DEFAULT_ROUNDS);
         assert_eq!(s.concurrency, 2);
+        assert_eq!(s.envoys, 1);
         assert_eq!(
             s.plugin_config,
             serde_json::json!({"refresh_interval_ms": 500, "weights": {"exponent": 3.0}})

@@ -14,8 +14,10 @@ use crate::http;
 use crate::paths::repo_root;
 use crate::poll::poll;
 
-/// How long [`Envoy::start`] waits for `/ready` to say LIVE.
-pub const READY_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long [`Envoy::start`] waits for `/ready` to say LIVE. Envoy is LIVE in a second or two on
+/// an idle machine; V8 compiles the module once per worker, which on 2 cores shared with cargo
+/// builds took more than 20 s. The bound only ends a start that will never succeed.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
 const POLL: Duration = Duration::from_millis(100);
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(5);
 const LOG_TAIL_LINES: usize = 60;

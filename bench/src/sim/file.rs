@@ -113,7 +113,7 @@ pub fn load(path: &Path, smoke: bool) -> Result<SimSpec> {
     spec.with_context(|| format!("simulation {}", path.display()))
 }
 
-/// A benchmark scenario as the simulator runs it: one proxy with the scenario's Envoy
+/// A benchmark scenario as the simulator runs it: its Envoys (one unless it says) with their
 /// concurrency, its backends as hosts, its open-loop rate with evenly spaced arrivals, and the
 /// plugin learning hosts from traffic as it does in the benchmark's Envoy.
 pub fn from_scenario(s: &Scenario) -> Result<SimSpec> {
@@ -121,6 +121,13 @@ pub fn from_scenario(s: &Scenario) -> Result<SimSpec> {
         // Refused connections and Envoy's retries on them are not modelled: simulated, the
         // scenario would quietly be another one.
         bail!("a backend `down` span is not simulated: run this scenario with `compare`");
+    }
+    if let Some(b) = s.backends.iter().find(|b| b.orca.is_some()) {
+        // The simulated hosts report no load: the score's load term would silently be absent.
+        bail!(
+            "backend {}: ORCA load reports are not simulated: run this scenario with `compare`",
+            b.name
+        );
     }
     let hosts = s
         .backends
@@ -135,7 +142,7 @@ pub fn from_scenario(s: &Scenario) -> Result<SimSpec> {
     Ok(SimSpec {
         name: s.name.clone(),
         description: s.description.clone(),
-        proxies: 1,
+        proxies: s.envoys as usize,
         workers: s.concurrency as usize,
         hosts,
         rate: s.rate,
@@ -399,6 +406,21 @@ proxies = 10
         ] {
             assert!(parse_fleet(&bad, "f", false).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_scenario_becomes_its_envoys_and_orca_reports_are_refused() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+        let three =
+            crate::scenario::Scenario::load(&dir.join("orca-capacity-3-envoys.toml")).unwrap();
+        let err = from_scenario(&three).unwrap_err().to_string();
+        assert!(err.contains("ORCA load reports are not simulated"), "{err}");
+        let mut plain = three.clone();
+        for b in &mut plain.backends {
+            b.orca = None;
+        }
+        let spec = from_scenario(&plain).unwrap();
+        assert_eq!((spec.proxies, spec.workers), (3, 1));
     }
 
     #[test]
