@@ -7,7 +7,10 @@
 //! - the docker-compose stack runs the very envoy.yaml and plugin the end-to-end tests run, on the
 //!   Envoy release the tests use, and `docker-compose config` accepts it;
 //! - the Grafana dashboard refers to what exists;
-//! - the metrics tables of README.md and docs/observability.md list what the plugin exports.
+//! - docs/configuration.md lists every field with its default, as the schema and the parser have
+//!   them;
+//! - docs/observability.md's metrics table is the plugin's, the only one, and its dashboard table
+//!   is the dashboard's.
 
 #![allow(clippy::panic, clippy::indexing_slicing, clippy::unwrap_used)] // tests fail by panicking
 #![cfg(not(target_arch = "wasm32"))] // real processes: native only
@@ -25,7 +28,7 @@ use ewma_lb::worker::telemetry::{Metric, MetricKind};
 use ewma_lb::worker::FallbackReason;
 use harness::repo_root;
 use serde_json::{json, Value};
-use shipped::{manifests, read, yaml};
+use shipped::{manifests, read, repo_files, yaml};
 use variants::all_smoothers;
 
 fn schema() -> Value {
@@ -267,6 +270,17 @@ fn the_schema_documents_exactly_the_fields_of_the_config() {
     );
 }
 
+/// The smoother the parser makes of `{"algorithm": name}` alone, as JSON: its parameters' defaults.
+fn smoother_defaults(name: &Value) -> Value {
+    let config = Config::from_json(
+        json!({ "smoothing": { "algorithm": name } })
+            .to_string()
+            .as_bytes(),
+    )
+    .unwrap_or_else(|e| panic!("{name}: {e}"));
+    serde_json::to_value(config.policy().smoother).unwrap()
+}
+
 #[test]
 fn the_defaults_in_the_schema_are_the_real_defaults() {
     let root = schema();
@@ -295,14 +309,8 @@ fn the_defaults_in_the_schema_are_the_real_defaults() {
     }
     // Each algorithm's parameter defaults: what the parser fills in when only the name is given.
     for branch in root["properties"]["smoothing"]["oneOf"].as_array().unwrap() {
-        let name = branch["properties"]["algorithm"]["const"].clone();
-        let config = Config::from_json(
-            json!({ "smoothing": { "algorithm": name } })
-                .to_string()
-                .as_bytes(),
-        )
-        .unwrap_or_else(|e| panic!("{name}: {e}"));
-        let parsed = serde_json::to_value(config.policy().smoother).unwrap();
+        let name = &branch["properties"]["algorithm"]["const"];
+        let parsed = smoother_defaults(name);
         for (param, spec) in branch["properties"].as_object().unwrap() {
             if param != "algorithm" {
                 assert_eq!(
@@ -411,6 +419,209 @@ fn invalid_configs_are_rejected_by_both_the_schema_and_the_parser() {
     ];
     for config in valid {
         assert_accepted("valid table", &config);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// (a') docs/configuration.md agrees with the schema and the parser
+
+/// The cells of a markdown table row (`\|` is a pipe inside a cell).
+fn cells(row: &str) -> Vec<String> {
+    let mut out = vec![String::new()];
+    let mut chars = row.trim().trim_matches('|').chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' if chars.peek() == Some(&'|') => {
+                chars.next();
+                out.last_mut().unwrap().push('|');
+            }
+            '|' => out.push(String::new()),
+            c => out.last_mut().unwrap().push(c),
+        }
+    }
+    out.iter().map(|c| c.trim().to_string()).collect()
+}
+
+/// The body rows of the first table under the heading `heading` of `file`. A missing heading or
+/// table fails: a check must not pass on a section that moved away.
+fn doc_table(file: &str, heading: &str) -> Vec<Vec<String>> {
+    let text = read(file);
+    let (_, section) = text
+        .split_once(&format!("\n{heading}\n"))
+        .unwrap_or_else(|| panic!("{file} has no section {heading:?}"));
+    let section = section.split("\n#").next().unwrap_or_default();
+    let rows: Vec<Vec<String>> = section
+        .lines()
+        .skip_while(|l| !l.starts_with('|'))
+        .take_while(|l| l.starts_with('|'))
+        .skip(2)
+        .map(cells)
+        .collect();
+    assert!(!rows.is_empty(), "{file}, {heading:?}: no table");
+    rows
+}
+
+/// The text between backticks of a cell, in order.
+fn code_spans(cell: &str) -> Vec<&str> {
+    cell.split('`').skip(1).step_by(2).collect()
+}
+
+/// The same JSON value; numbers compared as numbers (`2` and `2.0` are one default).
+fn same_json(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => x.as_f64() == y.as_f64(),
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same_json(x, y))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(k, v)| y.get(k).is_some_and(|w| same_json(v, w)))
+        }
+        _ => a == b,
+    }
+}
+
+/// The scalars inside a value, as a configuration table writes them (strings without quotes).
+fn scalars(v: &Value, out: &mut Vec<String>) {
+    match v {
+        Value::Array(a) => a.iter().for_each(|x| scalars(x, out)),
+        Value::Object(m) => m.values().for_each(|x| scalars(x, out)),
+        Value::String(s) => out.push(s.clone()),
+        other => out.push(other.to_string()),
+    }
+}
+
+/// docs/configuration.md, "Every field": one row per field the parser has, at the level the
+/// table describes it (`weights.exponent`, or `smoothing` as a whole), none for a field that does
+/// not exist, each described by the schema, and each default as the parser fills it in: a
+/// scalar written as its JSON; a list or object as its JSON, or as prose naming each value in it.
+#[test]
+fn the_configuration_doc_lists_every_field_with_its_default() {
+    let file = "docs/configuration.md";
+    let rows = doc_table(file, "## Every field");
+    let root = schema();
+    // The defaults, and a cluster entry so that `clusters.<name>` has fields to cover.
+    let mut rich = PluginConfig::default();
+    rich.clusters.insert(
+        "backend".into(),
+        ClusterConfig {
+            endpoints: vec!["127.0.0.1:8081".into()],
+        },
+    );
+    let rich = serde_json::to_value(&rich).unwrap();
+    let defaults = default_json();
+    let fields: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            let spans = code_spans(&r[0]);
+            assert_eq!(
+                spans.len(),
+                1,
+                "{file}: a field cell is one `name`: {:?}",
+                r[0]
+            );
+            spans[0].to_string()
+        })
+        .collect();
+    let covers = |field: &str, leaf: &str| {
+        let (f, l): (Vec<&str>, Vec<&str>) =
+            (field.split('.').collect(), leaf.split('.').collect());
+        f.len() <= l.len() && f.iter().zip(&l).all(|(f, l)| f == l || *f == "<name>")
+    };
+    for (leaf, _) in leaves(&rich) {
+        let n = fields.iter().filter(|f| covers(f, &leaf)).count();
+        assert_eq!(n, 1, "{file}: {leaf} is described by {n} rows, not one");
+    }
+    for (field, row) in fields.iter().zip(&rows) {
+        assert!(
+            leaves(&rich).iter().any(|(leaf, _)| covers(field, leaf)),
+            "{file} lists {field}, which the configuration does not have"
+        );
+        // The schema describes it: properties, and `additionalProperties` for `<name>`.
+        let mut node = &root;
+        for part in field.split('.') {
+            let here = resolve(&root, node);
+            node = if part == "<name>" {
+                &here["additionalProperties"]
+            } else {
+                &here["properties"][part]
+            };
+            assert!(!node.is_null(), "{file}: the schema has no {field}");
+        }
+        assert!(
+            node.get("description").is_some() || resolve(&root, node).get("description").is_some(),
+            "{file}: the schema does not describe {field}"
+        );
+        // The default, where the field has one of its own (not below a `<name>`).
+        if field.contains("<name>") {
+            continue;
+        }
+        let default = at(&defaults, field).unwrap_or_else(|| panic!("no default for {field}"));
+        let cell = &row[1];
+        let spans = code_spans(cell);
+        let written = spans
+            .first()
+            .and_then(|s| serde_json::from_str::<Value>(s).ok());
+        match written {
+            Some(w) => assert!(
+                same_json(&w, default),
+                "{file}: {field}'s default is {default}, the table says {cell}"
+            ),
+            None => {
+                assert!(
+                    default.is_array() || default.is_object(),
+                    "{file}: {field}'s default {default} is not written as JSON: {cell}"
+                );
+                let mut values = Vec::new();
+                scalars(default, &mut values);
+                for v in values {
+                    assert!(
+                        spans.contains(&v.as_str()),
+                        "{file}: {field}'s default holds {v}, the table says {cell}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// docs/configuration.md, "Smoothing algorithms": a row per algorithm the parser knows, naming
+/// each of its parameters with the default the parser fills in.
+#[test]
+fn the_configuration_doc_lists_every_smoothing_algorithm_with_its_parameters() {
+    let file = "docs/configuration.md";
+    let rows = doc_table(file, "## Smoothing algorithms");
+    let names: BTreeSet<String> = rows
+        .iter()
+        .map(|r| r[0].trim_matches('`').to_string())
+        .collect();
+    let parser: BTreeSet<String> = all_smoothers()
+        .iter()
+        .map(|s| s.name().to_string())
+        .collect();
+    assert_eq!(
+        names, parser,
+        "{file}: the algorithms (left) are not the parser's (right)"
+    );
+    for row in &rows {
+        let name = row[0].trim_matches('`');
+        let parsed = smoother_defaults(&json!(name));
+        let params: Vec<(&String, &Value)> = parsed
+            .as_object()
+            .unwrap()
+            .iter()
+            .filter(|(p, _)| *p != "algorithm")
+            .collect();
+        assert!(!params.is_empty(), "{name} has no parameters: {parsed}");
+        for (param, default) in params {
+            let written = format!("`{param}` ({default}");
+            assert!(
+                row[1].contains(&written),
+                "{file}: {name}'s parameters should say {written}...), say {:?}",
+                row[1]
+            );
+        }
     }
 }
 
@@ -1223,15 +1434,62 @@ fn labels_cell(metric: Metric) -> String {
         .join(", ")
 }
 
+/// The panels of the dashboard, by title, with the metrics each one's queries select.
+fn dashboard_panels() -> Vec<(String, BTreeSet<String>)> {
+    let dashboard: Value =
+        serde_json::from_str(&read("envoy-config/grafana/ewma-lb-dashboard.json")).unwrap();
+    let mut out = Vec::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        if panel["type"] == "row" {
+            continue;
+        }
+        let mut metrics = BTreeSet::new();
+        for t in panel["targets"].as_array().into_iter().flatten() {
+            let expr = t["expr"].as_str().unwrap();
+            // A selector is a metric name followed by its matchers.
+            for (i, _) in expr.match_indices('{') {
+                let name: String = expr[..i]
+                    .chars()
+                    .rev()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect();
+                if !name.is_empty() {
+                    metrics.insert(name);
+                }
+            }
+        }
+        out.push((panel["title"].as_str().unwrap().to_string(), metrics));
+    }
+    out
+}
+
+/// docs/observability.md's table of the dashboard's panels is the dashboard's: the same panels,
+/// each with the metrics its queries read (whose names the test above checks against the plugin).
 #[test]
-fn the_readme_documents_every_metric_with_its_labels() {
-    let readme = read("README.md");
-    for metric in Metric::ALL {
-        let labels = labels_cell(metric);
-        let row = format!("| `{}` | {labels} |", metric.name());
-        assert!(
-            readme.contains(&row),
-            "README's metrics table lacks the row starting {row:?}"
+fn the_observability_doc_describes_the_dashboard_as_it_is() {
+    let file = "docs/observability.md";
+    let rows = doc_table(file, "## The Grafana dashboard");
+    let panels = dashboard_panels();
+    let titles: BTreeSet<&str> = panels.iter().map(|(t, _)| t.as_str()).collect();
+    let documented: BTreeSet<&str> = rows.iter().map(|r| r[1].as_str()).collect();
+    assert_eq!(
+        documented, titles,
+        "{file}: the panels documented (left) are not the dashboard's (right)"
+    );
+    for row in &rows {
+        let (_, metrics) = panels.iter().find(|(t, _)| *t == row[1]).unwrap();
+        let named: BTreeSet<String> = code_spans(&row[2])
+            .into_iter()
+            .filter(|s| s.starts_with("ewma_lb_") || s.starts_with("envoy_"))
+            .map(str::to_string)
+            .collect();
+        assert_eq!(
+            &named, metrics,
+            "{file}: the panel {:?} reads other metrics (right) than the doc says (left)",
+            row[1]
         );
     }
 }
@@ -1363,8 +1621,8 @@ fn every_shipped_management_guard_matches_its_plugin_configuration() {
     }
 }
 
-/// docs/observability.md's table has a type column (counter or gauge) after the name. Its rows are
-/// checked against the plugin as README's are, so the two tables cannot drift apart.
+/// docs/observability.md's metrics table is the plugin's metric table (`Metric::ALL`): a row per
+/// metric with its type (counter or gauge) and labels, and no row for a metric that does not exist.
 #[test]
 fn the_observability_doc_documents_every_metric_with_its_kind_and_labels() {
     let doc = read("docs/observability.md");
@@ -1394,23 +1652,47 @@ fn the_observability_doc_documents_every_metric_with_its_kind_and_labels() {
     }
 }
 
-/// Both metrics tables name every `reason` of the fallback counter.
+/// The metrics table names every `reason` of the fallback counter.
 #[test]
-fn the_metrics_tables_name_every_fallback_reason() {
-    for file in ["README.md", "docs/observability.md"] {
-        let text = read(file);
-        let row = text
-            .lines()
-            .find(|l| l.starts_with(&format!("| `{}` |", Metric::FallbackRequests.name())))
-            .unwrap_or_else(|| panic!("{file} has no row for the fallback counter"));
-        for reason in FallbackReason::ALL {
-            assert!(
-                row.contains(&format!("`{}`", reason.label())),
-                "{file}'s fallback row does not name the reason {:?}",
-                reason.label()
-            );
+fn the_metrics_table_names_every_fallback_reason() {
+    let file = "docs/observability.md";
+    let text = read(file);
+    let row = text
+        .lines()
+        .find(|l| l.starts_with(&format!("| `{}` |", Metric::FallbackRequests.name())))
+        .unwrap_or_else(|| panic!("{file} has no row for the fallback counter"));
+    for reason in FallbackReason::ALL {
+        assert!(
+            row.contains(&format!("`{}`", reason.label())),
+            "{file}'s fallback row does not name the reason {:?}",
+            reason.label()
+        );
+    }
+}
+
+/// docs/observability.md holds the one metrics table, checked above: any other Markdown file of
+/// the repository with a row for one of the plugin's metrics would be a copy no test keeps true,
+/// so it links there instead.
+#[test]
+fn no_other_document_keeps_a_metrics_table() {
+    let root = repo_root();
+    let files = repo_files(".md");
+    let rows: Vec<String> = Metric::ALL
+        .iter()
+        .map(|m| format!("| `{}` |", m.name()))
+        .collect();
+    let mut with_rows = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        if text.lines().any(|l| rows.iter().any(|r| l.starts_with(r))) {
+            with_rows.push(file.strip_prefix(&root).unwrap().display().to_string());
         }
     }
+    assert_eq!(
+        with_rows,
+        ["docs/observability.md"],
+        "metric tables outside docs/observability.md (link there instead)"
+    );
 }
 
 /// The admin cluster the plugin reads Envoy's health from points at Envoy's admin address: no

@@ -321,12 +321,13 @@ fn prefixes_match_whole_segments() {
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn the_allowlist_checks_envoys_client_address() {
     // The default is loopback only: behind a load balancer or NAT with a private address every
-    // client would look internal. Operators list their ranges, as in the README's example.
+    // client would look internal. Operators list their ranges, as in docs/configuration.md's
+    // example.
     let by_default = rules("{}");
     let listed = rules(
         r#"{"management": {"allowed_cidrs": ["127.0.0.0/8", "::1/128", "10.20.0.0/16", "fd00:20::/48", "192.0.2.10"]}}"#,
     );
-    // (client, allowed by default, allowed with the README's list)
+    // (client, allowed by default, allowed with docs/configuration.md's list)
     let cases = [
         (Some("127.0.0.1:50000"), true, true),
         (Some("127.9.9.9:1"), true, true),

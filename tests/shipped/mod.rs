@@ -17,6 +17,28 @@ pub fn read(rel: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// Every file of the repository whose name ends with `suffix`, but in hidden folders and `target`.
+pub fn repo_files(suffix: &str) -> Vec<PathBuf> {
+    fn walk(dir: &Path, suffix: &str, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().to_string();
+            if name.starts_with('.') || name == "target" {
+                continue;
+            }
+            if path.is_dir() {
+                walk(&path, suffix, out);
+            } else if name.ends_with(suffix) {
+                out.push(path);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(&repo_root(), suffix, &mut out);
+    out.sort();
+    out
+}
+
 /// Every YAML document of a text, as JSON values (empty documents left out).
 pub fn yaml_text_docs(origin: &str, text: &str) -> Vec<Value> {
     serde_norway::Deserializer::from_str(text)

@@ -1,6 +1,7 @@
-//! Reading access logs: one JSON object a line, as the shipped envoy.yaml writes them (README,
-//! "Access log"), plain or gzip, streamed line by line so a day of a busy proxy never sits in
-//! memory. A line that is not such an object is counted and skipped, with its line number.
+//! Reading access logs: one JSON object a line, as the shipped envoy.yaml writes them
+//! (docs/observability.md, "Access log"), plain or gzip, streamed line by line so a day of a busy
+//! proxy never sits in memory. A line that is not such an object is counted and skipped, with its
+//! line number.
 
 use std::collections::BTreeMap;
 use std::fs::File;

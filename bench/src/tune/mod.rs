@@ -219,7 +219,10 @@ pub fn no_usable_line(read: &log::ReadSummary) -> String {
     if let Some((f, n, why)) = read.skipped.first() {
         let _ = write!(s, "; first skipped: {}:{n}: {why}", f.display());
     }
-    s.push_str(". The shipped envoy.yaml's access log has every field (README, \"Access log\").");
+    s.push_str(
+        ". The shipped envoy.yaml's access log has every field \
+         (docs/observability.md, \"Access log\").",
+    );
     s
 }
 

@@ -1,6 +1,6 @@
 //! Synthetic access logs: the simulator runs a world (hosts whose latency is known) under some
-//! settings and writes what a real Envoy's shipped access log would (README, "Access log"), so
-//! tests know the answer the tuner must find.
+//! settings and writes what a real Envoy's shipped access log would (docs/observability.md,
+//! "Access log"), so tests know the answer the tuner must find.
 
 use std::io::Write;
 
