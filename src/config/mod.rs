@@ -41,8 +41,8 @@ use smoothing::check_smoother;
 
 // === The JSON form ===
 
-/// The whole plugin configuration as written. Every field is optional; see README,
-/// "Configuration", docs/configuration.md and schema/ewma-lb.schema.json.
+/// The whole plugin configuration as written. Every field is optional; see
+/// docs/configuration.md and schema/ewma-lb.schema.json.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct PluginConfig {
     /// Request header the cluster's `override_host` policy reads (`override_host_sources`).

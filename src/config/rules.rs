@@ -39,7 +39,7 @@ pub struct ManagementConfig {
     pub paths: PathSet,
     /// Networks (CIDR, or a bare address) whose clients may reach management paths. The client
     /// is Envoy's `source.address`: the peer, or with `xff_num_trusted_hops` set on Envoy's
-    /// connection manager the address those trusted proxies reported (see README).
+    /// connection manager the address those trusted proxies reported (docs/threat-model.md).
     pub allowed_cidrs: Vec<String>,
 }
 
@@ -48,7 +48,7 @@ impl Default for ManagementConfig {
         ManagementConfig {
             paths: PathSet::of(&[], &["/actuator"]),
             // Loopback only: behind a load balancer or NAT with a private address, every client
-            // would be "internal". Operators list their own internal ranges (README).
+            // would be "internal". Operators list their own internal ranges (docs/configuration.md).
             allowed_cidrs: vec!["127.0.0.0/8".to_string(), "::1/128".to_string()],
         }
     }

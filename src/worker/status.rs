@@ -42,8 +42,8 @@ pub struct HostStatus<'a> {
     pub zone: Option<&'a str>,
     /// Share of steered traffic, 0-1.
     pub weight: f64,
-    /// What the weight is computed from: latency × error factor × load factor (README,
-    /// "The score"), in ms; `null` before any sample.
+    /// What the weight is computed from: latency × error factor × load factor
+    /// (docs/score.md), in ms; `null` before any sample.
     pub score_ms: Option<f64>,
     /// Smoothed latency (failures count as the penalty latency); `null` before any sample.
     pub latency_ms: Option<f64>,
