@@ -574,9 +574,10 @@ fn compile_grpc_codes(names: &[String]) -> Result<GrpcCodes, ConfigError> {
                 Some(c) => format!("write it as {c}"),
                 None => format!(
                     "one of {}",
+                    // Owned, as every list a message joins: one `join` in the module, not two.
                     GrpcCode::ALL
                         .iter()
-                        .map(|(_, n)| *n)
+                        .map(|(_, n)| (*n).to_owned())
                         .collect::<Vec<_>>()
                         .join(", ")
                 ),
