@@ -74,15 +74,17 @@ pub(crate) fn one_of(names: &[&str]) -> String {
         [] => "nothing".to_owned(),
         [one] => format!("`{one}`"),
         [a, b] => format!("`{a}` or `{b}`"),
-        _ => format!(
-            "one of {}",
-            names
-                .iter()
-                .map(|n| format!("`{n}`"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
+        _ => format!("one of {}", ticked(names)),
     }
+}
+
+/// `` `a`, `b`, `c` ``: names as a message lists them.
+pub(crate) fn ticked(names: &[&str]) -> String {
+    names
+        .iter()
+        .map(|n| format!("`{n}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 pub fn error(path: impl Into<String>, message: impl Into<String>) -> ConfigError {

@@ -5,7 +5,7 @@ use serde::{Serialize, Serializer};
 use serde_json::Value;
 
 use super::error::{err, in_range, Shown};
-use super::json::{error, variant, Fields, FromJson};
+use super::json::{error, ticked, variant, Fields, FromJson};
 use super::ConfigError;
 use crate::balance::smoothing::{
     Smoother, DEFAULT_PEAK_SAMPLES, DEFAULT_TAU_MS, MAX_PEAK_SAMPLES, MAX_SMA_WINDOW,
@@ -145,9 +145,9 @@ impl TryFrom<SmoothingSpec> for Smoother {
             .find(|(name, present)| *present && !takes.contains(name))
         {
             Some((name, _)) => Err(format!(
-                "`{name}` is not a parameter of `{}`, which takes `{}`",
+                "`{name}` is not a parameter of `{}`, which takes {}",
                 smoother.name(),
-                takes.join("`, `")
+                ticked(takes)
             )),
             None => Ok(smoother),
         }
