@@ -18,7 +18,7 @@ use ewma_lb::balance::outcome::Outcome;
 use ewma_lb::record::state::{Accumulator, ClusterBatch, ClusterState};
 use ewma_lb::record::sync;
 use ewma_lb::worker::status::HostPhase;
-use ewma_lb::worker::telemetry::{Change, Metric};
+use ewma_lb::worker::telemetry::{Change, Metric, MAX_GAUGED_HOSTS};
 use ewma_lb::worker::{Decision, Finished, Worker};
 use store::{config, defaults, steer, Shared, CLUSTER, MS, SEC};
 
@@ -259,6 +259,60 @@ fn a_host_envoy_no_longer_honours_leaves_the_table_at_once_and_its_gauges_go_to_
         !picks(&mut w, 2_000).contains_key(&gone),
         "never picked again"
     );
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_cluster_that_outgrows_the_per_host_gauges_zeroes_them_once_and_sets_no_more() {
+    let address = |i: usize| format!("10.0.{}.{}:80", i / 200, i % 200);
+    let per_host = |report: &ewma_lb::worker::TickReport| -> (usize, usize) {
+        let host_weights = report
+            .metrics
+            .iter()
+            .filter(|u| u.metric == Metric::HostWeight);
+        let zeroed = host_weights
+            .clone()
+            .filter(|u| u.change == Change::Set(0))
+            .count();
+        (host_weights.count(), zeroed)
+    };
+    let store = Shared::default();
+    let mut w = Worker::new(config(r#"{"exploration_share": 0}"#), 1);
+    let endpoints = u32::try_from(MAX_GAUGED_HOSTS + 1).unwrap();
+    for i in 0..MAX_GAUGED_HOSTS {
+        served(&mut w, &address(i), 50.0, endpoints);
+    }
+    let report = w.tick(SEC, &mut store.clone());
+    assert_eq!(
+        per_host(&report),
+        (MAX_GAUGED_HOSTS, 0),
+        "every host gauged"
+    );
+    // One more host: the cluster is past the limit. The hosts that had gauges get 0, once.
+    served(&mut w, &address(MAX_GAUGED_HOSTS), 50.0, endpoints);
+    let report = w.tick(SEC + 300 * MS, &mut store.clone());
+    assert_eq!(report.adopted.len(), 1);
+    assert_eq!(per_host(&report), (MAX_GAUGED_HOSTS, MAX_GAUGED_HOSTS));
+    assert!(report
+        .metrics
+        .iter()
+        .any(|u| u.metric == Metric::UnknownEndpoints));
+    // Half the hosts slow down, for good: new tables, still without per-host gauges.
+    let mut tables = 0;
+    for tick in 2..12 {
+        for i in 0..=MAX_GAUGED_HOSTS {
+            let ms = if i % 2 == 0 { 50.0 } else { 500.0 };
+            served(&mut w, &address(i), ms, endpoints);
+        }
+        let report = w.tick(SEC + tick * 300 * MS, &mut store.clone());
+        tables += report.adopted.len();
+        assert_eq!(
+            per_host(&report),
+            (0, 0),
+            "no per-host gauge past the limit"
+        );
+    }
+    assert!(tables > 0, "the slowdown made no new table");
 }
 
 #[test]

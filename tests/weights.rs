@@ -97,6 +97,53 @@ fn a_host_without_samples_is_scored_at_the_median() {
     );
     let s = shares(&[host(None), host(None)], &p);
     assert_eq!(s, vec![0.5, 0.5], "no samples anywhere: equal shares");
+    // An even count: the median is the mean of the two middle scores (150 ms here).
+    let s = shares(
+        &[
+            host(Some(400.0)),
+            host(Some(50.0)),
+            host(None),
+            host(Some(200.0)),
+            host(Some(100.0)),
+        ],
+        &p,
+    );
+    assert!(
+        (s[2] / s[1] - 50.0 / 150.0).abs() < 1e-12,
+        "the newcomer is scored at 150 ms: {s:?}"
+    );
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_large_table_keeps_every_bound() {
+    // 10,000 hosts whose scores span four orders of magnitude, half of them with a share in
+    // force: the fit meets the floor, the damping bound and the sum at every host.
+    let p = WeightParams::default();
+    let hosts: Vec<HostInput> = (0..10_000)
+        .map(|i| {
+            let score = 1.0 + ((i * 7919) % 10_000) as f64;
+            match i % 2 {
+                0 => previous(score, 1.0 / 10_000.0),
+                _ => host(Some(score)),
+            }
+        })
+        .collect();
+    let s = shares(&hosts, &p);
+    let floor = ewma_lb::balance::weights::floor(&p, hosts.len());
+    assert!((s.iter().sum::<f64>() - 1.0).abs() < 1e-9);
+    for (share, h) in s.iter().zip(&hosts) {
+        assert!(
+            *share >= floor * (1.0 - 1e-9),
+            "{share} below the floor {floor}"
+        );
+        if let Some(prev) = h.previous_share {
+            assert!(
+                *share <= prev * p.max_step_ratio * (1.0 + 1e-9),
+                "{share} from {prev}"
+            );
+        }
+    }
 }
 
 #[test]

@@ -307,6 +307,10 @@ pub fn run(quick: bool) -> Vec<MicroResult> {
             n,
             refresh,
         );
+        if let Some((published, adopted)) = refresh_ticks(n, budget) {
+            push("Worker::tick refreshing (and publishing)", n, published);
+            push("Worker::tick adopting another VM's table", n, adopted);
+        }
 
         // The core's whole per-request work for a steered request (what the adapter adds is host
         // calls): route (path rules, pick, in-flight +1) and finish (in-flight -1, the sample).
@@ -316,24 +320,7 @@ pub fn run(quick: bool) -> Vec<MicroResult> {
                 "Worker::route+finish (steered, hot table)",
                 n,
                 time_it(budget, 10_000_000, || {
-                    let request = Request {
-                        path: b"/api/v1/items/42?sort=asc",
-                        cluster: Some("backend"),
-                        now_ns,
-                        body_pending: false,
-                    };
-                    if let Decision::Override(pick) = worker.route(&request, || None) {
-                        let done = Finished {
-                            picked: Some(&pick.host),
-                            in_flight: true,
-                            served_by: Some(&pick.host),
-                            attempts: 1,
-                            latency_ms: 20.0,
-                            outcome: Some(Outcome::Success),
-                            ..Finished::default()
-                        };
-                        worker.finish("backend", &done);
-                    }
+                    steer_one(&mut worker, b"/api/v1/items/42?sort=asc", now_ns, 20.0);
                 }),
             );
         }
@@ -375,35 +362,108 @@ const HOT_NOW_NS: u64 = 5_000_000_001;
 /// A worker with `n` static endpoints whose table is adopted and whose hosts have all been picked
 /// and sampled: the steady state of a busy VM.
 fn hot_worker(n: usize) -> Option<Worker> {
-    let endpoints: Vec<String> = (0..n).map(address).collect();
-    let json = serde_json::json!({"exploration_share": 0, "clusters": {"backend": {"endpoints": endpoints}}});
-    let config = Config::from_json(json.to_string().as_bytes()).ok()?;
-    let mut worker = Worker::new(config, 1);
+    let mut worker = Worker::new(static_config(n)?, 1);
     let mut store = Memory::default();
     for t in 1..=5u64 {
-        for _ in 0..(4 * n) {
-            let request = Request {
-                path: b"/",
-                cluster: Some("backend"),
-                now_ns: worker.clock(t * 1_000_000_000),
-                body_pending: false,
-            };
-            if let Decision::Override(pick) = worker.route(&request, || None) {
-                let done = Finished {
-                    picked: Some(&pick.host),
-                    in_flight: true,
-                    served_by: Some(&pick.host),
-                    attempts: 1,
-                    latency_ms: 20.0,
-                    outcome: Some(Outcome::Success),
-                    ..Finished::default()
-                };
-                worker.finish("backend", &done);
-            }
-        }
+        serve(&mut worker, 4 * n, t * 1_000_000_000, |_| 20.0);
         worker.tick(t * 1_000_000_000, &mut store);
     }
     Some(worker)
+}
+
+/// The plugin's configuration with `n` static endpoints in cluster "backend".
+fn static_config(n: usize) -> Option<Config> {
+    let endpoints: Vec<String> = (0..n).map(address).collect();
+    let json = serde_json::json!({
+        "exploration_share": 0,
+        "max_hosts_per_cluster": n.max(1024),
+        "clusters": {"backend": {"endpoints": endpoints}},
+    });
+    Config::from_json(json.to_string().as_bytes()).ok()
+}
+
+/// Routes and finishes `requests` requests at `raw_now_ns`, the k-th taking `latency_ms(k)`.
+fn serve(worker: &mut Worker, requests: usize, raw_now_ns: u64, latency_ms: impl Fn(usize) -> f64) {
+    for k in 0..requests {
+        let now_ns = worker.clock(raw_now_ns);
+        steer_one(worker, b"/", now_ns, latency_ms(k));
+    }
+}
+
+/// One request to "backend": routed, and when steered, finished at its pick in `latency_ms`.
+fn steer_one(worker: &mut Worker, path: &[u8], now_ns: u64, latency_ms: f64) {
+    let request = Request {
+        path,
+        cluster: Some("backend"),
+        now_ns,
+        body_pending: false,
+    };
+    if let Decision::Override(pick) = worker.route(&request, || None) {
+        let done = Finished {
+            picked: Some(&pick.host),
+            in_flight: true,
+            served_by: Some(&pick.host),
+            attempts: 1,
+            latency_ms,
+            outcome: Some(Outcome::Success),
+            ..Finished::default()
+        };
+        worker.finish("backend", &done);
+    }
+}
+
+/// What a refresh of `n` hosts costs the VMs of one Envoy, through the worker as the plugin runs
+/// it: the tick of the VM that folds the slots, recomputes the weights and publishes the table
+/// (with the per-host gauges it sets), and the tick of another VM that reads the record, decodes
+/// it and rebuilds its pick table. Two workers on one store; the first serves [`SAMPLED`]
+/// requests a refresh, at 20 ms for a second, then 60 ms for a second, and so on, so its tables
+/// keep changing beyond the publishing tolerance. Returns (refreshing tick, adopting tick), each
+/// (ns per tick, ticks): every refresh for the first, only the refreshes that published a table
+/// for the second.
+fn refresh_ticks(n: usize, budget: Duration) -> Option<((f64, u64), (f64, u64))> {
+    const SEC: u64 = 1_000_000_000;
+    let mut store = Memory::default();
+    let mut publisher = Worker::new(static_config(n)?, 1);
+    let mut adopter = Worker::new(static_config(n)?, 2);
+    let interval = publisher.config().policy().refresh_interval_ns;
+    let mut t = SEC;
+    for _ in 0..5 {
+        serve(&mut publisher, 4 * n, t, |_| 20.0);
+        publisher.tick(t, &mut store);
+        adopter.tick(t + 1_000_000, &mut store);
+        t += SEC;
+    }
+    let (mut refresh_ns, mut refreshes) = (0u128, 0u64);
+    let (mut adopt_ns, mut adoptions) = (0u128, 0u64);
+    let start = Instant::now();
+    while start.elapsed() < budget || adoptions < 3 {
+        if refreshes > 1_000 && adoptions == 0 {
+            panic!("micro: {refreshes} refreshes published no table");
+        }
+        let ms = if (t / SEC).is_multiple_of(2) { 20.0 } else { 60.0 };
+        serve(&mut publisher, SAMPLED, t, |_| ms);
+        let at = Instant::now();
+        let report = black_box(publisher.tick(t, &mut store));
+        refresh_ns += at.elapsed().as_nanos();
+        refreshes += 1;
+        if report.refreshed == 0 {
+            panic!("micro: the publisher did not refresh");
+        }
+        if !report.adopted.is_empty() {
+            let at = Instant::now();
+            let report = black_box(adopter.tick(t + 1_000_000, &mut store));
+            adopt_ns += at.elapsed().as_nanos();
+            adoptions += 1;
+            if report.refreshed > 0 || report.adopted.is_empty() {
+                panic!("micro: the other VM refreshed, or adopted no table");
+            }
+        }
+        t += interval;
+    }
+    Some((
+        (refresh_ns as f64 / refreshes as f64, refreshes),
+        (adopt_ns as f64 / adoptions as f64, adoptions),
+    ))
 }
 
 /// A markdown table: one row per operation, one column per host count; then one row each for

@@ -13,17 +13,22 @@ pub mod score;
 pub mod smoothing;
 pub mod weights;
 
-/// The median of the finite scores; `None` when there is none.
+/// The median of the finite scores; `None` when there is none. A selection, not a sort: the
+/// refresh takes it of every host.
 pub(crate) fn median(scores: impl Iterator<Item = f64>) -> Option<f64> {
     let mut v: Vec<f64> = scores.filter(|s| s.is_finite()).collect();
     if v.is_empty() {
         return None;
     }
-    v.sort_unstable_by(f64::total_cmp);
-    let mid = v.len() / 2;
-    let upper = v.get(mid).copied()?;
-    if v.len() % 2 == 1 {
+    let (len, mid) = (v.len(), v.len() / 2);
+    let (lower, &mut upper, _) = v.select_nth_unstable_by(mid, f64::total_cmp);
+    if len % 2 == 1 {
         return Some(upper);
     }
-    v.get(mid - 1).map(|lower| (lower + upper) / 2.0)
+    // Even count: the other middle one is the largest of the lower half.
+    lower
+        .iter()
+        .copied()
+        .max_by(f64::total_cmp)
+        .map(|lower| (lower + upper) / 2.0)
 }

@@ -251,8 +251,16 @@ pub(crate) fn update(metric: Metric, cluster: &str, label: Option<&str>, change:
     }
 }
 
-/// The per-host gauges of a newly adopted table, and zeros for the hosts that left it. Every VM
-/// adopts the same table, so they all set the same values.
+/// Most hosts of one cluster that get per-host gauges. Six gauges a host, and a VM keeps 4,096
+/// series (`filter::metrics`): a larger cluster's gauges would evict each other on every
+/// refresh, each eviction a new series in Envoy and a host call, for a per-host panel no one can
+/// read at that size. Larger clusters keep their cluster-wide metrics; the status page and
+/// Envoy's `per_endpoint_stats` show their hosts.
+pub const MAX_GAUGED_HOSTS: usize = 512;
+
+/// The per-host gauges of a newly adopted table, and zeros for the hosts that left it (or all of
+/// them when the cluster outgrew [`MAX_GAUGED_HOSTS`]). Every VM adopts the same table, so they
+/// all set the same values.
 pub(crate) fn host_gauges(
     cluster: &str,
     old: &ClusterState,
@@ -269,36 +277,41 @@ pub(crate) fn host_gauges(
         Metric::HostUtilization,
         Metric::HostScore,
     ];
-    for h in &new.hosts {
-        let ejected = HostPhase::of(h, new.clock_ns, slow_start_ns) == HostPhase::Ejected;
-        let terms = h.terms(new.clock_ns);
-        let latency_us = terms.latency_ms.map_or(0, ms_to_whole_us);
-        let values = [
-            share_to_ppm(h.share),
-            latency_us,
-            u64::from(ejected),
-            share_to_ppm(terms.error_rate),
-            terms.utilization.map_or(0, share_to_ppm),
-            terms.score_ms(score).map_or(0, ms_to_whole_us),
-        ];
-        for (metric, value) in HOST_GAUGES.into_iter().zip(values) {
-            out.push(update(
-                metric,
-                cluster,
-                Some(&h.address),
-                Change::Set(value),
-            ));
+    let gauged = |state: &ClusterState| state.hosts.len() <= MAX_GAUGED_HOSTS;
+    if gauged(new) {
+        for h in &new.hosts {
+            let ejected = HostPhase::of(h, new.clock_ns, slow_start_ns) == HostPhase::Ejected;
+            let terms = h.terms(new.clock_ns);
+            let latency_us = terms.latency_ms.map_or(0, ms_to_whole_us);
+            let values = [
+                share_to_ppm(h.share),
+                latency_us,
+                u64::from(ejected),
+                share_to_ppm(terms.error_rate),
+                terms.utilization.map_or(0, share_to_ppm),
+                terms.score_ms(score).map_or(0, ms_to_whole_us),
+            ];
+            for (metric, value) in HOST_GAUGES.into_iter().zip(values) {
+                out.push(update(
+                    metric,
+                    cluster,
+                    Some(&h.address),
+                    Change::Set(value),
+                ));
+            }
         }
     }
-    // Both sorted by address: one walk finds the hosts that left.
-    let mut present = new.hosts.iter().map(|h| h.address.as_str()).peekable();
-    let gone = old.hosts.iter().filter(|h| {
-        while present.next_if(|a| *a < h.address.as_str()).is_some() {}
-        present.peek() != Some(&h.address.as_str())
-    });
-    for gone in gone {
-        for metric in HOST_GAUGES {
-            out.push(update(metric, cluster, Some(&gone.address), Change::Set(0)));
+    if gauged(old) {
+        // Both sorted by address: one walk finds the hosts that left.
+        let mut present = new.hosts.iter().map(|h| h.address.as_str()).peekable();
+        let unset = old.hosts.iter().filter(|h| {
+            while present.next_if(|a| *a < h.address.as_str()).is_some() {}
+            !gauged(new) || present.peek() != Some(&h.address.as_str())
+        });
+        for host in unset {
+            for metric in HOST_GAUGES {
+                out.push(update(metric, cluster, Some(&host.address), Change::Set(0)));
+            }
         }
     }
     out.push(update(
