@@ -262,7 +262,6 @@ fn golden_values() -> [Vec<u8>; 3] {
         samples: 4,
         spread: 0.5,
         share: 1.0,
-        target_share: 0.5,
         ..HostState::default()
     };
     host.errors.observe(4, 1, 6);
@@ -322,8 +321,8 @@ fn hex(bytes: &[u8]) -> String {
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn the_format_version_names_the_encoded_layout() {
-    const GOLDEN: [&str; 3] = ["45574c4206520305060201010b31302e302e302e313a38300000016106000000000004000000000000e03f00000000000000000000000000000000000000000000000000f03f00000000000010400601000000000000e03f0600000000000000000000f03f000000000000e03f01090601010207", "45574c4206480306060109080101010207", "45574c42065309020806060108060102010b31302e302e302e313a383001000000000000494000000100010161000000000000d03f01"];
-    assert_eq!(FORMAT_VERSION, 6, "update GOLDEN when the version moves");
+    const GOLDEN: [&str; 3] = ["45574c4205520305060201010b31302e302e302e313a38300000016106000000000004000000000000e03f00000000000000000000000000000000000000000000000000f03f00000000000010400601000000000000e03f0600000000000000000000f03f01090601010207", "45574c4205480306060109080101010207", "45574c42055309020806060108060102010b31302e302e302e313a383001000000000000494000000100010161000000000000d03f01"];
+    assert_eq!(FORMAT_VERSION, 5, "update GOLDEN when the version moves");
     for (value, golden) in golden_values().iter().zip(GOLDEN) {
         assert_eq!(
             hex(value),
@@ -379,58 +378,4 @@ fn values_are_bounded_in_size() {
     assert!(decode_head(&record).is_err());
     assert!(decode_slot(&head).is_err());
     assert!(decode(&slot, 16).is_err());
-}
-
-/// The table in force (`share`) follows the refresh's targets (`target_share`) within the
-/// publishing tolerance: after every refresh no host is further from its target than that, and
-/// the version moves exactly when some share does.
-#[test]
-#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
-fn the_table_in_force_stays_within_the_tolerance_of_the_targets() {
-    use ewma_lb::record::state::PUBLISH_TOLERANCE;
-    let p = policy();
-    let mut state = ClusterState::default();
-    let hosts = ["10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80", "10.0.0.4:80"];
-    let mut rng = fastrand::Rng::with_seed(7);
-    let (mut published, mut held) = (0, 0);
-    for t in 1..=400u64 {
-        // Equal hosts with noisy samples, and from the 200th refresh one of them slower.
-        let entries: Vec<(String, Vec<f64>)> = hosts
-            .iter()
-            .enumerate()
-            .map(|(i, h)| {
-                let base = if i == 0 && t > 200 { 120.0 } else { 50.0 };
-                let noisy = (0..3).map(|_| base * (0.8 + 0.4 * rng.f64())).collect();
-                (h.to_string(), noisy)
-            })
-            .collect();
-        let entries: Vec<(&str, &[f64], bool)> = entries
-            .iter()
-            .map(|(h, l)| (h.as_str(), l.as_slice(), false))
-            .collect();
-        let now = t * SEC / 4;
-        state.merge(&samples(&entries), now, &p);
-        let before: Vec<f64> = state.hosts.iter().map(|h| h.share).collect();
-        let version = state.table_version;
-        state.refresh(now, &p, &[], None);
-        let changed = state.hosts.iter().zip(&before).any(|(h, b)| h.share != *b);
-        assert_eq!(state.table_version != version, changed, "refresh {t}");
-        if changed {
-            published += 1;
-        } else {
-            held += 1;
-        }
-        for h in &state.hosts {
-            let drift = (h.target_share / h.share - 1.0).abs();
-            assert!(
-                drift <= PUBLISH_TOLERANCE,
-                "refresh {t}: {} at {drift}",
-                h.address
-            );
-        }
-    }
-    assert!(held > 0, "every refresh published a table");
-    let slow = state.host("10.0.0.1:80").unwrap().share;
-    assert!(slow < 0.1, "the slow host kept {slow} of the traffic");
-    assert!(published > 1);
 }

@@ -76,8 +76,7 @@ pub struct HostInput {
     /// Time since the host joined or came back from ejection.
     pub active_for_ns: u64,
     pub ejected: bool,
-    /// The share the previous refresh computed for the host (the table in force follows it
-    /// within a tolerance, `state::PUBLISH_TOLERANCE`); `None` when it had none.
+    /// The host's share in the table in force; `None` when it had none.
     pub previous_share: Option<f64>,
 }
 

@@ -3,8 +3,7 @@
 //!
 //! Merging happens on ticks, never per request. Whoever merges when a refresh is due also
 //! recomputes the weight table; the compare-and-swap around the write (`sync`) makes that one VM
-//! per refresh. `table_version` moves only when a host's share moves by more than
-//! [`PUBLISH_TOLERANCE`] (or a host joins, leaves or is ejected), so a cluster with nothing new
+//! per refresh. `table_version` moves only when the shares do, so a cluster with nothing new
 //! costs no VM a table rebuild. Times in the record are the record's own clock (`clock`), which
 //! no wall-clock step moves.
 //!
@@ -162,9 +161,6 @@ pub struct HostState {
     pub health: Health,
     /// Share of steered traffic in the table in force; 0 for ejected and not yet weighted hosts.
     pub share: f64,
-    /// The share the last refresh computed, which the next one starts from. The table in force
-    /// takes it when some host's target is [`PUBLISH_TOLERANCE`] away from its share there.
-    pub target_share: f64,
 }
 
 impl HostState {
@@ -479,7 +475,6 @@ impl ClusterState {
                 // the cluster median and ramp up, as a new host would.
                 host.active_since_ns = now_ns.max(1);
                 host.share = 0.0;
-                host.target_share = 0.0;
                 host.latency = Estimate::default();
                 host.errors = ErrorRate::default();
             }
@@ -500,7 +495,7 @@ impl ClusterState {
                 uncertainty: persistence::uncertainty(h),
                 active_for_ns: h.active_for_ns(now_ns),
                 ejected: out(h),
-                previous_share: (h.target_share > 0.0).then_some(h.target_share),
+                previous_share: (h.share > 0.0).then_some(h.share),
             })
             .collect();
         let zones: Vec<ZoneInput> = self
@@ -514,15 +509,12 @@ impl ClusterState {
             .collect();
         let split = locality::split(&zones, local_zone, &policy.locality);
         let shares = weights::shares_within(&inputs, &policy.weights, split.as_ref());
-        let mut publish = self.table_version == 0;
+        let mut changed = self.table_version == 0;
         for (host, share) in self.hosts.iter_mut().zip(shares) {
-            publish |= moved(host.share, share);
-            host.target_share = share;
+            changed |= (host.share - share).abs() > SHARE_EPSILON;
+            host.share = share;
         }
-        if publish {
-            for host in &mut self.hosts {
-                host.share = host.target_share;
-            }
+        if changed {
             self.bump_version();
         }
     }
@@ -544,7 +536,6 @@ impl ClusterState {
             if host.health.should_eject(params, now_ns) {
                 host.health.eject(params, now_ns);
                 host.share = 0.0;
-                host.target_share = 0.0;
                 ejected += 1;
                 newly += 1;
             }
@@ -561,7 +552,6 @@ impl ClusterState {
         let total: f64 = self.hosts.iter().map(|h| h.share).sum();
         for host in &mut self.hosts {
             host.share = if total > 0.0 { host.share / total } else { 0.0 };
-            host.target_share = host.share;
         }
         self.bump_version();
     }
@@ -581,7 +571,6 @@ impl ClusterState {
                 let changed = !h.absent;
                 h.absent = true;
                 h.share = 0.0;
-                h.target_share = 0.0;
                 changed
             }
             Some(_) => {
@@ -699,18 +688,4 @@ pub(crate) fn in_subset(address: &str, num_endpoints: u32, max_hosts: usize) -> 
 }
 
 /// Share differences below this are rounding, not a new table.
-/// How far (relative) a host's computed share may drift from its share in the table in force
-/// before the table is published again. Every published table is read, decoded and rebuilt by
-/// every VM of the proxy; moves smaller than this are below what a second of traffic can show
-/// (a host drawn 400 times a second varies by 5 % by chance alone) and add up in `target_share`
-/// until one host's does not. A host joining, leaving, ejected, or crossing to or from 0
-/// always publishes.
-pub const PUBLISH_TOLERANCE: f64 = 0.05;
-
-/// Whether a share moving from `table` to `target` needs a new table.
-fn moved(table: f64, target: f64) -> bool {
-    if table <= 0.0 || target <= 0.0 {
-        return (table > 0.0) != (target > 0.0);
-    }
-    (target / table - 1.0).abs() > PUBLISH_TOLERANCE
-}
+const SHARE_EPSILON: f64 = 1e-9;
