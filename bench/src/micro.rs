@@ -417,9 +417,8 @@ fn steer_one(worker: &mut Worker, path: &[u8], now_ns: u64, latency_ms: f64) {
 /// (with the per-host gauges it sets), and the tick of another VM that reads the record, decodes
 /// it and rebuilds its pick table. Two workers on one store; the first serves [`SAMPLED`]
 /// requests a refresh, at 20 ms for a second, then 60 ms for a second, and so on, so its tables
-/// keep changing beyond the publishing tolerance. Returns (refreshing tick, adopting tick), each
-/// (ns per tick, ticks): every refresh for the first, only the refreshes that published a table
-/// for the second.
+/// keep changing. Returns (refreshing tick, adopting tick), each (ns per tick, ticks): every
+/// refresh for the first, the refreshes that published a new table for the second.
 fn refresh_ticks(n: usize, budget: Duration) -> Option<((f64, u64), (f64, u64))> {
     const SEC: u64 = 1_000_000_000;
     let mut store = Memory::default();
@@ -440,7 +439,11 @@ fn refresh_ticks(n: usize, budget: Duration) -> Option<((f64, u64), (f64, u64))>
         if refreshes > 1_000 && adoptions == 0 {
             panic!("micro: {refreshes} refreshes published no table");
         }
-        let ms = if (t / SEC).is_multiple_of(2) { 20.0 } else { 60.0 };
+        let ms = if (t / SEC).is_multiple_of(2) {
+            20.0
+        } else {
+            60.0
+        };
         serve(&mut publisher, SAMPLED, t, |_| ms);
         let at = Instant::now();
         let report = black_box(publisher.tick(t, &mut store));
