@@ -1,7 +1,6 @@
 //! Per tick: sync every cluster with its shared record, adopt a new table, forget idle clusters
 //! and stale health, and collect what the metrics and logs should say ([`TickReport`]).
 
-use crate::balance::pick::PickTable;
 use crate::balance::probe;
 use crate::record::state::{ClusterBatch, ClusterState, Policy};
 use crate::record::sync::{
@@ -276,7 +275,7 @@ fn adopt(local: &mut LocalCluster, state: &ClusterState, policy: &Policy, now_ns
         .filter_map(|h| h.latency.value_ms().map(|v| (v * h.share, h.share)))
         .fold((0.0, 0.0), |(w, m), (v, s)| (w + v, m + s));
     let reference_ms = (mass > 0.0).then(|| weighted / mass);
-    let table = PickTable::with_floor(
+    let table = local.table.rebuilt(
         state
             .hosts
             .iter()
