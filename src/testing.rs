@@ -1,13 +1,39 @@
 //! proxy-wasm shared data in memory, for the tests and the fleet simulator: several workers over
-//! one store, and the contention a test needs to provoke. Only with the `testing` feature, which
-//! the plugin's own build never enables.
+//! one store, and the contention a test needs to provoke; and one steered request as the adapter
+//! runs it. Only with the `testing` feature, which the plugin's own build never enables.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::rc::Rc;
 
+use crate::balance::outcome::Outcome;
 use crate::record::state::ClusterState;
 use crate::record::sync::{self, SharedStore, StoreError};
+use crate::worker::{Decision, Finished, Request, Worker};
+
+/// One request as the adapter runs it: routed, and when the plugin steers it, finished at its
+/// pick as a success in `latency_ms` (in flight, one attempt). Returns the host picked.
+pub fn steered_request(
+    worker: &mut Worker,
+    cluster: &str,
+    request: &Request,
+    latency_ms: f64,
+) -> Option<Rc<str>> {
+    let Decision::Override(pick) = worker.route(request, || None) else {
+        return None;
+    };
+    let done = Finished {
+        picked: Some(&pick.host),
+        in_flight: true,
+        served_by: Some(&pick.host),
+        attempts: 1,
+        latency_ms,
+        outcome: Some(Outcome::Success),
+        ..Finished::default()
+    };
+    worker.finish(cluster, &done);
+    Some(pick.host)
+}
 
 /// What another VM does between two of this one's calls, to the store's keys.
 pub type Hook = Box<dyn FnMut(&mut HashMap<String, (Vec<u8>, u32)>)>;

@@ -16,7 +16,8 @@ use std::cell::Cell;
 use std::rc::Rc;
 
 use ewma_lb::balance::outcome::Outcome;
-use ewma_lb::worker::{Decision, Finished, Request, Worker};
+use ewma_lb::testing::steered_request;
+use ewma_lb::worker::{Finished, Request, Worker};
 use store::{ticked, CLUSTER, SEC};
 
 struct Counting;
@@ -73,28 +74,13 @@ fn allocations(f: impl FnOnce()) -> u64 {
 /// One steered request: route, then finish as the adapter's `on_log` does. Returns the host the
 /// plugin picked, if it steered the request.
 fn request(w: &mut Worker, path: &str, latency_ms: f64) -> Option<Rc<str>> {
-    let Decision::Override(pick) = w.route(
-        &Request {
-            path: path.as_bytes(),
-            cluster: Some(CLUSTER),
-            now_ns: 0,
-            body_pending: false,
-        },
-        || None,
-    ) else {
-        return None;
+    let request = Request {
+        path: path.as_bytes(),
+        cluster: Some(CLUSTER),
+        now_ns: 0,
+        body_pending: false,
     };
-    let done = Finished {
-        picked: Some(&pick.host),
-        in_flight: true,
-        served_by: Some(&pick.host),
-        attempts: 1,
-        latency_ms,
-        outcome: Some(Outcome::Success),
-        ..Finished::default()
-    };
-    w.finish(CLUSTER, &done);
-    Some(pick.host)
+    steered_request(w, CLUSTER, &request, latency_ms)
 }
 
 /// A worker over `hosts` (static endpoints, no exploration) after ten ticks of `per_tick`

@@ -7,14 +7,14 @@ use std::fmt::Write as _;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use ewma_lb::balance::outcome::Outcome;
 use ewma_lb::balance::pick::PickTable;
 use ewma_lb::balance::weights::{shares, HostInput, WeightParams};
 use ewma_lb::config::Config;
 use ewma_lb::record::state::{Accumulator, ClusterBatch, ClusterState};
 use ewma_lb::record::sync::{self, Keys, Member, SharedStore, StoreError, SyncContext};
 use ewma_lb::rules::normalize_bytes;
-use ewma_lb::worker::{Decision, Finished, Request, Worker};
+use ewma_lb::testing::steered_request;
+use ewma_lb::worker::{Request, Worker};
 use serde::{Deserialize, Serialize};
 
 /// Host counts measured.
@@ -398,18 +398,7 @@ fn steer_one(worker: &mut Worker, path: &[u8], now_ns: u64, latency_ms: f64) {
         now_ns,
         body_pending: false,
     };
-    if let Decision::Override(pick) = worker.route(&request, || None) {
-        let done = Finished {
-            picked: Some(&pick.host),
-            in_flight: true,
-            served_by: Some(&pick.host),
-            attempts: 1,
-            latency_ms,
-            outcome: Some(Outcome::Success),
-            ..Finished::default()
-        };
-        worker.finish("backend", &done);
-    }
+    black_box(steered_request(worker, "backend", &request, latency_ms));
 }
 
 /// What a refresh of `n` hosts costs the VMs of one Envoy, through the worker as the plugin runs

@@ -86,7 +86,7 @@ impl PickTable {
         PickTable::default().rebuilt(entries, floor)
     }
 
-    /// [`PickTable::with_floor`] for the next version of this table: a host both list shares the
+    /// [`PickTable::with_floor`] for the next version of this table: a host in both shares the
     /// name this one holds rather than a new copy. Both lists are in the record's order (sorted by
     /// address), so one walk finds them; a new table of a 10,000-host cluster otherwise allocated
     /// 10,000 names on every VM.
