@@ -8,6 +8,9 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
+# One build from scratch: the incremental cache would only take disk (several hundred MB here).
+export CARGO_INCREMENTAL=0
+
 step() { printf '\n== %s\n' "$*"; }
 
 step "toolchain"
