@@ -156,16 +156,19 @@ fn every_request_logs_the_host_that_served_it_and_why_the_plugin_sent_it_there()
     assert!(!served_by.contains_key("/ewma-lb/status"));
 }
 
-/// Issue 16: hosts the table cannot tell apart are left to Envoy's least request
-/// (`pick: weighted_p2c_unless_equal`), which sees the requests in flight of all of Envoy's
-/// workers; and a host that turns slow is told apart and steered away from again. Read off the
-/// access log and checked against the backends that counted each path.
+/// Issue 16, `pick: weighted_p2c_unless_equal`: hosts the table cannot tell apart are left to
+/// Envoy's least request, which sees the requests in flight of all of Envoy's workers; and a host
+/// that turns slow is told apart and steered away from again. Read off the access log and checked
+/// against the backends that counted each path.
 #[test]
 fn equal_hosts_are_left_to_least_request_until_one_turns_slow() {
-    let stack = Stack::start(vec![
-        BackendSpec::new("a", "uniform:10-14".parse().unwrap()),
-        BackendSpec::new("b", "uniform:10-14".parse().unwrap()),
-    ])
+    let stack = Stack::with_plugin_config(
+        vec![
+            BackendSpec::new("a", "uniform:10-14".parse().unwrap()),
+            BackendSpec::new("b", "uniform:10-14".parse().unwrap()),
+        ],
+        r#"{"pick": "weighted_p2c_unless_equal"}"#,
+    )
     .unwrap();
     stack.load(100.0, 4).unwrap(); // the table forms
     let run = |tag: &str| -> (BTreeMap<String, usize>, BTreeMap<String, usize>) {

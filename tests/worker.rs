@@ -1206,7 +1206,7 @@ fn hosts_the_table_cannot_tell_apart_are_left_to_the_fallback_where_it_picks_amo
         ("weighted_p2c_unless_equal", 2, ["a", "a"], 20.0, true),
         // A host the table tells apart: it steers.
         ("weighted_p2c_unless_equal", 2, ["", ""], 40.0, false),
-        // An endpoint the table does not know: the fallback would send it some of the split.
+        // An endpoint the table does not know: the fallback would send it some of the requests.
         ("weighted_p2c_unless_equal", 3, ["", ""], 20.0, false),
         // Two zones: a zone-aware fallback would favour one.
         ("weighted_p2c_unless_equal", 2, ["a", "b"], 20.0, false),

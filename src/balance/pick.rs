@@ -17,8 +17,8 @@
 //! instead, an idle pair would always go to the heavier host, turning a 2 % difference in weights
 //! into whole refreshes of traffic for one host; the served count turns ties into a smooth round of
 //! the shares. With equal shares this is least request's two choices over this worker's requests in
-//! flight; the default pick leaves a table that cannot tell its hosts apart to Envoy's least
-//! request itself, which counts every worker's requests (`worker::route`).
+//! flight; `weighted_p2c_unless_equal` leaves a table that cannot tell its hosts apart to Envoy's
+//! least request itself, which counts every worker's requests (`worker::route`).
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -36,10 +36,10 @@ pub enum PickAlgorithm {
     /// Two weighted draws over the shares above the floor; the one with fewer of this worker's
     /// requests in flight per unit of share wins (power of two choices). Reacts to load between
     /// refreshes.
+    #[default]
     WeightedP2c,
     /// [`PickAlgorithm::WeightedP2c`], unless the table cannot tell its hosts apart: then the
     /// cluster's fallback policy (`weights::indistinguishable`; the worker decides).
-    #[default]
     WeightedP2cUnlessEqual,
     /// Always the host with the highest weight. Shipped for the benchmark only: "always the
     /// fastest" herds every request onto one host and flaps when another looks faster.
