@@ -118,7 +118,7 @@ fn invalid_configurations_name_the_field_and_the_value() {
         (r#"{"smoothing": {"algorithm": "dual_ewma", "short_tau_ms": 5000, "long_tau_ms": 1000}}"#, "smoothing.long_tau_ms: must be in [5000, 600000], got 1000"),
         (r#"{"smoothing": {"algorithm": "median"}}"#, "smoothing.algorithm: unknown variant `median`, expected one of `ewma`, `decay_ewma`, `peak_ewma`, `sma`, `bias_corrected_ewma`, `dual_ewma`"),
         (r#"{"smoothing": {"algorithm": "ewma", "alpha": 0.2, "beta": 1}}"#, "smoothing: `beta` is not a parameter of `ewma`, which takes `alpha`"),
-        (r#"{"pick": "fastest"}"#, "pick: unknown variant `fastest`, expected one of `weighted_random`, `weighted_p2c`, `lowest_latency`"),
+        (r#"{"pick": "fastest"}"#, "pick: unknown variant `fastest`, expected one of `weighted_random`, `weighted_p2c`, `weighted_p2c_unless_equal`, `lowest_latency`"),
         (r#"{"override_header": "X-Host"}"#, "override_header: must be a lowercase HTTP header name, got \"X-Host\""),
         (r#"{"override_header": ""}"#, "override_header: must be a lowercase HTTP header name, got \"\""),
         (r#"{"override_header": ":authority"}"#, "override_header: must be a lowercase HTTP header name, got \":authority\""),

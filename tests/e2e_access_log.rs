@@ -21,19 +21,10 @@ fn log_lines(stack: &Stack) -> HashMap<String, Value> {
         .collect()
 }
 
-#[test]
-fn every_request_logs_the_host_that_served_it_and_why_the_plugin_sent_it_there() {
-    let stack = Stack::start(vec![
-        BackendSpec::new("fast1", "uniform:5-15".parse().unwrap()),
-        BackendSpec::new("fast2", "uniform:5-15".parse().unwrap()),
-        BackendSpec::new("slow", "uniform:150-250".parse().unwrap()),
-    ])
-    .unwrap();
-    stack.load(100.0, 4).unwrap(); // the table forms
-    stack.reset_counts();
-    // 400 requests, each on its own path, so the backend that counted a path is the one that
-    // served that request.
-    let paths: Vec<String> = (0..400).map(|i| format!("/req/{i}")).collect();
+/// 400 requests, each on its own path (`/TAG/N`), four at a time: the backend that counted a
+/// path is the one that served that request. Returns the paths.
+fn send_each(tag: &str, stack: &Stack) -> Vec<String> {
+    let paths: Vec<String> = (0..400).map(|i| format!("/{tag}/{i}")).collect();
     std::thread::scope(|s| {
         for chunk in paths.chunks(100) {
             let url = &stack.url;
@@ -45,6 +36,20 @@ fn every_request_logs_the_host_that_served_it_and_why_the_plugin_sent_it_there()
             });
         }
     });
+    paths
+}
+
+#[test]
+fn every_request_logs_the_host_that_served_it_and_why_the_plugin_sent_it_there() {
+    let stack = Stack::start(vec![
+        BackendSpec::new("fast1", "uniform:5-15".parse().unwrap()),
+        BackendSpec::new("fast2", "uniform:5-15".parse().unwrap()),
+        BackendSpec::new("slow", "uniform:150-250".parse().unwrap()),
+    ])
+    .unwrap();
+    stack.load(100.0, 4).unwrap(); // the table forms
+    stack.reset_counts();
+    let paths = send_each("req", &stack);
     assert_eq!(
         http::get(&format!("{}/healthz", stack.url), &[])
             .unwrap()
@@ -149,4 +154,69 @@ fn every_request_logs_the_host_that_served_it_and_why_the_plugin_sent_it_there()
     let status = &lines["/ewma-lb/status"];
     assert_eq!(status["ewma_lb"], "status - -", "{status}");
     assert!(!served_by.contains_key("/ewma-lb/status"));
+}
+
+/// Issue 16, `pick: weighted_p2c_unless_equal`: hosts the table cannot tell apart are left to
+/// Envoy's least request, which sees the requests in flight of all of Envoy's workers; and a host
+/// that turns slow is told apart and steered away from again. Read off the access log and checked
+/// against the backends that counted each path.
+#[test]
+fn equal_hosts_are_left_to_least_request_until_one_turns_slow() {
+    let stack = Stack::with_plugin_config(
+        vec![
+            BackendSpec::new("a", "uniform:10-14".parse().unwrap()),
+            BackendSpec::new("b", "uniform:10-14".parse().unwrap()),
+        ],
+        r#"{"pick": "weighted_p2c_unless_equal"}"#,
+    )
+    .unwrap();
+    stack.load(100.0, 4).unwrap(); // the table forms
+    let run = |tag: &str| -> (BTreeMap<String, usize>, BTreeMap<String, usize>) {
+        stack.reset_counts();
+        let paths = send_each(tag, &stack);
+        let mut lines = HashMap::new();
+        let found = within(Duration::from_secs(10), || {
+            lines = log_lines(&stack);
+            paths.iter().all(|p| lines.contains_key(p))
+        });
+        assert!(found.is_some(), "{tag}: not every request logged");
+        let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
+        for p in &paths {
+            let decision = lines[p]["ewma_lb"].as_str().unwrap();
+            let reason = decision.split(' ').next().unwrap().to_owned();
+            *reasons.entry(reason).or_default() += 1;
+        }
+        let served = stack
+            .backends
+            .iter()
+            .map(|b| {
+                let prefix = format!("/{tag}/");
+                let n = b
+                    .path_counts()
+                    .keys()
+                    .filter(|p| p.starts_with(&prefix))
+                    .count();
+                (b.name().to_owned(), n)
+            })
+            .collect();
+        eprintln!("{tag}: decisions {reasons:?}, served {served:?}");
+        (reasons, served)
+    };
+    let (reasons, served) = run("equal");
+    let left = reasons.get("fallback:hosts_equal").copied().unwrap_or(0);
+    assert!(left >= 300, "equal hosts: {reasons:?}");
+    // Least request splits them: each well within its half (400 requests, either way 150 is
+    // more than six standard deviations of a fair coin).
+    assert!(served.values().all(|n| *n >= 150), "{served:?}");
+
+    // b turns ten times slower: the table tells it apart and steers away from it.
+    stack
+        .backend("b")
+        .unwrap()
+        .set_latency("uniform:100-140".parse().unwrap());
+    stack.load(100.0, 4).unwrap();
+    let (reasons, served) = run("slow");
+    let left = reasons.get("fallback:hosts_equal").copied().unwrap_or(0);
+    assert!(left <= 20, "a slow host: {reasons:?}");
+    assert!(served["a"] >= 300, "{served:?} {reasons:?}");
 }

@@ -5,7 +5,7 @@
 #[cfg(target_arch = "wasm32")]
 use wasm_bindgen_test::wasm_bindgen_test;
 
-use ewma_lb::balance::weights::{shares, HostInput, WeightParams};
+use ewma_lb::balance::weights::{indistinguishable, shares, HostInput, WeightParams};
 #[cfg(not(target_arch = "wasm32"))]
 use proptest::prelude::*;
 
@@ -458,4 +458,68 @@ fn chance_differences_do_not_move_the_table_real_ones_do() {
         slow(0.9),
         slow(0.0)
     );
+}
+
+/// When the table cannot tell its hosts apart (`pick: weighted_p2c_unless_equal` then leaves them
+/// to the fallback). Cases: hosts as (score ms, uncertainty in ln terms, share in force,
+/// ejected), and the answer. The reference is the share-weighted mean score.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn hosts_are_indistinguishable_when_every_score_is_within_its_uncertainty() {
+    type Case<'a> = (&'a [(Option<f64>, f64, f64, bool)], bool);
+    let cases: [Case; 8] = [
+        // 20 and 21 ms, each known to within 10 %: equal.
+        (
+            &[(Some(20.0), 0.1, 0.5, false), (Some(21.0), 0.1, 0.5, false)],
+            true,
+        ),
+        // 20 and 30 ms, known to within 10 %: 30 ms is 0.22 from the 25 ms reference in ln.
+        (
+            &[(Some(20.0), 0.1, 0.5, false), (Some(30.0), 0.1, 0.5, false)],
+            false,
+        ),
+        // The same hosts known only to within 30 %: equal as far as the table can tell.
+        (
+            &[(Some(20.0), 0.3, 0.5, false), (Some(30.0), 0.3, 0.5, false)],
+            true,
+        ),
+        // A host with no uncertainty yet (no evidence) is not known to be equal.
+        (
+            &[(Some(20.0), 0.1, 0.5, false), (Some(20.0), 0.0, 0.5, false)],
+            false,
+        ),
+        // A host never measured.
+        (
+            &[(Some(20.0), 0.1, 0.5, false), (None, 0.1, 0.5, false)],
+            false,
+        ),
+        // One live host: nothing to tell apart, nothing to leave to anyone.
+        (&[(Some(20.0), 0.1, 1.0, false)], false),
+        // An ejected host does not count; the two live ones are equal.
+        (
+            &[
+                (Some(20.0), 0.1, 0.5, false),
+                (Some(1000.0), 0.1, 0.0, true),
+                (Some(20.5), 0.1, 0.5, false),
+            ],
+            true,
+        ),
+        // No share in force: no reference yet.
+        (
+            &[(Some(20.0), 0.1, 0.0, false), (Some(20.0), 0.1, 0.0, false)],
+            false,
+        ),
+    ];
+    for (hosts, want) in cases {
+        let inputs: Vec<HostInput> = hosts
+            .iter()
+            .map(|&(score_ms, uncertainty, share, ejected)| HostInput {
+                uncertainty,
+                ejected,
+                previous_share: (share > 0.0).then_some(share),
+                ..host(score_ms)
+            })
+            .collect();
+        assert_eq!(indistinguishable(&inputs), want, "{hosts:?}");
+    }
 }

@@ -1193,3 +1193,60 @@ fn the_memory_store_compares_and_swaps_as_envoy_does() {
     s.set("k", b"b", cas).unwrap();
     assert_eq!(s.get("k").unwrap().1, Some(2));
 }
+
+/// `pick: weighted_p2c_unless_equal` leaves hosts the table cannot tell apart to the fallback, and
+/// only where the fallback picks among exactly them with nothing to favour. Cases: (pick,
+/// endpoints Envoy counts, the hosts' zones, the second host's latency, whether the requests go
+/// to the fallback).
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn hosts_the_table_cannot_tell_apart_are_left_to_the_fallback_where_it_picks_among_them() {
+    let cases = [
+        ("weighted_p2c_unless_equal", 2, ["", ""], 20.0, true),
+        ("weighted_p2c_unless_equal", 2, ["a", "a"], 20.0, true),
+        // A host the table tells apart: it steers.
+        ("weighted_p2c_unless_equal", 2, ["", ""], 40.0, false),
+        // An endpoint the table does not know: the fallback would send it some of the requests.
+        ("weighted_p2c_unless_equal", 3, ["", ""], 20.0, false),
+        // Two zones: a zone-aware fallback would favour one.
+        ("weighted_p2c_unless_equal", 2, ["a", "b"], 20.0, false),
+        ("weighted_p2c", 2, ["", ""], 20.0, false),
+    ];
+    let hosts = ["10.0.0.1:80", "10.0.0.2:80"];
+    for (pick, endpoints, zones, second_ms, equal) in cases {
+        let cfg = format!(
+            r#"{{"pick": "{pick}", "clusters": {{"backend": {{"endpoints": ["10.0.0.1:80", "10.0.0.2:80"]}}}}}}"#
+        );
+        let (store, mut w) = ticked(&cfg, 21);
+        let mut rng = fastrand::Rng::with_seed(5);
+        // Two equal hosts, 2 s of samples.
+        for tick in 2..=21u64 {
+            for _ in 0..20 {
+                for ((host, zone), ms) in hosts.iter().zip(zones).zip([20.0, second_ms]) {
+                    w.finish(
+                        CLUSTER,
+                        &Finished {
+                            served_by: Some(host),
+                            attempts: 1,
+                            // A little spread, as real latencies have: a host's uncertainty
+                            // comes from it.
+                            latency_ms: ms * (0.9 + 0.2 * rng.f64()),
+                            outcome: Some(Outcome::Success),
+                            num_endpoints: Some(endpoints),
+                            zone: Some(zone).filter(|z| !z.is_empty()),
+                            ..Finished::default()
+                        },
+                    );
+                }
+            }
+            w.tick(tick * 100 * MS + SEC, &mut store.clone());
+        }
+        let decisions: Vec<Decision> = (0..1_000).map(|_| steer(&mut w)).collect();
+        let left = decisions
+            .iter()
+            .filter(|d| **d == Decision::Fallback(FallbackReason::HostsEqual))
+            .count();
+        let want = if equal { 1_000 } else { 0 };
+        assert_eq!(left, want, "{pick} {endpoints} {zones:?} {second_ms} ms");
+    }
+}

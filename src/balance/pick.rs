@@ -17,7 +17,8 @@
 //! instead, an idle pair would always go to the heavier host, turning a 2 % difference in weights
 //! into whole refreshes of traffic for one host; the served count turns ties into a smooth round of
 //! the shares. With equal shares this is least request's two choices over this worker's requests in
-//! flight.
+//! flight; `weighted_p2c_unless_equal` leaves a table that cannot tell its hosts apart to Envoy's
+//! least request itself, which counts every worker's requests (`worker::route`).
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -37,6 +38,9 @@ pub enum PickAlgorithm {
     /// refreshes.
     #[default]
     WeightedP2c,
+    /// [`PickAlgorithm::WeightedP2c`], unless the table cannot tell its hosts apart: then the
+    /// cluster's fallback policy (`weights::indistinguishable`; the worker decides).
+    WeightedP2cUnlessEqual,
     /// Always the host with the highest weight. Shipped for the benchmark only: "always the
     /// fastest" herds every request onto one host and flaps when another looks faster.
     LowestLatency,
@@ -44,9 +48,13 @@ pub enum PickAlgorithm {
 
 impl PickAlgorithm {
     /// Every algorithm by its name in the configuration.
-    pub(crate) const NAMES: [(&'static str, PickAlgorithm); 3] = [
+    pub(crate) const NAMES: [(&'static str, PickAlgorithm); 4] = [
         ("weighted_random", PickAlgorithm::WeightedRandom),
         ("weighted_p2c", PickAlgorithm::WeightedP2c),
+        (
+            "weighted_p2c_unless_equal",
+            PickAlgorithm::WeightedP2cUnlessEqual,
+        ),
         ("lowest_latency", PickAlgorithm::LowestLatency),
     ];
 
@@ -236,7 +244,9 @@ impl PickTable {
     ) -> Option<usize> {
         match algorithm {
             PickAlgorithm::WeightedRandom => self.weighted(rng),
-            PickAlgorithm::WeightedP2c => self.weighted_p2c(rng, in_flight),
+            PickAlgorithm::WeightedP2c | PickAlgorithm::WeightedP2cUnlessEqual => {
+                self.weighted_p2c(rng, in_flight)
+            }
             PickAlgorithm::LowestLatency => self.heaviest(),
         }
     }

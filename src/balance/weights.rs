@@ -152,6 +152,27 @@ pub fn shares_within(
     fit(&targets, &limits)
 }
 
+/// Whether the table cannot tell its hosts apart: at least two live hosts, and every one
+/// measured, its score within its `uncertainty` of the latency the table's traffic gets (the
+/// scale at which [`significant_ln`] draws a score to that reference). Between such hosts what
+/// differs is their queues of the moment, which Envoy's least request sees across all of its
+/// workers and a plugin VM only for its own (`pick: weighted_p2c_unless_equal`).
+pub fn indistinguishable(hosts: &[HostInput]) -> bool {
+    let Some(ln_reference) = reference(hosts).filter(|r| *r > 0.0).map(f64::ln) else {
+        return false;
+    };
+    let mut count = 0;
+    let all_within = hosts.iter().filter(|h| !h.ejected).all(|h| {
+        count += 1;
+        h.score_ms.is_some_and(|s| {
+            s > 0.0
+                && h.uncertainty > 0.0
+                && (s.max(MIN_SCORE_MS).ln() - ln_reference).abs() <= h.uncertainty
+        })
+    });
+    all_within && count >= 2
+}
+
 /// The latency the table's traffic gets: the mean score weighted by the shares in force; `None`
 /// when no host has both.
 fn reference(hosts: &[HostInput]) -> Option<f64> {

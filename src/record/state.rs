@@ -485,10 +485,10 @@ impl ClusterState {
         ejected
     }
 
-    fn reweigh(&mut self, now_ns: u64, policy: &Policy, local_zone: Option<&str>) {
+    /// What the weights are computed from, host by host.
+    fn weight_inputs(&self, now_ns: u64, policy: &Policy) -> Vec<HostInput> {
         let out = |h: &HostState| h.absent || h.health.is_ejected(now_ns);
-        let inputs: Vec<HostInput> = self
-            .hosts
+        self.hosts
             .iter()
             .map(|h| HostInput {
                 score_ms: h.terms(now_ns).score_ms(&policy.score),
@@ -497,7 +497,18 @@ impl ClusterState {
                 ejected: out(h),
                 previous_share: (h.share > 0.0).then_some(h.share),
             })
-            .collect();
+            .collect()
+    }
+
+    /// Whether the table, as of `now_ns`, cannot tell its hosts apart
+    /// ([`weights::indistinguishable`]).
+    pub fn hosts_indistinguishable(&self, now_ns: u64, policy: &Policy) -> bool {
+        weights::indistinguishable(&self.weight_inputs(now_ns, policy))
+    }
+
+    fn reweigh(&mut self, now_ns: u64, policy: &Policy, local_zone: Option<&str>) {
+        let out = |h: &HostState| h.absent || h.health.is_ejected(now_ns);
+        let inputs = self.weight_inputs(now_ns, policy);
         let zones: Vec<ZoneInput> = self
             .hosts
             .iter()

@@ -32,6 +32,9 @@ pub(crate) struct InFlight {
 pub(crate) struct LocalCluster {
     pub(crate) table: PickTable,
     pub(crate) table_version: u64,
+    /// The table cannot tell its hosts apart, and the fallback picks among exactly them
+    /// (`adopt`): `pick: weighted_p2c_unless_equal` leaves the requests to it.
+    pub(crate) hosts_equal: bool,
     /// When each host of the table is due a probe (`probe`).
     pub(crate) probes: Probes,
     /// The share of requests left to the fallback (`explore`).

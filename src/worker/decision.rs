@@ -72,6 +72,7 @@ impl Decision {
                 matches!(
                     reason,
                     FallbackReason::Exploring
+                        | FallbackReason::HostsEqual
                         | FallbackReason::TableNotReady
                         | FallbackReason::Shadow
                 )
@@ -122,6 +123,9 @@ impl Decision {
 pub enum FallbackReason {
     /// The exploration share: lets the fallback find endpoints the table does not know.
     Exploring,
+    /// The table cannot tell its hosts apart (`pick: weighted_p2c_unless_equal`): the fallback,
+    /// least request in every shipped configuration, sees every worker's requests in flight.
+    HostsEqual,
     /// No weight table for this cluster yet (first requests, or nothing learned).
     TableNotReady,
     /// A health probe: never steered, never sampled.
@@ -140,8 +144,9 @@ pub enum FallbackReason {
 }
 
 impl FallbackReason {
-    pub const ALL: [FallbackReason; 8] = [
+    pub const ALL: [FallbackReason; 9] = [
         FallbackReason::Exploring,
+        FallbackReason::HostsEqual,
         FallbackReason::TableNotReady,
         FallbackReason::HealthPath,
         FallbackReason::Management,
@@ -155,6 +160,7 @@ impl FallbackReason {
     pub fn label(self) -> &'static str {
         match self {
             FallbackReason::Exploring => "exploring",
+            FallbackReason::HostsEqual => "hosts_equal",
             FallbackReason::TableNotReady => "table_not_ready",
             FallbackReason::HealthPath => "health_path",
             FallbackReason::Management => "management",

@@ -4,6 +4,7 @@
 use std::rc::Rc;
 
 use crate::balance::outcome::Outcome;
+use crate::balance::pick::PickAlgorithm;
 use crate::balance::score::{parse_load_report, LoadMetric};
 use crate::rules::{normalize_bytes, PathClass};
 use crate::worker::cluster::{counts_entry, local_entry, InFlight, LocalCluster};
@@ -98,6 +99,7 @@ impl Worker {
             table,
             probes,
             in_flight: counts,
+            hosts_equal,
             ..
         } = &mut *local;
         let in_flight = |i: usize| {
@@ -110,6 +112,9 @@ impl Worker {
             Some(i) => {
                 table.count_served(i);
                 (i, true)
+            }
+            None if *hosts_equal && config.pick() == PickAlgorithm::WeightedP2cUnlessEqual => {
+                return Decision::Fallback(FallbackReason::HostsEqual);
             }
             None => match table.pick(config.pick(), rng, in_flight) {
                 Some(i) => (i, false),

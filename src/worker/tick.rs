@@ -304,6 +304,14 @@ fn adopt(local: &mut LocalCluster, state: &ClusterState, policy: &Policy, now_ns
         now_ns,
     );
     local.probes.set_floor(floor);
+    // The fallback picks among exactly the table's hosts when Envoy counts as many endpoints as
+    // the table holds live hosts (none unknown, ejected or unhealthy), and favours none of them
+    // when they share one zone (a zone-aware fallback would favour some).
+    let mut zones = state.hosts.iter().map(|h| h.zone.as_str());
+    let one_zone = zones.next().is_none_or(|z| zones.all(|other| other == z));
+    local.hosts_equal = one_zone
+        && state.num_endpoints as usize == table.len()
+        && state.hosts_indistinguishable(now_ns, policy);
     local.table = table;
     local.table_version = state.table_version;
 }

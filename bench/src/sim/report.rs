@@ -32,6 +32,11 @@ pub struct FleetFigures {
     /// 99th percentile over (host, second) of a host's share of the second's requests, as a
     /// multiple of a fair share: how far above fair the busiest hosts get (herding).
     pub peak_share_x_fair: f64,
+    /// The least share of the measured window any host got, as a multiple of a fair share, among
+    /// the hosts present from its start: whether a balancer starves one (issue 16's cold start:
+    /// every host at least half its fair share).
+    #[serde(default)]
+    pub least_share_x_fair: f64,
     /// Share of requests the plugin steered (the rest went to its fallback).
     pub steered_pct: Option<f64>,
     /// Wall-clock seconds the run took.
@@ -225,6 +230,18 @@ pub fn summarise(
         .get(((peaks.len() as f64 * 0.99) as usize).min(peaks.len().saturating_sub(1)))
         .copied()
         .unwrap_or(0.0);
+    let from_start: Vec<u64> = spec
+        .hosts
+        .iter()
+        .zip(&per_host)
+        .filter(|(h, _)| h.join_s <= spec.warmup.as_secs_f64())
+        .map(|(_, c)| *c)
+        .collect();
+    let fair = from_start.iter().sum::<u64>() as f64 / from_start.len().max(1) as f64;
+    let least = from_start.iter().min().map_or(0.0, |c| match fair > 0.0 {
+        true => *c as f64 / fair,
+        false => 0.0,
+    });
     let plugin = out.steered + out.fallback > 0;
     let fleet = FleetFigures {
         util_mean_pct: mean,
@@ -233,6 +250,7 @@ pub fn summarise(
         flap_fair_pct: f.flap_pp * m,
         flap_noise_fair_pct: f.flap_noise_pp * m,
         peak_share_x_fair: p99,
+        least_share_x_fair: least,
         steered_pct: plugin
             .then(|| 100.0 * out.steered as f64 / (out.steered + out.fallback) as f64),
         wall_s: out.wall_s,
@@ -304,7 +322,7 @@ pub fn quantiles(out: &RunOutput) -> Vec<f64> {
 /// The fleet table: one row per policy, each figure's median (min-max) over the seeds.
 pub fn fleet_table(results: &[SimResult]) -> String {
     let mut t = String::from(
-        "| policy | p50 ms | p95 ms | p99 ms | p99.9 ms | errors % | utilisation mean % | utilisation spread (CV %) | hottest host % | flap, % of fair | its noise floor | busiest hosts' share (p99, × fair) | steered % |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| policy | p50 ms | p95 ms | p99 ms | p99.9 ms | errors % | utilisation mean % | utilisation spread (CV %) | hottest host % | flap, % of fair | its noise floor | busiest hosts' share (p99, × fair) | least-served host (× fair) | steered % |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for r in results {
         let b = |f: &dyn Fn(&RoundFigures) -> Option<f64>, d: usize| {
@@ -315,7 +333,7 @@ pub fn fleet_table(results: &[SimResult]) -> String {
         };
         let _ = writeln!(
             t,
-            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             r.policy,
             b(&|x| Some(x.p50_ms), 1),
             b(&|x| Some(x.p95_ms), 1),
@@ -328,6 +346,7 @@ pub fn fleet_table(results: &[SimResult]) -> String {
             fl(&|x| Some(x.flap_fair_pct), 1),
             fl(&|x| Some(x.flap_noise_fair_pct), 1),
             fl(&|x| Some(x.peak_share_x_fair), 2),
+            fl(&|x| Some(x.least_share_x_fair), 2),
             fl(&|x| x.steered_pct, 1),
         );
     }
