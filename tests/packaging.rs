@@ -68,12 +68,14 @@ fn all_picks() -> Vec<PickAlgorithm> {
     let all = vec![
         PickAlgorithm::WeightedRandom,
         PickAlgorithm::WeightedP2c,
+        PickAlgorithm::WeightedP2cUnlessEqual,
         PickAlgorithm::LowestLatency,
     ];
     for p in &all {
         match p {
             PickAlgorithm::WeightedRandom
             | PickAlgorithm::WeightedP2c
+            | PickAlgorithm::WeightedP2cUnlessEqual
             | PickAlgorithm::LowestLatency => {}
         }
     }
