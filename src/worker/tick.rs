@@ -1,6 +1,7 @@
 //! Per tick: sync every cluster with its shared record, adopt a new table, forget idle clusters
 //! and stale health, and collect what the metrics and logs should say ([`TickReport`]).
 
+use crate::balance::pick::PickAlgorithm;
 use crate::balance::probe;
 use crate::record::state::{ClusterBatch, ClusterState, Policy};
 use crate::record::sync::{
@@ -22,6 +23,7 @@ impl Worker {
         self.forget_stale_health(steady_ns);
         let local_zone = self.local_zone.as_deref().filter(|z| !z.is_empty());
         let policy = self.config.policy();
+        let pick = self.config.pick();
         let slow_start_ns = policy.weights.slow_start_ns;
         let tick_ns = u64::try_from(self.config.tick_period().as_nanos()).unwrap_or(u64::MAX);
         for (name, local) in &mut self.clusters {
@@ -79,7 +81,7 @@ impl Worker {
                             0
                         };
                         if state.table_version != local.table_version {
-                            adopt(local, &state, policy, steady_ns);
+                            adopt(local, &state, policy, pick, steady_ns);
                             report.adopted.push((name.clone(), local.table_version));
                             // The per-host gauges are the process's, like the table: the VM
                             // that published the table sets them, not every VM that adopts it
@@ -218,12 +220,13 @@ impl Worker {
         let mut unhealthy =
             crate::worker::health::unhealthy_hosts(clusters_text, |c| self.config.steers(c));
         let policy = self.config.policy();
+        let pick = self.config.pick();
         for (name, local) in &mut self.clusters {
             let hosts = unhealthy.remove(name).unwrap_or_default();
             if hosts != local.unhealthy {
                 local.unhealthy = hosts;
                 let state = local.snapshot.clone();
-                adopt(local, &state, policy, now_ns);
+                adopt(local, &state, policy, pick, now_ns);
             }
         }
     }
@@ -239,11 +242,12 @@ impl Worker {
             return;
         }
         let policy = self.config.policy();
+        let pick = self.config.pick();
         for local in self.clusters.values_mut() {
             if !local.unhealthy.is_empty() {
                 local.unhealthy.clear();
                 let state = local.snapshot.clone();
-                adopt(local, &state, policy, now_ns);
+                adopt(local, &state, policy, pick, now_ns);
             }
         }
     }
@@ -262,7 +266,13 @@ fn record_shows_traffic(store: &dyn SharedStore, key: &str, max_hosts: usize) ->
 /// Rebuilds this VM's pick table from a new version of the record, with the weights' floor (the
 /// pick draws above it, see `pick`) and each host's probe interval (`probe`), measured against
 /// the latency the table's traffic gets on average.
-fn adopt(local: &mut LocalCluster, state: &ClusterState, policy: &Policy, now_ns: u64) {
+fn adopt(
+    local: &mut LocalCluster,
+    state: &ClusterState,
+    policy: &Policy,
+    pick: PickAlgorithm,
+    now_ns: u64,
+) {
     // A host Envoy marked unhealthy gets nothing from this VM, neither picks nor probes.
     let unhealthy = &local.unhealthy;
     let share_of = |h: &crate::record::state::HostState| match unhealthy.contains(&h.address) {
@@ -309,7 +319,9 @@ fn adopt(local: &mut LocalCluster, state: &ClusterState, policy: &Policy, now_ns
     // when they share one zone (a zone-aware fallback would favour some).
     let mut zones = state.hosts.iter().map(|h| h.zone.as_str());
     let one_zone = zones.next().is_none_or(|z| zones.all(|other| other == z));
-    local.hosts_equal = one_zone
+    // Judged only for the pick that uses it: it costs a pass over the hosts.
+    local.hosts_equal = pick == PickAlgorithm::WeightedP2cUnlessEqual
+        && one_zone
         && state.num_endpoints as usize == table.len()
         && state.hosts_indistinguishable(now_ns, policy);
     local.table = table;
