@@ -21,6 +21,23 @@ fn log_lines(stack: &Stack) -> HashMap<String, Value> {
         .collect()
 }
 
+/// The access log's lines once every path of `expected` has one, by path. Waits by path: other
+/// lines (a warm-up's) count toward none of them, and Envoy flushes its log in its own time, so
+/// waiting for a number of lines could stop short of the last ones.
+fn logged(stack: &Stack, expected: &[&str]) -> HashMap<String, Value> {
+    let mut lines = HashMap::new();
+    let found = within(Duration::from_secs(10), || {
+        lines = log_lines(stack);
+        expected.iter().all(|p| lines.contains_key(*p))
+    });
+    let missing: Vec<&&str> = expected
+        .iter()
+        .filter(|p| !lines.contains_key(**p))
+        .collect();
+    assert!(found.is_some(), "not logged within 10 s: {missing:?}");
+    lines
+}
+
 /// 400 requests, each on its own path (`/TAG/N`), four at a time: the backend that counted a
 /// path is the one that served that request. Returns the paths.
 fn send_each(tag: &str, stack: &Stack) -> Vec<String> {
@@ -77,21 +94,9 @@ fn every_request_logs_the_host_that_served_it_and_why_the_plugin_sent_it_there()
             }
         }
     }
-    // Every line this test reads, by path: the warm-up's lines count toward none of them, and
-    // Envoy flushes its log in its own time, so waiting for a number of lines could stop short
-    // of the last ones.
     let special = ["/healthz", "/actuator/env", "/ewma-lb/status"];
     let expected: Vec<&str> = paths.iter().map(String::as_str).chain(special).collect();
-    let mut lines = HashMap::new();
-    let found = within(Duration::from_secs(10), || {
-        lines = log_lines(&stack);
-        expected.iter().all(|p| lines.contains_key(*p))
-    });
-    let missing: Vec<&&str> = expected
-        .iter()
-        .filter(|p| !lines.contains_key(**p))
-        .collect();
-    assert!(found.is_some(), "not logged within 10 s: {missing:?}");
+    let lines = logged(&stack, &expected);
 
     let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
     let mut versions = Vec::new();
@@ -174,12 +179,8 @@ fn equal_hosts_are_left_to_least_request_until_one_turns_slow() {
     let run = |tag: &str| -> (BTreeMap<String, usize>, BTreeMap<String, usize>) {
         stack.reset_counts();
         let paths = send_each(tag, &stack);
-        let mut lines = HashMap::new();
-        let found = within(Duration::from_secs(10), || {
-            lines = log_lines(&stack);
-            paths.iter().all(|p| lines.contains_key(p))
-        });
-        assert!(found.is_some(), "{tag}: not every request logged");
+        let expected: Vec<&str> = paths.iter().map(String::as_str).collect();
+        let lines = logged(&stack, &expected);
         let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
         for p in &paths {
             let decision = lines[p]["ewma_lb"].as_str().unwrap();

@@ -4,7 +4,6 @@
 use std::rc::Rc;
 
 use crate::balance::outcome::Outcome;
-use crate::balance::pick::PickAlgorithm;
 use crate::balance::score::{parse_load_report, LoadMetric};
 use crate::rules::{normalize_bytes, PathClass};
 use crate::worker::cluster::{counts_entry, local_entry, InFlight, LocalCluster};
@@ -113,7 +112,8 @@ impl Worker {
                 table.count_served(i);
                 (i, true)
             }
-            None if *hosts_equal && config.pick() == PickAlgorithm::WeightedP2cUnlessEqual => {
+            // Set only under `pick: weighted_p2c_unless_equal` (`adopt`).
+            None if *hosts_equal => {
                 return Decision::Fallback(FallbackReason::HostsEqual);
             }
             None => match table.pick(config.pick(), rng, in_flight) {

@@ -3,7 +3,8 @@
 
 use crate::balance::pick::PickAlgorithm;
 use crate::balance::probe;
-use crate::record::state::{ClusterBatch, ClusterState, Policy};
+use crate::config::Config;
+use crate::record::state::{ClusterBatch, ClusterState};
 use crate::record::sync::{
     self, sync_cluster, DecodeError, Keys, SharedStore, SyncContext, SyncError,
 };
@@ -23,7 +24,6 @@ impl Worker {
         self.forget_stale_health(steady_ns);
         let local_zone = self.local_zone.as_deref().filter(|z| !z.is_empty());
         let policy = self.config.policy();
-        let pick = self.config.pick();
         let slow_start_ns = policy.weights.slow_start_ns;
         let tick_ns = u64::try_from(self.config.tick_period().as_nanos()).unwrap_or(u64::MAX);
         for (name, local) in &mut self.clusters {
@@ -81,7 +81,7 @@ impl Worker {
                             0
                         };
                         if state.table_version != local.table_version {
-                            adopt(local, &state, policy, pick, steady_ns);
+                            adopt(local, &state, &self.config, steady_ns);
                             report.adopted.push((name.clone(), local.table_version));
                             // The per-host gauges are the process's, like the table: the VM
                             // that published the table sets them, not every VM that adopts it
@@ -219,14 +219,12 @@ impl Worker {
         self.health_answered_ns = now_ns;
         let mut unhealthy =
             crate::worker::health::unhealthy_hosts(clusters_text, |c| self.config.steers(c));
-        let policy = self.config.policy();
-        let pick = self.config.pick();
         for (name, local) in &mut self.clusters {
             let hosts = unhealthy.remove(name).unwrap_or_default();
             if hosts != local.unhealthy {
                 local.unhealthy = hosts;
                 let state = local.snapshot.clone();
-                adopt(local, &state, policy, pick, now_ns);
+                adopt(local, &state, &self.config, now_ns);
             }
         }
     }
@@ -241,13 +239,11 @@ impl Worker {
         if now_ns.saturating_sub(self.health_answered_ns) < stale_after {
             return;
         }
-        let policy = self.config.policy();
-        let pick = self.config.pick();
         for local in self.clusters.values_mut() {
             if !local.unhealthy.is_empty() {
                 local.unhealthy.clear();
                 let state = local.snapshot.clone();
-                adopt(local, &state, policy, pick, now_ns);
+                adopt(local, &state, &self.config, now_ns);
             }
         }
     }
@@ -266,13 +262,8 @@ fn record_shows_traffic(store: &dyn SharedStore, key: &str, max_hosts: usize) ->
 /// Rebuilds this VM's pick table from a new version of the record, with the weights' floor (the
 /// pick draws above it, see `pick`) and each host's probe interval (`probe`), measured against
 /// the latency the table's traffic gets on average.
-fn adopt(
-    local: &mut LocalCluster,
-    state: &ClusterState,
-    policy: &Policy,
-    pick: PickAlgorithm,
-    now_ns: u64,
-) {
+fn adopt(local: &mut LocalCluster, state: &ClusterState, config: &Config, now_ns: u64) {
+    let policy = config.policy();
     // A host Envoy marked unhealthy gets nothing from this VM, neither picks nor probes.
     let unhealthy = &local.unhealthy;
     let share_of = |h: &crate::record::state::HostState| match unhealthy.contains(&h.address) {
@@ -320,7 +311,7 @@ fn adopt(
     let mut zones = state.hosts.iter().map(|h| h.zone.as_str());
     let one_zone = zones.next().is_none_or(|z| zones.all(|other| other == z));
     // Judged only for the pick that uses it: it costs a pass over the hosts.
-    local.hosts_equal = pick == PickAlgorithm::WeightedP2cUnlessEqual
+    local.hosts_equal = config.pick() == PickAlgorithm::WeightedP2cUnlessEqual
         && one_zone
         && state.num_endpoints as usize == table.len()
         && state.hosts_indistinguishable(now_ns, policy);
