@@ -144,7 +144,7 @@ fn a_host_joining_the_record_costs_the_other_hosts_no_allocation() {
     );
     w.tick(12 * SEC, &mut store.clone());
     assert!(
-        w.snapshots().any(|(_, s)| s.host(newcomer).is_some()),
+        w.tables().any(|(_, s)| s.host(newcomer).is_some()),
         "the record learned the newcomer"
     );
     // Every request to the sixteen that stayed: no allocation.

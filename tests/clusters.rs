@@ -473,7 +473,7 @@ fn an_idle_cluster_is_not_reweighed_and_is_forgotten_after_the_ttl() {
         t += 100 * MS;
         w.tick(t, &mut store.clone());
     }
-    assert_eq!(w.snapshots().count(), 0);
+    assert_eq!(w.tables().count(), 0);
     // A cluster listed in the configuration is never forgotten.
     let mut w = Worker::new(
         config(r#"{"host_ttl_ms": 5000, "clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}}"#),
@@ -482,7 +482,7 @@ fn an_idle_cluster_is_not_reweighed_and_is_forgotten_after_the_ttl() {
     for k in 0..100 {
         w.tick(SEC + k * 100 * MS, &mut store.clone());
     }
-    assert_eq!(w.snapshots().count(), 1);
+    assert_eq!(w.tables().count(), 1);
 }
 
 #[test]

@@ -169,7 +169,7 @@ fn not_honoured(report: &TickReport, cluster: &str) -> u64 {
     report
         .metrics
         .iter()
-        .filter(|u| u.metric == Metric::PicksNotHonoured && u.cluster == cluster)
+        .filter(|u| u.metric == Metric::PicksNotHonoured && &*u.cluster == cluster)
         .map(|u| match u.change {
             Change::Add(n) => u64::try_from(n).unwrap(),
             Change::Set(_) => panic!("a counter set: {u:?}"),
@@ -350,7 +350,7 @@ fn an_endpoint_leaving_the_cluster_is_counted_but_not_warned_of() {
     );
     assert_eq!(counted, unhonoured);
     assert_eq!(warnings, [], "an endpoint leaving is no misconfiguration");
-    let status: serde_json::Value = serde_json::from_str(&w.status_json()).unwrap();
+    let status: serde_json::Value = serde_json::from_str(&w.status_json(&store.clone())).unwrap();
     let host = |a: &str| {
         status["clusters"][0]["hosts"]
             .as_array()
@@ -606,7 +606,9 @@ fn the_status_document_lists_the_steered_clusters_as_configured() {
     ];
     for (cfg, want) in cases {
         let w = Worker::new(config(cfg), 1);
-        let status: serde_json::Value = serde_json::from_str(&w.status_json()).unwrap();
+        let status: serde_json::Value =
+            serde_json::from_str(&w.status_json(&ewma_lb::testing::MemoryStore::default()))
+                .unwrap();
         assert_eq!(
             status["steered_clusters"],
             serde_json::json!(want),

@@ -430,7 +430,8 @@ fn a_host_failing_a_fifth_of_its_requests_is_penalised_in_proportion() {
             .record_of(CLUSTER)
             .host(hosts[0])
             .map_or(0.0, |h| h.share);
-        let status: serde_json::Value = serde_json::from_str(&w.status_json()).unwrap();
+        let status: serde_json::Value =
+            serde_json::from_str(&w.status_json(&store.clone())).unwrap();
         (share, status["clusters"][0]["hosts"][0].clone())
     };
     // Small penalty so the error term shows: the penalty latency alone makes the failing host
@@ -543,7 +544,7 @@ fn hosts_envoy_marks_unhealthy_leave_the_picks() {
         !picks.iter().any(|h| h == "10.0.0.2:80"),
         "an unhealthy host is never picked"
     );
-    let status: serde_json::Value = serde_json::from_str(&w.status_json()).unwrap();
+    let status: serde_json::Value = serde_json::from_str(&w.status_json(&store.clone())).unwrap();
     assert!(status["clusters"][0]["hosts"][1]["envoy_unhealthy"]
         .as_bool()
         .unwrap());

@@ -252,9 +252,12 @@ fn silent_learned_hosts_are_forgotten_static_ones_kept() {
 }
 
 /// One small value of each kind, every field set, as written to shared data.
-fn golden_values() -> [Vec<u8>; 3] {
+fn golden_values() -> [Vec<u8>; 4] {
     use ewma_lb::record::state::{Ack, HostState};
-    use ewma_lb::record::sync::{encode_head, encode_slot, Head, Lease, Slot, SlotBatch};
+    use ewma_lb::record::sync::{
+        encode_head, encode_slot, encode_table, Head, Lease, Slot, SlotBatch,
+    };
+    use ewma_lb::record::table::{HostView, TableView};
     let mut host = HostState {
         address: "10.0.0.1:80".into(),
         zone: "a".into(),
@@ -273,6 +276,7 @@ fn golden_values() -> [Vec<u8>; 3] {
         num_endpoints: 2,
         complete: true,
         hosts: vec![host],
+        hosts_indistinguishable: true,
         workers: vec![(9, 6)],
         acked: vec![Ack {
             slot: 1,
@@ -308,7 +312,24 @@ fn golden_values() -> [Vec<u8>; 3] {
             hosts: vec![("10.0.0.1:80".into(), acc)],
         }],
     };
-    [encode(&record), encode_head(&head), encode_slot(&slot)]
+    let table = TableView {
+        table_version: 3,
+        num_endpoints: 2,
+        unknown_endpoints: 1,
+        hosts_indistinguishable: true,
+        hosts: vec![HostView {
+            address: "10.0.0.1:80",
+            zone: "a",
+            share: 1.0,
+            latency_ms: Some(50.0),
+        }],
+    };
+    [
+        encode(&record),
+        encode_head(&head),
+        encode_slot(&slot),
+        encode_table(&table),
+    ]
 }
 
 fn hex(bytes: &[u8]) -> String {
@@ -321,8 +342,13 @@ fn hex(bytes: &[u8]) -> String {
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn the_format_version_names_the_encoded_layout() {
-    const GOLDEN: [&str; 3] = ["45574c4205520305060201010b31302e302e302e313a38300000016106000000000004000000000000e03f00000000000000000000000000000000000000000000000000f03f00000000000010400601000000000000e03f0600000000000000000000f03f01090601010207", "45574c4205480306060109080101010207", "45574c42055309020806060108060102010b31302e302e302e313a383001000000000000494000000100010161000000000000d03f01"];
-    assert_eq!(FORMAT_VERSION, 5, "update GOLDEN when the version moves");
+    const GOLDEN: [&str; 4] = [
+        "45574c4206520305060201010b31302e302e302e313a38300000016106000000000004000000000000e03f00000000000000000000000000000000000000000000000000f03f00000000000010400601000000000000e03f0600000000000000000000f03f0101090601010207",
+        "45574c4206480306060109080101010207",
+        "45574c42065309020806060108060102010b31302e302e302e313a383001000000000000494000000100010161000000000000d03f01",
+        "45574c42065403020101010b31302e302e302e313a38300161000000000000f03f010000000000004940",
+    ];
+    assert_eq!(FORMAT_VERSION, 6, "update GOLDEN when the version moves");
     for (value, golden) in golden_values().iter().zip(GOLDEN) {
         assert_eq!(
             hex(value),
@@ -336,7 +362,9 @@ fn the_format_version_names_the_encoded_layout() {
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn values_are_bounded_in_size() {
     use ewma_lb::record::state::HostState;
-    use ewma_lb::record::sync::{decode_head, decode_slot, MAX_RECORD_HOSTS, MAX_VALUE_BYTES};
+    use ewma_lb::record::sync::{
+        decode_head, decode_slot, decode_table, MAX_RECORD_HOSTS, MAX_VALUE_BYTES,
+    };
     // The largest record a configuration allows, with long addresses and zones, fits a value.
     let host = |i: usize| HostState {
         address: format!(
@@ -367,6 +395,7 @@ fn values_are_bounded_in_size() {
         decode(&big, MAX_RECORD_HOSTS).err(),
         decode_head(&big).err(),
         decode_slot(&big).err(),
+        decode_table(&big, MAX_RECORD_HOSTS).err(),
     ] {
         assert!(
             matches!(result, Some(DecodeError::Corrupt(_))),
@@ -374,8 +403,65 @@ fn values_are_bounded_in_size() {
         );
     }
     // A value of one kind is not read as another.
-    let [record, head, slot] = golden_values();
+    let [record, head, slot, table] = golden_values();
     assert!(decode_head(&record).is_err());
     assert!(decode_slot(&head).is_err());
-    assert!(decode(&slot, 16).is_err());
+    assert!(decode_table(&slot, 16).is_err());
+    assert!(decode(&table, 16).is_err());
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn an_adopted_table_is_the_stored_one_holding_the_names_it_held_before() {
+    use ewma_lb::record::table::{HostView, Table, TableView};
+    use std::rc::Rc;
+    let view = |hosts: &[(&'static str, &'static str, f64)]| TableView {
+        table_version: hosts.len() as u64,
+        num_endpoints: 4,
+        unknown_endpoints: 1,
+        hosts_indistinguishable: false,
+        hosts: hosts
+            .iter()
+            .map(|&(address, zone, share)| HostView {
+                address,
+                zone,
+                share,
+                latency_ms: Some(share * 100.0),
+            })
+            .collect(),
+    };
+    let before = Table::adopt(
+        &view(&[("a:1", "z1", 0.5), ("b:1", "z1", 0.3), ("d:1", "", 0.2)]),
+        &Table::default(),
+    );
+    // One host left (b), one joined (c), one moved zone (d).
+    let now = view(&[("a:1", "z1", 0.2), ("c:1", "z2", 0.3), ("d:1", "z2", 0.5)]);
+    let after = Table::adopt(&now, &before);
+    let listed: Vec<(&str, &str, f64, Option<f64>)> = after
+        .hosts
+        .iter()
+        .map(|h| (&*h.address, &*h.zone, h.share, h.latency_ms))
+        .collect();
+    let stored: Vec<(&str, &str, f64, Option<f64>)> = now
+        .hosts
+        .iter()
+        .map(|h| (h.address, h.zone, h.share, h.latency_ms))
+        .collect();
+    assert_eq!(listed, stored);
+    assert_eq!(
+        (
+            after.table_version,
+            after.num_endpoints,
+            after.unknown_endpoints
+        ),
+        (3, 4, 1)
+    );
+    let held = |i: usize, j: usize| Rc::ptr_eq(&before.hosts[i].address, &after.hosts[j].address);
+    assert!(held(0, 0) && held(2, 2), "names in both are the ones held");
+    assert!(
+        Rc::ptr_eq(&before.hosts[0].zone, &after.hosts[0].zone),
+        "an unchanged zone too"
+    );
+    assert!(after.host("c:1").is_some() && after.host("b:1").is_none());
+    assert!(!after.same_hosts(&before) && after.same_hosts(&Table::adopt(&now, &after)));
 }

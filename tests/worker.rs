@@ -149,11 +149,7 @@ fn every_worker_adopts_the_same_table() {
     assert!(fast > 1900, "{counts:?}");
     let snapshot: Vec<_> = workers
         .iter()
-        .map(|w| {
-            w.snapshots()
-                .map(|(_, s)| s.table_version)
-                .collect::<Vec<_>>()
-        })
+        .map(|w| w.tables().map(|(_, s)| s.table_version).collect::<Vec<_>>())
         .collect();
     assert_eq!(snapshot[0], snapshot[1]);
 }
@@ -463,7 +459,7 @@ fn the_status_document_is_guarded_and_describes_the_table() {
         Decision::Status
     );
     w.clock(SEC + 500_000_000);
-    let status: serde_json::Value = serde_json::from_str(&w.status_json()).unwrap();
+    let status: serde_json::Value = serde_json::from_str(&w.status_json(&store.clone())).unwrap();
     let cluster = &status["clusters"][0];
     assert_eq!(cluster["cluster"], "backend");
     assert_eq!(cluster["refreshed_ms_ago"], 500);
@@ -489,7 +485,7 @@ fn changes(report: &ewma_lb::worker::TickReport) -> Vec<(Metric, Option<String>,
                  label,
                  change,
                  ..
-             }| (*metric, label.clone(), *change),
+             }| (*metric, label.as_deref().map(str::to_owned), *change),
         )
         .collect()
 }
@@ -546,7 +542,14 @@ fn decisions_are_counted_and_handed_over_once() {
         .metrics
         .iter()
         .filter(|u| u.metric.kind() == ewma_lb::worker::telemetry::MetricKind::Counter)
-        .map(|u| (u.metric, u.cluster.clone(), u.label.clone(), u.change))
+        .map(|u| {
+            (
+                u.metric,
+                u.cluster.to_string(),
+                u.label.as_deref().map(str::to_owned),
+                u.change,
+            )
+        })
         .collect();
     let want = vec![
         (
@@ -750,7 +753,13 @@ fn clusters_outside_steered_clusters_are_left_to_envoy_and_counted() {
         .metrics
         .iter()
         .filter(|u| u.metric == Metric::FallbackRequests)
-        .map(|u| (u.cluster.clone(), u.label.clone(), u.change))
+        .map(|u| {
+            (
+                u.cluster.to_string(),
+                u.label.as_deref().map(str::to_owned),
+                u.change,
+            )
+        })
         .collect();
     assert_eq!(
         fallback,
@@ -761,7 +770,7 @@ fn clusters_outside_steered_clusters_are_left_to_envoy_and_counted() {
         )]
     );
     // No state for it: only the steered cluster has a record.
-    let clusters: Vec<&str> = w.snapshots().map(|(name, _)| name).collect();
+    let clusters: Vec<&str> = w.tables().map(|(name, _)| name).collect();
     assert_eq!(clusters, vec![CLUSTER]);
 }
 
@@ -793,7 +802,7 @@ fn many_unlisted_clusters_never_starve_a_steered_ones_counters() {
         unlisted_counted += report
             .metrics
             .iter()
-            .filter(|u| u.metric == Metric::FallbackRequests && u.cluster == name)
+            .filter(|u| u.metric == Metric::FallbackRequests && *u.cluster == *name)
             .count();
     }
     assert_eq!(unlisted_counted, 300);
@@ -804,7 +813,7 @@ fn many_unlisted_clusters_never_starve_a_steered_ones_counters() {
     let steered: Vec<Change> = report
         .metrics
         .iter()
-        .filter(|u| u.metric == Metric::SteeredRequests && u.cluster == CLUSTER)
+        .filter(|u| u.metric == Metric::SteeredRequests && &*u.cluster == CLUSTER)
         .map(|u| u.change)
         .collect();
     assert_eq!(steered, vec![Change::Add(5)]);
@@ -1113,6 +1122,116 @@ fn a_refresher_that_dies_before_or_after_writing_the_record_is_redone_once() {
         run(&mut b, &store, 4 * SEC + SEC / 10, 5 * SEC, false);
         assert_eq!(samples(&store, HOST), recorded, "{dies_at}");
     }
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_refresher_that_dies_between_the_record_and_the_table_is_followed_by_a_table_every_vm_adopts() {
+    // Writes of a fold: lease, record, table, head. The record of the new version (a host
+    // joined) is written, the table not: the next refresher finds a record newer than the head
+    // and publishes its table.
+    let store = Shared::default();
+    let mut a = Worker::new(defaults(), 1);
+    let mut b = Worker::new(defaults(), 2);
+    let newcomer = "10.0.0.2:80";
+    for t in 1..=5u64 {
+        for w in [&mut a, &mut b] {
+            finish_ok(w, HOST, 50.0);
+            w.tick(t * SEC / 10, &mut store.clone());
+        }
+    }
+    store.0.borrow_mut().refuse = Some(Box::new(|k: &str| k.contains(".table.")));
+    finish_ok(&mut a, newcomer, 50.0);
+    let report = a.tick(6 * SEC / 10, &mut store.clone());
+    assert!(!report.errors.is_empty(), "the refresh failed");
+    store.0.borrow_mut().refuse = None;
+    assert!(
+        store.record_of(CLUSTER).host(newcomer).is_some(),
+        "the record has it"
+    );
+    let knows = |w: &Worker| w.tables().any(|(_, t)| t.host(newcomer).is_some());
+    assert!(!knows(&a) && !knows(&b), "no table has it yet");
+    // `a` is gone; `b` goes on once the lease has run out.
+    run(&mut b, &store, 7 * SEC / 10, 3 * SEC, true);
+    assert!(knows(&b), "b adopted the table with the newcomer");
+    let mut c = Worker::new(defaults(), 3);
+    run(&mut c, &store, 3 * SEC, 3 * SEC + SEC / 10, true);
+    assert!(knows(&c), "a VM joining reads it");
+}
+
+/// A store that remembers every key read.
+struct Reads {
+    store: Shared,
+    keys: std::cell::RefCell<Vec<String>>,
+}
+
+impl ewma_lb::record::sync::SharedStore for Reads {
+    fn get(
+        &self,
+        key: &str,
+    ) -> Result<(Option<Vec<u8>>, Option<u32>), ewma_lb::record::sync::StoreError> {
+        self.keys.borrow_mut().push(key.to_owned());
+        self.store.get(key)
+    }
+
+    fn set(
+        &mut self,
+        key: &str,
+        value: &[u8],
+        cas: Option<u32>,
+    ) -> Result<(), ewma_lb::record::sync::StoreError> {
+        self.store.set(key, value, cas)
+    }
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_vm_adopting_tables_reads_the_table_never_the_record() {
+    // `a` folds every refresh (it ticks first, right when one is due), and its latencies move
+    // the shares: every refresh is a new table. `b` has sampled once and only adopts.
+    let cfg = r#"{"clusters": {"backend": {"endpoints": ["10.0.0.1:80", "10.0.0.2:80"]}}}"#;
+    let store = Shared::default();
+    let mut a = Worker::new(config(cfg), 1);
+    let mut b = Worker::new(config(cfg), 2);
+    finish_ok(&mut b, "10.0.0.1:80", 50.0);
+    b.tick(SEC / 10, &mut store.clone());
+    let mut reads = Reads {
+        store: store.clone(),
+        keys: Default::default(),
+    };
+    let (mut adopted, mut t) = (0, SEC);
+    // Until `a`'s clock agrees with the record's, `b` may find a refresh due first.
+    while t < 2 * SEC {
+        finish_ok(&mut a, "10.0.0.1:80", 50.0);
+        a.tick(t, &mut store.clone());
+        b.tick(t + MS, &mut store.clone());
+        t += SEC / 10;
+    }
+    while t < 12 * SEC {
+        let ms = if (t / SEC) % 2 == 0 { 20.0 } else { 80.0 };
+        for _ in 0..20 {
+            finish_ok(&mut a, "10.0.0.1:80", ms);
+            finish_ok(&mut a, "10.0.0.2:80", 50.0);
+        }
+        a.tick(t, &mut store.clone());
+        let report = b.tick(t + MS, &mut reads);
+        assert_eq!(report.refreshed, 0, "b never refreshes (at {t})");
+        adopted += report.adopted.len();
+        t += SEC / 4;
+    }
+    assert!(adopted >= 10, "b adopted {adopted} tables");
+    let keys = reads.keys.take();
+    let read = |kind: &str| keys.iter().filter(|k| k.contains(kind)).count();
+    assert_eq!(
+        read(".cluster."),
+        0,
+        "the record read by a VM that only adopts"
+    );
+    assert_eq!(
+        read(".table."),
+        adopted,
+        "one read of the table per adoption"
+    );
 }
 
 #[test]

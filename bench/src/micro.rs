@@ -12,6 +12,7 @@ use ewma_lb::balance::weights::{shares, HostInput, WeightParams};
 use ewma_lb::config::Config;
 use ewma_lb::record::state::{Accumulator, ClusterBatch, ClusterState};
 use ewma_lb::record::sync::{self, Keys, Member, SharedStore, StoreError, SyncContext};
+use ewma_lb::record::table::{Table, TableView};
 use ewma_lb::rules::normalize_bytes;
 use ewma_lb::testing::steered_request;
 use ewma_lb::worker::{Request, Worker};
@@ -143,7 +144,7 @@ fn shared_data(
                     who: usize,
                     batch: &ClusterBatch,
                     steady: u64,
-                    table_version: u64|
+                    table: &Table|
      -> sync::Synced {
         let ctx = SyncContext {
             keys: &keys,
@@ -154,14 +155,15 @@ fn shared_data(
             worker: [REFRESHER, TICKER][who],
             tick_ns: 100_000_000,
             urgent: false,
-            table_version,
+            table,
         };
         sync::sync_cluster(store, &ctx, batch, &mut members[who])
             .unwrap_or_else(|e| panic!("micro: {e}"))
     };
     // The record of n hosts, every one sampled once.
-    let first = sync(&mut store, 0, &batch_of(n), steady[0], 0);
-    let mut table_version = first.head.table_version;
+    // Both VMs hold the newest table: the ticks read none.
+    let first = sync(&mut store, 0, &batch_of(n), steady[0], &Table::default());
+    let mut table = first.table.unwrap_or_else(|| panic!("micro: no table"));
     let mut sampled = batch_of(n.min(SAMPLED));
     sampled.num_endpoints = None;
     let empty = ClusterBatch::default();
@@ -172,16 +174,18 @@ fn shared_data(
         for _ in 0..3 {
             steady[1] += 1_000;
             let t = Instant::now();
-            black_box(sync(&mut store, 1, &sampled, steady[1], table_version));
+            black_box(sync(&mut store, 1, &sampled, steady[1], &table));
             tick_ns += t.elapsed().as_nanos();
             ticks += 1;
         }
         steady[0] += policy.refresh_interval_ns;
         let t = Instant::now();
-        let folded = black_box(sync(&mut store, 0, &empty, steady[0], table_version));
+        let folded = black_box(sync(&mut store, 0, &empty, steady[0], &table));
         refresh_ns += t.elapsed().as_nanos();
         refreshes += 1;
-        table_version = folded.head.table_version;
+        if let Some(new) = folded.table {
+            table = new;
+        }
         if !folded.refreshed {
             panic!("micro: the refresh did not refresh");
         }
@@ -298,6 +302,13 @@ pub fn run(quick: bool) -> Vec<MicroResult> {
             ns_per_op: 0.0,
             iterations: 0,
             bytes: Some(sync::encode(&state).len() as u64),
+        });
+        sizes.push(MicroResult {
+            op: "table size (bytes)".into(),
+            hosts: n,
+            ns_per_op: 0.0,
+            iterations: 0,
+            bytes: Some(sync::encode_table(&TableView::of(&state)).len() as u64),
         });
 
         let (tick, refresh) = shared_data(n, &policy, budget);

@@ -91,18 +91,17 @@ impl PickTable {
     /// [`PickTable::new`] with a floor (a share of the table's total): P2C draws each host by its
     /// share above it, so a host at the floor is never its candidate.
     pub fn with_floor<'a>(entries: impl IntoIterator<Item = (&'a str, f64)>, floor: f64) -> Self {
-        PickTable::default().rebuilt(entries, floor)
+        let names: Vec<(Rc<str>, f64)> = entries
+            .into_iter()
+            .map(|(host, share)| (Rc::from(host), share))
+            .collect();
+        PickTable::shared(names.iter().map(|(host, share)| (host, *share)), floor)
     }
 
-    /// [`PickTable::with_floor`] for the next version of this table: a host in both shares the
-    /// name this one holds rather than a new copy. Both lists are in the record's order (sorted by
-    /// address), so one walk finds them; a new table of a 10,000-host cluster otherwise allocated
-    /// 10,000 names on every VM.
-    pub fn rebuilt<'a>(
-        &self,
-        entries: impl IntoIterator<Item = (&'a str, f64)>,
-        floor: f64,
-    ) -> Self {
+    /// [`PickTable::with_floor`] over names the caller holds: the table shares them instead of
+    /// copying them (a new table of a 10,000-host cluster otherwise allocated 10,000 names on
+    /// every VM).
+    pub fn shared<'a>(entries: impl IntoIterator<Item = (&'a Rc<str>, f64)>, floor: f64) -> Self {
         let entries = entries.into_iter();
         let capacity = entries.size_hint().0;
         let mut table = PickTable {
@@ -111,17 +110,11 @@ impl PickTable {
             cumulative: Vec::with_capacity(capacity),
             ..PickTable::default()
         };
-        let mut previous = self.hosts.iter().peekable();
         let mut total = 0.0;
         for (host, share) in entries {
             if share > 0.0 && share.is_finite() {
                 total += share;
-                while previous.next_if(|p| &***p < host).is_some() {}
-                let name = match previous.next_if(|p| &***p == host) {
-                    Some(same) => Rc::clone(same),
-                    None => Rc::from(host),
-                };
-                table.hosts.push(name);
+                table.hosts.push(Rc::clone(host));
                 table.weights.push(share);
                 table.cumulative.push(total);
             }

@@ -86,16 +86,16 @@ impl Probes {
     ) -> Probes {
         let mut old = old_hosts
             .iter()
-            .map(|h| &**h)
             .zip(self.last_sent_ns.iter().zip(&self.last_sent_request))
             .peekable();
         let (last_sent_ns, last_sent_request) = hosts
             .iter()
             .map(|h| {
-                let h: &str = h;
-                while old.next_if(|(o, _)| *o < h).is_some() {}
+                // Both lists name hosts with the table's `Rc`s: a host in both is one pointer.
+                let same = |o: &Rc<str>| Rc::ptr_eq(o, h) || o == h;
+                while old.next_if(|(o, _)| !same(o) && ***o < **h).is_some() {}
                 match old.peek() {
-                    Some((o, (sent, request))) if *o == h => (**sent, **request),
+                    Some((o, (sent, request))) if same(o) => (**sent, **request),
                     _ => (now_ns, self.requests),
                 }
             })

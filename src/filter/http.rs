@@ -154,7 +154,11 @@ impl HttpContext for Http {
         match decision {
             Decision::Deny => return local_reply(403, "text/plain", FORBIDDEN_BODY),
             Decision::Status => {
-                return local_reply(200, "application/json", worker.status_json().as_bytes());
+                return local_reply(
+                    200,
+                    "application/json",
+                    worker.status_json(&host::SharedData).as_bytes(),
+                );
             }
             d if d.is_sampled() => {
                 self.start_ns = now_ns;

@@ -13,6 +13,8 @@
 //! moves by deltas, requests in flight, keeps what the VMs added) and counted in
 //! `ewma_lb_metric_series_evicted_total`, and the new series takes its place.
 
+use std::rc::Rc;
+
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::MetricType;
 
@@ -33,8 +35,9 @@ struct Series {
     last_used: u64,
 }
 
-/// `(metric, cluster, label value) -> series`.
-type Index = Map<(Metric, String, String), Series>;
+/// `(metric, cluster, label value) -> series`, keyed by the updates' shared names: finding a
+/// series allocates nothing.
+type Index = Map<(Metric, Rc<str>, Option<Rc<str>>), Series>;
 
 #[derive(Default)]
 pub struct Metrics {
@@ -80,7 +83,7 @@ impl Metrics {
         if self.evicted > 0 {
             let eviction = Update {
                 metric: Metric::MetricSeriesEvicted,
-                cluster: NO_CLUSTER.to_owned(),
+                cluster: NO_CLUSTER.into(),
                 label: None,
                 change: Change::Add(self.evicted),
             };
@@ -95,11 +98,7 @@ impl Metrics {
 
     fn series_mut(&mut self, update: &Update) -> Option<&mut Series> {
         self.applied += 1;
-        let key = (
-            update.metric,
-            update.cluster.clone(),
-            update.label.clone().unwrap_or_default(),
-        );
+        let key = (update.metric, update.cluster.clone(), update.label.clone());
         if !self.series.contains_key(&key) {
             if self.series.len() >= MAX_SERIES {
                 self.evict_least_recent();
@@ -152,7 +151,7 @@ fn define(update: &Update) -> Option<u32> {
 /// cut out.
 fn encode(update: &Update) -> String {
     let second = update.metric.label().zip(update.label.as_deref());
-    let labels: Vec<(&str, &str)> = std::iter::once((CLUSTER_LABEL, update.cluster.as_str()))
+    let labels: Vec<(&str, &str)> = std::iter::once((CLUSTER_LABEL, &*update.cluster))
         .chain(second)
         .collect();
     encode_name(update.metric, &labels)

@@ -200,6 +200,8 @@ pub struct ClusterState {
     pub complete: bool,
     /// Sorted by address.
     pub hosts: Vec<HostState>,
+    /// The last refresh could not tell the hosts apart ([`weights::indistinguishable`]).
+    pub hosts_indistinguishable: bool,
     /// The worker VMs that merged samples within the last [`WORKER_TTL_NS`], with when they last
     /// did, sorted by identity: they share the cluster's probes (`probe`).
     pub workers: Vec<(u64, u64)>,
@@ -405,9 +407,9 @@ impl ClusterState {
     pub fn settle(&mut self, merged: Merged, now_ns: u64, policy: &Policy) -> Merged {
         if merged.removed > 0 {
             self.renormalise();
-        } else if merged.resized {
-            // The share left to the endpoints the record does not know changed: every VM must
-            // adopt it, even if no host's share moves.
+        } else if merged.resized || merged.joined > 0 {
+            // The share left to the endpoints the record does not know changed, or a host
+            // joined: every VM must adopt the table that says so, even if no share moves.
             self.bump_version();
         }
         self.complete |= self.num_endpoints > 0 && self.unknown_endpoints() == 0;
@@ -457,18 +459,21 @@ impl ClusterState {
                 }
             }
         }
+        let mut moved = !missing.is_empty();
         for address in missing {
             if let Some(host) = self.host_mut_or_insert(address, now_ns, true, policy.max_hosts) {
                 host.is_static = true;
             }
         }
         let num_endpoints = self.num_endpoints;
+        let before = self.hosts.len();
         self.hosts.retain(|h| {
             h.is_static
                 || (now_ns.saturating_sub(h.last_seen_ns) < policy.host_ttl_ns
                     && in_subset(&h.address, num_endpoints, policy.max_hosts))
         });
         self.drop_surplus(now_ns, policy.refresh_interval_ns);
+        moved |= self.hosts.len() != before;
         for host in &mut self.hosts {
             if host.health.tick(&policy.outlier, now_ns) {
                 // Back from ejection: its old latency is the failures' penalty. Start afresh at
@@ -480,7 +485,8 @@ impl ClusterState {
             }
         }
         let ejected = self.eject_failing(now_ns, &policy.outlier);
-        self.reweigh(now_ns, policy, local_zone);
+        // The table lists the hosts: a new list is a new version, whatever the shares do.
+        self.reweigh(now_ns, policy, local_zone, moved);
         self.refreshed_ns = now_ns;
         ejected
     }
@@ -500,15 +506,10 @@ impl ClusterState {
             .collect()
     }
 
-    /// Whether the table, as of `now_ns`, cannot tell its hosts apart
-    /// ([`weights::indistinguishable`]).
-    pub fn hosts_indistinguishable(&self, now_ns: u64, policy: &Policy) -> bool {
-        weights::indistinguishable(&self.weight_inputs(now_ns, policy))
-    }
-
-    fn reweigh(&mut self, now_ns: u64, policy: &Policy, local_zone: Option<&str>) {
+    /// Recomputes the shares; bumps the version when one moved, or when `moved` (the hosts did).
+    fn reweigh(&mut self, now_ns: u64, policy: &Policy, local_zone: Option<&str>, moved: bool) {
         let out = |h: &HostState| h.absent || h.health.is_ejected(now_ns);
-        let inputs = self.weight_inputs(now_ns, policy);
+        let mut inputs = self.weight_inputs(now_ns, policy);
         let zones: Vec<ZoneInput> = self
             .hosts
             .iter()
@@ -520,11 +521,14 @@ impl ClusterState {
             .collect();
         let split = locality::split(&zones, local_zone, &policy.locality);
         let shares = weights::shares_within(&inputs, &policy.weights, split.as_ref());
-        let mut changed = self.table_version == 0;
-        for (host, share) in self.hosts.iter_mut().zip(shares) {
+        let mut changed = moved || self.table_version == 0;
+        for ((host, share), input) in self.hosts.iter_mut().zip(shares).zip(&mut inputs) {
             changed |= (host.share - share).abs() > SHARE_EPSILON;
             host.share = share;
+            input.previous_share = (share > 0.0).then_some(share);
         }
+        // Judged against the shares just set, as a VM picks from them.
+        self.hosts_indistinguishable = weights::indistinguishable(&inputs);
         if changed {
             self.bump_version();
         }

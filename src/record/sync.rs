@@ -5,13 +5,16 @@
 //!   costs what the VM sampled, not what the cluster holds;
 //! - **the record** (`ClusterState`, the smoothing state and the shares), which only the VM
 //!   folding the slots reads and writes;
+//! - **the table** (`Table`: each host's share, latency and zone), written beside the record
+//!   whenever its version moves, which every other VM reads to adopt it;
 //! - **the head**, small, read by every VM on every tick: the table's version, the record's
 //!   clock, who is folding, and which slot batches the record holds.
 //!
 //! Once a refresh interval (or at once, no more than once a tick, for a new host, a new endpoint
 //! count or a failing host) one VM takes the head's lease, folds every slot's batches the record
 //! does not hold yet into it, refreshes the weights when due, writes the record, then the head.
-//! Other VMs read the record only when the head names a table version they have not adopted.
+//! Other VMs read the table, not the record, and only when the head names a table version they
+//! have not read yet.
 //!
 //! No batch is lost or folded twice: a slot keeps a batch until the head acknowledges it, and the
 //! record itself says which batches it holds (`ClusterState::acked`), so a batch written after
@@ -24,11 +27,11 @@
 //! Decoding never trusts its input: bytes of another plugin or another format version, truncated
 //! or random, give an error, never a panic.
 
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::clock::RecordClock;
 use crate::record::state::{Accumulator, Ack, ClusterBatch, ClusterState, Policy, WORKER_TTL_NS};
+use crate::record::table::{Table, TableView};
 
 /// Shared data as proxy-wasm offers it: values with a version token for compare-and-swap.
 pub trait SharedStore {
@@ -67,6 +70,11 @@ pub(crate) fn head_key(namespace: &str, cluster: &str) -> String {
     format!("ewma_lb.v{FORMAT_VERSION}.{namespace}.head.{cluster}")
 }
 
+/// The key of a cluster's table.
+pub(crate) fn table_key(namespace: &str, cluster: &str) -> String {
+    format!("ewma_lb.v{FORMAT_VERSION}.{namespace}.table.{cluster}")
+}
+
 /// The key of a cluster's slot `slot`.
 pub(crate) fn slot_key(namespace: &str, cluster: &str, slot: usize) -> String {
     format!("ewma_lb.v{FORMAT_VERSION}.{namespace}.slot{slot}.{cluster}")
@@ -77,6 +85,7 @@ pub(crate) fn slot_key(namespace: &str, cluster: &str, slot: usize) -> String {
 pub struct Keys {
     pub record: String,
     pub head: String,
+    pub table: String,
     namespace: String,
     cluster: String,
 }
@@ -86,6 +95,7 @@ impl Keys {
         Keys {
             record: key(namespace, cluster),
             head: head_key(namespace, cluster),
+            table: table_key(namespace, cluster),
             namespace: namespace.to_owned(),
             cluster: cluster.to_owned(),
         }
@@ -102,7 +112,7 @@ impl Keys {
 pub const MAGIC: &[u8; 4] = b"EWLB";
 /// Bumped whenever the encoded layout changes; it is part of the key, so records of other
 /// versions live beside ours.
-pub const FORMAT_VERSION: u8 = 5;
+pub const FORMAT_VERSION: u8 = 6;
 /// Most hosts a record may hold, whatever a configuration allows; more means it is not a record.
 pub const MAX_RECORD_HOSTS: usize = 16_384;
 /// The largest value this plugin writes to or reads from shared data: the record of
@@ -126,6 +136,7 @@ pub(crate) const LEASE_NS: u64 = crate::units::NS_PER_SEC;
 const KIND_RECORD: u8 = b'R';
 const KIND_HEAD: u8 = b'H';
 const KIND_SLOT: u8 = b'S';
+const KIND_TABLE: u8 = b'T';
 
 /// Why a record could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -157,7 +168,7 @@ fn frame<T: Serialize>(kind: u8, value: &T) -> Vec<u8> {
     postcard::to_extend(value, out).unwrap_or_default()
 }
 
-fn unframe<T: DeserializeOwned>(bytes: &[u8], kind: u8) -> Result<T, DecodeError> {
+fn unframe<'a, T: Deserialize<'a>>(bytes: &'a [u8], kind: u8) -> Result<T, DecodeError> {
     let body = bytes
         .strip_prefix(MAGIC.as_slice())
         .ok_or(DecodeError::NotOurs)?;
@@ -198,6 +209,18 @@ pub fn decode(bytes: &[u8], max_hosts: usize) -> Result<ClusterState, DecodeErro
     too_many("hosts", state.hosts.len(), max_hosts.min(MAX_RECORD_HOSTS))?;
     too_many("slots", state.acked.len(), MAX_SLOTS)?;
     Ok(state)
+}
+
+/// The table of a cluster, encoded.
+pub fn encode_table(table: &TableView) -> Vec<u8> {
+    frame(KIND_TABLE, table)
+}
+
+/// The table in `bytes`, if it is one of ours, of this format, with at most `max_hosts` hosts.
+pub fn decode_table(bytes: &[u8], max_hosts: usize) -> Result<TableView<'_>, DecodeError> {
+    let table: TableView = unframe(bytes, KIND_TABLE)?;
+    too_many("hosts", table.hosts.len(), max_hosts.min(MAX_RECORD_HOSTS))?;
+    Ok(table)
 }
 
 /// The small value every VM reads on every tick.
@@ -377,9 +400,11 @@ fn store_error(e: StoreError) -> SyncError {
 #[derive(Debug, Default)]
 pub struct Synced {
     pub head: Head,
-    /// The record, when this VM folded or read it this tick (a fold, or a table version it had
-    /// not adopted).
+    /// The record, when this VM folded it this tick.
     pub state: Option<ClusterState>,
+    /// The table, when the head named a version other than the one of `SyncContext::table`:
+    /// read, or made by this VM's fold.
+    pub table: Option<Table>,
     /// Whether this VM folded the slots into the record (and published it) this tick.
     pub folded: bool,
     /// Whether this VM recomputed the weights.
@@ -411,8 +436,8 @@ pub struct SyncContext<'a> {
     /// The batch holds what the table should follow now, not at the next refresh: a host the
     /// table does not know, a new endpoint count, a host failing or gone.
     pub urgent: bool,
-    /// The table version this VM holds.
-    pub table_version: u64,
+    /// The table this VM holds.
+    pub table: &'a Table,
 }
 
 /// This VM's place in one cluster's shared data.
@@ -471,24 +496,36 @@ pub fn sync_cluster(
                 synced.ejected = folded.ejected;
                 synced.replaced = synced.replaced.take().or(folded.replaced);
                 synced.state = Some(folded.state);
+                synced.table = folded.table;
                 return Ok(synced);
             }
             Ok(None) => {}
             Err(e) => synced.failed = Some(e),
         }
     }
-    if synced.head.table_version != ctx.table_version {
-        synced.state = read_record(store, &ctx.keys.record, ctx.policy.max_hosts);
+    if synced.head.table_version != ctx.table.table_version {
+        synced.table = read_table(store, &ctx.keys.table, ctx.policy.max_hosts, ctx.table);
     }
     Ok(synced)
 }
 
-/// The record at `key`, if there is one this configuration can read.
-pub(crate) fn read_record(
+/// The table at `key`, if there is one this configuration can read, sharing the names of
+/// `previous`.
+fn read_table(
     store: &dyn SharedStore,
     key: &str,
     max_hosts: usize,
-) -> Option<ClusterState> {
+    previous: &Table,
+) -> Option<Table> {
+    let Ok((Some(bytes), _)) = store.get(key) else {
+        return None;
+    };
+    let view = decode_table(&bytes, max_hosts).ok()?;
+    Some(Table::adopt(&view, previous))
+}
+
+/// The record at `key`, if there is one this configuration can read.
+pub fn read_record(store: &dyn SharedStore, key: &str, max_hosts: usize) -> Option<ClusterState> {
     let Ok((Some(bytes), _)) = store.get(key) else {
         return None;
     };
@@ -611,6 +648,7 @@ fn epoch(worker: u64, now_ns: u64, index: usize) -> u64 {
 struct Folded {
     head: Head,
     state: ClusterState,
+    table: Option<Table>,
     refreshed: bool,
     ejected: usize,
     replaced: Option<DecodeError>,
@@ -708,6 +746,18 @@ fn fold(
         Err(StoreError::CasMismatch) => return Ok(None),
         Err(StoreError::Other(e)) => return Err(SyncError::Store(e)),
     }
+    // The table goes before the head that names its version. Its version moves with anything
+    // it holds (the shares, the hosts, the endpoint count): one not named by the head yet is
+    // new, or the one a refresher that died before publishing did not write.
+    let new_table = state.table_version != head.table_version;
+    let mut table = None;
+    if new_table || state.table_version != ctx.table.table_version {
+        let view = TableView::of(&state);
+        if new_table {
+            write_table(store, ctx, &view)?;
+        }
+        table = Some(Table::adopt(&view, ctx.table));
+    }
     let head = Head {
         table_version: state.table_version,
         clock_ns: now_ns,
@@ -720,10 +770,44 @@ fn fold(
     Ok(Some(Folded {
         head,
         state,
+        table,
         refreshed,
         ejected,
         replaced,
     }))
+}
+
+/// Writes the table of a fold, if this VM still holds the lease: a refresher whose lease ran
+/// out (a fold of more than [`LEASE_NS`]) may be followed by another whose newer table it must
+/// not overwrite.
+fn write_table(
+    store: &mut dyn SharedStore,
+    ctx: &SyncContext,
+    table: &TableView,
+) -> Result<(), SyncError> {
+    let bytes = encode_table(table);
+    if bytes.len() > MAX_VALUE_BYTES {
+        return Err(SyncError::Store(format!(
+            "a table of {} bytes, limit {MAX_VALUE_BYTES}",
+            bytes.len()
+        )));
+    }
+    match holds_lease(store, ctx)? {
+        Some(_) => store
+            .set(&ctx.keys.table, &bytes, None)
+            .map_err(store_error),
+        None => Ok(()),
+    }
+}
+
+/// The head's version token if this VM holds its lease.
+fn holds_lease(
+    store: &dyn SharedStore,
+    ctx: &SyncContext,
+) -> Result<Option<Option<u32>>, SyncError> {
+    let (bytes, cas) = store.get(&ctx.keys.head).map_err(store_error)?;
+    let head = bytes.and_then(|b| decode_head(&b).ok());
+    Ok((head.and_then(|h| h.lease).map(|l| l.holder) == Some(ctx.worker)).then_some(cas))
 }
 
 /// Batches to fold, in time order; what the record holds once they are; the VMs that sampled.
@@ -777,11 +861,9 @@ fn collect(
 /// refresher's now: it publishes).
 fn publish(store: &mut dyn SharedStore, ctx: &SyncContext, head: &Head) -> Result<(), SyncError> {
     for _ in 0..MAX_CAS_ATTEMPTS {
-        let (bytes, cas) = store.get(&ctx.keys.head).map_err(store_error)?;
-        let current = bytes.and_then(|b| decode_head(&b).ok());
-        if current.and_then(|h| h.lease).map(|l| l.holder) != Some(ctx.worker) {
+        let Some(cas) = holds_lease(store, ctx)? else {
             return Ok(());
-        }
+        };
         match store.set(&ctx.keys.head, &encode_head(head), cas) {
             Ok(()) => return Ok(()),
             Err(StoreError::CasMismatch) => continue,

@@ -1,5 +1,5 @@
 //! What one VM keeps per cluster: its pick table and probe schedule, its batch of samples for
-//! the next tick, its requests in flight, the last record it read; and its request counters per
+//! the next tick, its requests in flight, the last table it read; and its request counters per
 //! `cluster_name` label, handed to the metrics on every tick.
 
 use std::rc::Rc;
@@ -8,8 +8,9 @@ use crate::balance::explore::Exploration;
 use crate::balance::pick::PickTable;
 use crate::balance::probe::Probes;
 use crate::map::{Map, Set};
-use crate::record::state::{Accumulator, ClusterBatch, ClusterState};
+use crate::record::state::{Accumulator, ClusterBatch};
 use crate::record::sync::{Keys, Member};
+use crate::record::table::Table;
 use crate::worker::decision::FallbackReason;
 use crate::worker::diagnose::HonourWatch;
 
@@ -47,9 +48,9 @@ pub(crate) struct LocalCluster {
     /// This cluster's keys in shared data, and this VM's place there (clock, slot).
     pub(crate) keys: Keys,
     pub(crate) member: Member,
-    /// The last record read from shared data, for status and metrics.
-    pub(crate) snapshot: ClusterState,
-    /// `snapshot.unknown_endpoints()`, counted once per record read.
+    /// The last table read from shared data (the one adopted, unless Envoy's health changed it).
+    pub(crate) snapshot: Table,
+    /// `snapshot.unknown_endpoints`.
     pub(crate) unknown: u32,
     /// A request or a sample since the last tick.
     pub(crate) used: bool,

@@ -26,7 +26,8 @@ use crate::clock::VmClock;
 use crate::config::Config;
 use crate::map::Map;
 use crate::record::state::ClusterState;
-use crate::record::sync;
+use crate::record::sync::{self, SharedStore};
+use crate::record::table::Table;
 use crate::units::{share_to_ppm, NS_PER_SEC};
 use cluster::{counts_entry, local_entry, Counts, LocalCluster};
 use diagnose::SteeredWatch;
@@ -117,22 +118,31 @@ impl Worker {
         sync::key(&self.namespace, cluster)
     }
 
-    /// The status document, as JSON.
-    pub fn status_json(&self) -> String {
+    /// The status document, as JSON: each cluster's record as `store` holds it now (this VM
+    /// keeps only the table it picks from).
+    pub fn status_json(&self, store: &dyn SharedStore) -> String {
         let slow_start_ns = self.config.policy().weights.slow_start_ns;
+        let max_hosts = self.config.policy().max_hosts;
         let steady_ns = self.clock.last();
-        let clusters: Vec<ClusterStatus> = self
+        let records: Vec<(&String, &LocalCluster, ClusterState)> = self
             .clusters
             .iter()
             .map(|(name, local)| {
+                let record = sync::read_record(store, &local.keys.record, max_hosts);
+                (name, local, record.unwrap_or_default())
+            })
+            .collect();
+        let clusters: Vec<ClusterStatus> = records
+            .iter()
+            .map(|(name, local, record)| {
                 let now_ns = local
                     .member
                     .clock
                     .estimate(steady_ns)
-                    .unwrap_or(local.snapshot.clock_ns);
+                    .unwrap_or(record.clock_ns);
                 ClusterStatus::new(
                     name,
-                    &local.snapshot,
+                    record,
                     now_ns,
                     slow_start_ns,
                     &self.config.policy().score,
@@ -166,8 +176,8 @@ impl Worker {
         shares.join(" ")
     }
 
-    /// The last shared record seen of each cluster.
-    pub fn snapshots(&self) -> impl Iterator<Item = (&str, &ClusterState)> {
+    /// The last table read of each cluster.
+    pub fn tables(&self) -> impl Iterator<Item = (&str, &Table)> {
         self.clusters
             .iter()
             .map(|(name, c)| (name.as_str(), &c.snapshot))

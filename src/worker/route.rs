@@ -280,7 +280,7 @@ impl Worker {
             let zone = done
                 .zone
                 .or_else(|| local.batch.hosts.get(host).and_then(|a| a.zone.as_deref()))
-                .or_else(|| local.snapshot.host(host).map(|h| h.zone.as_str()))
+                .or_else(|| local.snapshot.host(host).map(|h| &*h.zone))
                 .unwrap_or_default();
             !zone.is_empty() && zone != mine
         });

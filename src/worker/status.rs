@@ -1,4 +1,5 @@
-//! The status document: each cluster's weight table as this worker last read it, for operators.
+//! The status document: the shared record of each cluster a worker knows, as it stands when
+//! asked, for operators.
 
 use serde::Serialize;
 

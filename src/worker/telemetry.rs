@@ -5,10 +5,13 @@
 //! [`Update`] to the host's metric calls. Dashboards and tests read [`Metric::ALL`], not source
 //! files.
 
+use std::rc::Rc;
+
 use serde::Serialize;
 
 use crate::balance::score::ScoreParams;
 use crate::record::state::ClusterState;
+use crate::record::table::Table;
 use crate::units::{ms_to_whole_us, share_to_ppm};
 use crate::worker::cluster::{Counts, LocalCluster};
 use crate::worker::decision::FallbackReason;
@@ -234,9 +237,11 @@ pub enum Change {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Update {
     pub metric: Metric,
-    pub cluster: String,
+    /// Shared, like the label: a refresh sets six gauges for each of up to 512 hosts, and the
+    /// names are the table's.
+    pub cluster: Rc<str>,
     /// The value of [`Metric::label`]; `None` for metrics without one.
-    pub label: Option<String>,
+    pub label: Option<Rc<str>>,
     pub change: Change,
 }
 
@@ -245,8 +250,8 @@ pub struct Update {
 pub(crate) fn update(metric: Metric, cluster: &str, label: Option<&str>, change: Change) -> Update {
     Update {
         metric,
-        cluster: cluster.to_owned(),
-        label: label.map(str::to_owned),
+        cluster: Rc::from(cluster),
+        label: label.map(Rc::from),
         change,
     }
 }
@@ -261,10 +266,12 @@ pub const MAX_GAUGED_HOSTS: usize = 512;
 /// The per-host gauges of a newly adopted table, and zeros for the hosts that left it (or all of
 /// them when the cluster outgrew [`MAX_GAUGED_HOSTS`]). Every VM adopts the same table, so they
 /// all set the same values.
+/// `table` is `new`'s, whose host names the updates share.
 pub(crate) fn host_gauges(
     cluster: &str,
-    old: &ClusterState,
+    old: &Table,
     new: &ClusterState,
+    table: &Table,
     slow_start_ns: u64,
     score: &ScoreParams,
     out: &mut Vec<Update>,
@@ -277,9 +284,16 @@ pub(crate) fn host_gauges(
         Metric::HostUtilization,
         Metric::HostScore,
     ];
-    let gauged = |state: &ClusterState| state.hosts.len() <= MAX_GAUGED_HOSTS;
-    if gauged(new) {
-        for h in &new.hosts {
+    let gauged = |hosts: usize| hosts <= MAX_GAUGED_HOSTS;
+    let cluster_name: Rc<str> = Rc::from(cluster);
+    let shared = |metric, host: &Rc<str>, change| Update {
+        metric,
+        cluster: Rc::clone(&cluster_name),
+        label: Some(Rc::clone(host)),
+        change,
+    };
+    if gauged(new.hosts.len()) {
+        for (h, name) in new.hosts.iter().zip(&table.hosts) {
             let ejected = HostPhase::of(h, new.clock_ns, slow_start_ns) == HostPhase::Ejected;
             let terms = h.terms(new.clock_ns);
             let latency_us = terms.latency_ms.map_or(0, ms_to_whole_us);
@@ -292,25 +306,20 @@ pub(crate) fn host_gauges(
                 terms.score_ms(score).map_or(0, ms_to_whole_us),
             ];
             for (metric, value) in HOST_GAUGES.into_iter().zip(values) {
-                out.push(update(
-                    metric,
-                    cluster,
-                    Some(&h.address),
-                    Change::Set(value),
-                ));
+                out.push(shared(metric, &name.address, Change::Set(value)));
             }
         }
     }
-    if gauged(old) {
+    if gauged(old.hosts.len()) {
         // Both sorted by address: one walk finds the hosts that left.
-        let mut present = new.hosts.iter().map(|h| h.address.as_str()).peekable();
+        let mut present = table.hosts.iter().map(|h| &*h.address).peekable();
         let unset = old.hosts.iter().filter(|h| {
-            while present.next_if(|a| *a < h.address.as_str()).is_some() {}
-            !gauged(new) || present.peek() != Some(&h.address.as_str())
+            while present.next_if(|a| *a < &*h.address).is_some() {}
+            !gauged(new.hosts.len()) || present.peek() != Some(&&*h.address)
         });
         for host in unset {
             for metric in HOST_GAUGES {
-                out.push(update(metric, cluster, Some(&host.address), Change::Set(0)));
+                out.push(shared(metric, &host.address, Change::Set(0)));
             }
         }
     }

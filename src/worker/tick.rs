@@ -1,13 +1,14 @@
 //! Per tick: sync every cluster with its shared record, adopt a new table, forget idle clusters
 //! and stale health, and collect what the metrics and logs should say ([`TickReport`]).
 
-use crate::balance::pick::PickAlgorithm;
+use crate::balance::pick::{PickAlgorithm, PickTable};
 use crate::balance::probe;
 use crate::config::Config;
-use crate::record::state::{ClusterBatch, ClusterState};
+use crate::record::state::ClusterBatch;
 use crate::record::sync::{
     self, sync_cluster, DecodeError, Keys, SharedStore, SyncContext, SyncError,
 };
+use crate::record::table::{Table, TableHost};
 use crate::worker::cluster::{counts_entry, LocalCluster};
 use crate::worker::diagnose::Warning;
 use crate::worker::telemetry::{self, Change, Metric, Update, NO_CLUSTER};
@@ -39,7 +40,7 @@ impl Worker {
                 worker: self.id,
                 tick_ns,
                 urgent: urgent(&local.batch, &local.snapshot),
-                table_version: local.table_version,
+                table: &local.snapshot,
             };
             match sync_cluster(store, &ctx, &local.batch, &mut local.member) {
                 Ok(sync) => {
@@ -69,28 +70,25 @@ impl Worker {
                         }
                     }
                     local.probes.set_workers(sync.head.workers as usize);
-                    if let Some(state) = sync.state {
-                        // Entries of hosts that left the record go; only a change of the
-                        // record's hosts can make any.
-                        if !same_hosts(&local.snapshot, &state) {
-                            forget_departed(local, &state);
+                    if let Some(table) = sync.table {
+                        // Entries of hosts that left the table go; only a change of the
+                        // table's hosts can make any.
+                        if !local.snapshot.same_hosts(&table) {
+                            forget_departed(local, &table);
                         }
-                        local.unknown = if state.num_endpoints > 0 {
-                            state.unknown_endpoints()
-                        } else {
-                            0
-                        };
-                        if state.table_version != local.table_version {
-                            adopt(local, &state, &self.config, steady_ns);
+                        local.unknown = table.unknown_endpoints;
+                        if table.table_version != local.table_version {
+                            adopt(local, &table, &self.config, steady_ns);
                             report.adopted.push((name.clone(), local.table_version));
                             // The per-host gauges are the process's, like the table: the VM
                             // that published the table sets them, not every VM that adopts it
                             // (a cluster's hosts times Envoy's workers in host calls a refresh).
-                            if sync.folded {
+                            if let Some(state) = sync.state.as_ref() {
                                 telemetry::host_gauges(
                                     name,
                                     &local.snapshot,
-                                    &state,
+                                    state,
+                                    &table,
                                     slow_start_ns,
                                     &policy.score,
                                     &mut report.metrics,
@@ -103,7 +101,7 @@ impl Worker {
                                 ));
                             }
                         }
-                        local.snapshot = state;
+                        local.snapshot = table;
                     }
                     local.exploration.update(
                         local.unknown,
@@ -259,30 +257,24 @@ fn record_shows_traffic(store: &dyn SharedStore, key: &str, max_hosts: usize) ->
         .is_ok_and(|state| state.num_endpoints > 0 || state.hosts.iter().any(|h| h.samples > 0))
 }
 
-/// Rebuilds this VM's pick table from a new version of the record, with the weights' floor (the
+/// Rebuilds this VM's pick table from a new version of the table, with the weights' floor (the
 /// pick draws above it, see `pick`) and each host's probe interval (`probe`), measured against
 /// the latency the table's traffic gets on average.
-fn adopt(local: &mut LocalCluster, state: &ClusterState, config: &Config, now_ns: u64) {
+fn adopt(local: &mut LocalCluster, state: &Table, config: &Config, now_ns: u64) {
     let policy = config.policy();
     // A host Envoy marked unhealthy gets nothing from this VM, neither picks nor probes.
     let unhealthy = &local.unhealthy;
-    let share_of = |h: &crate::record::state::HostState| match unhealthy.contains(&h.address) {
+    let share_of = |h: &TableHost| match unhealthy.contains(&*h.address) {
         true => 0.0,
         false => h.share,
     };
     let live = state.hosts.iter().filter(|h| share_of(h) > 0.0);
     let floor = crate::balance::weights::floor(&policy.weights, live.clone().count());
     let (weighted, mass) = live
-        .filter_map(|h| h.latency.value_ms().map(|v| (v * h.share, h.share)))
+        .filter_map(|h| h.latency_ms.map(|v| (v * h.share, h.share)))
         .fold((0.0, 0.0), |(w, m), (v, s)| (w + v, m + s));
     let reference_ms = (mass > 0.0).then(|| weighted / mass);
-    let table = local.table.rebuilt(
-        state
-            .hosts
-            .iter()
-            .map(|h| (h.address.as_str(), share_of(h))),
-        floor,
-    );
+    let table = PickTable::shared(state.hosts.iter().map(|h| (&h.address, share_of(h))), floor);
     // Only hosts at the floor, which the pick never draws, are probed. A host above it gets its
     // share from the pick, however rarely that comes in a large cluster: probing it for being
     // quiet would turn a sparse table into round robin.
@@ -292,9 +284,7 @@ fn adopt(local: &mut LocalCluster, state: &ClusterState, config: &Config, now_ns
         .iter()
         .filter(|h| share_of(h) > 0.0 && h.share.is_finite())
         .map(|h| match at_floor(h.share) {
-            true => {
-                probe::interval_ns(policy.probe_interval_ns, h.latency.value_ms(), reference_ms)
-            }
+            true => probe::interval_ns(policy.probe_interval_ns, h.latency_ms, reference_ms),
             false => u64::MAX,
         })
         .collect();
@@ -308,13 +298,12 @@ fn adopt(local: &mut LocalCluster, state: &ClusterState, config: &Config, now_ns
     // The fallback picks among exactly the table's hosts when Envoy counts as many endpoints as
     // the table holds live hosts (none unknown, ejected or unhealthy), and favours none of them
     // when they share one zone (a zone-aware fallback would favour some).
-    let mut zones = state.hosts.iter().map(|h| h.zone.as_str());
+    let mut zones = state.hosts.iter().map(|h| &*h.zone);
     let one_zone = zones.next().is_none_or(|z| zones.all(|other| other == z));
-    // Judged only for the pick that uses it: it costs a pass over the hosts.
     local.hosts_equal = config.pick() == PickAlgorithm::WeightedP2cUnlessEqual
         && one_zone
         && state.num_endpoints as usize == table.len()
-        && state.hosts_indistinguishable(now_ns, policy);
+        && state.hosts_indistinguishable;
     local.table = table;
     local.table_version = state.table_version;
 }
@@ -353,41 +342,32 @@ fn warn_errors(
 }
 
 /// Whether `batch` holds what the table should follow at once rather than at the next refresh:
-/// a host the record does not know, another endpoint count, a host whose every request failed or
+/// a host the table does not know, another endpoint count, a host whose every request failed or
 /// that Envoy no longer has. Costs what the batch holds.
-fn urgent(batch: &ClusterBatch, record: &ClusterState) -> bool {
+fn urgent(batch: &ClusterBatch, table: &Table) -> bool {
     batch
         .num_endpoints
-        .is_some_and(|n| n != record.num_endpoints)
+        .is_some_and(|n| n != table.num_endpoints)
         || batch.hosts.iter().any(|(address, acc)| {
             acc.not_honoured > 0
                 || (acc.failures > 0 && !acc.had_success)
-                || (acc.latency.count > 0 && record.host(address).is_none())
+                || (acc.latency.count > 0 && table.host(address).is_none())
         })
 }
 
-/// Whether two records list the same hosts (both are sorted by address).
-fn same_hosts(a: &ClusterState, b: &ClusterState) -> bool {
-    a.hosts.len() == b.hosts.len()
-        && a.hosts
-            .iter()
-            .zip(&b.hosts)
-            .all(|(x, y)| x.address == y.address)
-}
-
-/// Forgets the batch entries of hosts no longer in `record`, and the in-flight entries of those
-/// with nothing in flight or unreported. Called when the record's hosts changed, not on every
+/// Forgets the batch entries of hosts no longer in `table`, and the in-flight entries of those
+/// with nothing in flight or unreported. Called when the table's hosts changed, not on every
 /// tick: searching every entry of a 500-host cluster on every tick cost more than the rest of
-/// the tick. (The batch is a hash map, so each entry is looked up in the record, whose hosts
+/// the tick. (The batch is a hash map, so each entry is looked up in the table, whose hosts
 /// are sorted.)
-fn forget_departed(local: &mut LocalCluster, record: &ClusterState) {
+fn forget_departed(local: &mut LocalCluster, table: &Table) {
     local
         .batch
         .hosts
-        .retain(|host, _| record.host(host).is_some());
+        .retain(|host, _| table.host(host).is_some());
     local
         .in_flight
-        .retain(|host, n| n.now > 0 || n.reported > 0 || record.host(host).is_some());
+        .retain(|host, n| n.now > 0 || n.reported > 0 || table.host(host).is_some());
 }
 
 /// What a tick did, for logs and metrics.
