@@ -91,11 +91,11 @@ impl Probes {
         let (last_sent_ns, last_sent_request) = hosts
             .iter()
             .map(|h| {
-                // Both lists name hosts with the table's `Rc`s: a host in both is one pointer.
-                let same = |o: &Rc<str>| Rc::ptr_eq(o, h) || o == h;
-                while old.next_if(|(o, _)| !same(o) && ***o < **h).is_some() {}
+                // Both lists name hosts with the table's `Rc`s, and `Rc`s of one allocation are
+                // equal without comparing the strings.
+                while old.next_if(|(o, _)| *o != h && ***o < **h).is_some() {}
                 match old.peek() {
-                    Some((o, (sent, request))) if same(o) => (**sent, **request),
+                    Some((o, (sent, request))) if *o == h => (**sent, **request),
                     _ => (now_ns, self.requests),
                 }
             })

@@ -400,13 +400,11 @@ fn store_error(e: StoreError) -> SyncError {
 #[derive(Debug, Default)]
 pub struct Synced {
     pub head: Head,
-    /// The record, when this VM folded it this tick.
+    /// The record, when this VM folded the slots into it (and published it) this tick.
     pub state: Option<ClusterState>,
     /// The table, when the head named a version other than the one of `SyncContext::table`:
     /// read, or made by this VM's fold.
     pub table: Option<Table>,
-    /// Whether this VM folded the slots into the record (and published it) this tick.
-    pub folded: bool,
     /// Whether this VM recomputed the weights.
     pub refreshed: bool,
     /// Hosts this VM ejected.
@@ -491,7 +489,6 @@ pub fn sync_cluster(
         match fold(store, ctx, head, head_cas, now_ns, member) {
             Ok(Some(folded)) => {
                 synced.head = folded.head;
-                synced.folded = true;
                 synced.refreshed = folded.refreshed;
                 synced.ejected = folded.ejected;
                 synced.replaced = synced.replaced.take().or(folded.replaced);

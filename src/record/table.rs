@@ -154,6 +154,6 @@ impl Table {
                 .hosts
                 .iter()
                 .zip(&other.hosts)
-                .all(|(x, y)| Rc::ptr_eq(&x.address, &y.address) || x.address == y.address)
+                .all(|(x, y)| x.address == y.address)
     }
 }

@@ -32,7 +32,6 @@ pub(crate) struct InFlight {
 #[derive(Debug, Default)]
 pub(crate) struct LocalCluster {
     pub(crate) table: PickTable,
-    pub(crate) table_version: u64,
     /// The table cannot tell its hosts apart, and the fallback picks among exactly them
     /// (`adopt`): `pick: weighted_p2c_unless_equal` leaves the requests to it.
     pub(crate) hosts_equal: bool,
@@ -48,10 +47,9 @@ pub(crate) struct LocalCluster {
     /// This cluster's keys in shared data, and this VM's place there (clock, slot).
     pub(crate) keys: Keys,
     pub(crate) member: Member,
-    /// The last table read from shared data (the one adopted, unless Envoy's health changed it).
+    /// The table `table` was built from (its version is the pick's), as last read from shared
+    /// data.
     pub(crate) snapshot: Table,
-    /// `snapshot.unknown_endpoints`.
-    pub(crate) unknown: u32,
     /// A request or a sample since the last tick.
     pub(crate) used: bool,
     /// Steady time of the last tick that saw it used.

@@ -134,7 +134,7 @@ impl Worker {
             host,
             alternative,
             probe,
-            table_version: local.table_version,
+            table_version: local.snapshot.table_version,
         })
     }
 
@@ -142,7 +142,7 @@ impl Worker {
     pub fn table_version(&self, cluster: &str) -> Option<u64> {
         self.clusters
             .get(cluster)
-            .map(|c| c.table_version)
+            .map(|c| c.snapshot.table_version)
             .filter(|v| *v > 0)
     }
 

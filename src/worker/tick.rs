@@ -76,10 +76,9 @@ impl Worker {
                         if !local.snapshot.same_hosts(&table) {
                             forget_departed(local, &table);
                         }
-                        local.unknown = table.unknown_endpoints;
-                        if table.table_version != local.table_version {
+                        if table.table_version != local.snapshot.table_version {
                             adopt(local, &table, &self.config, steady_ns);
-                            report.adopted.push((name.clone(), local.table_version));
+                            report.adopted.push((name.clone(), table.table_version));
                             // The per-host gauges are the process's, like the table: the VM
                             // that published the table sets them, not every VM that adopts it
                             // (a cluster's hosts times Envoy's workers in host calls a refresh).
@@ -104,7 +103,7 @@ impl Worker {
                         local.snapshot = table;
                     }
                     local.exploration.update(
-                        local.unknown,
+                        local.snapshot.unknown_endpoints,
                         local.snapshot.num_endpoints,
                         self.config.exploration_share(),
                         steady_ns,
@@ -250,11 +249,8 @@ impl Worker {
 /// Whether the stored record at `key` shows requests: an endpoint count or a host with samples,
 /// which only finished requests give (a cluster's static hosts alone are no traffic).
 fn record_shows_traffic(store: &dyn SharedStore, key: &str, max_hosts: usize) -> bool {
-    let Ok((Some(bytes), _)) = store.get(key) else {
-        return false;
-    };
-    sync::decode(&bytes, max_hosts)
-        .is_ok_and(|state| state.num_endpoints > 0 || state.hosts.iter().any(|h| h.samples > 0))
+    sync::read_record(store, key, max_hosts)
+        .is_some_and(|state| state.num_endpoints > 0 || state.hosts.iter().any(|h| h.samples > 0))
 }
 
 /// Rebuilds this VM's pick table from a new version of the table, with the weights' floor (the
@@ -305,7 +301,6 @@ fn adopt(local: &mut LocalCluster, state: &Table, config: &Config, now_ns: u64) 
         && state.num_endpoints as usize == table.len()
         && state.hosts_indistinguishable;
     local.table = table;
-    local.table_version = state.table_version;
 }
 
 /// Polls without an answer after which Envoy's health is forgotten.
