@@ -2,7 +2,9 @@
 //!
 //! A host at the weight table's floor gets no traffic from the pick (`pick`), so without probes its
 //! estimate would never change and it could never earn its traffic back. Only such hosts are
-//! probed: one above the floor gets its share from the pick, however rarely in a large cluster.
+//! probed, and those within a floor of it, which the pick draws by less than a floor's share
+//! (`worker::tick`); one further above gets its share from the pick, however rarely in a large
+//! cluster.
 //! Probes are spent by time, not by share: each worker VM sends a host a request when it has sent
 //! it none for the host's probe interval, so what a slow host costs does not grow with the traffic
 //! (a share of all requests would: at thousands of requests a second, 0.2 % is several requests a

@@ -271,15 +271,19 @@ fn adopt(local: &mut LocalCluster, state: &Table, config: &Config, now_ns: u64) 
         .fold((0.0, 0.0), |(w, m), (v, s)| (w + v, m + s));
     let reference_ms = (mass > 0.0).then(|| weighted / mass);
     let table = PickTable::shared(state.hosts.iter().map(|h| (&h.address, share_of(h))), floor);
-    // Only hosts at the floor, which the pick never draws, are probed. A host above it gets its
-    // share from the pick, however rarely that comes in a large cluster: probing it for being
-    // quiet would turn a sparse table into round robin.
-    let at_floor = |share: f64| share <= floor * (1.0 + FLOOR_TOLERANCE);
+    // Only hosts out of favour are probed: at the floor, which the pick never draws, or within a
+    // floor of it. The pick draws a host by its share above the floor, so one with less than a
+    // floor above it gets fewer picks than the probes' budget (a floor's share) would give it:
+    // left to the pick, a host whose share settled just above the floor went unmeasured for 14 s
+    // after it had recovered. A host further above gets its share from the pick, however rarely
+    // that comes in a large cluster: probing it for being quiet would turn a sparse table into
+    // round robin.
+    let out_of_favour = |share: f64| share <= 2.0 * floor * (1.0 + FLOOR_TOLERANCE);
     let intervals = state
         .hosts
         .iter()
         .filter(|h| share_of(h) > 0.0 && h.share.is_finite())
-        .map(|h| match at_floor(h.share) {
+        .map(|h| match out_of_favour(h.share) {
             true => probe::interval_ns(policy.probe_interval_ns, h.latency_ms, reference_ms),
             false => u64::MAX,
         })
