@@ -983,9 +983,8 @@ fn a_host_out_of_favour_is_probed_by_time_shared_by_the_workers() {
 }
 
 /// A host whose share settles just above the floor is probed like one at it: the pick draws a
-/// host by its share above the floor, and with a twentieth of a floor above it a host got a
-/// request every few tens of seconds, so its recovery went unseen (`slowdown-6x`, simulated: 14 s
-/// without a request to the recovered host).
+/// host by its share above the floor, and with a twentieth of a floor above it a host gets a
+/// request every few tens of seconds, so its recovery goes unseen.
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn a_host_just_above_the_floor_is_probed() {

@@ -12,12 +12,12 @@
 //! - damping: a share moves at most by a factor `max_step_ratio` per refresh, up or down. A rise
 //!   is bounded because traffic moving onto a host is what herds (every proxy of a fleet moving
 //!   onto the same host at once). A fall only spreads a host's traffic over the others, but a
-//!   deep one is slow to undo under the bound on rises: beside a host alternating 2 s slow and
-//!   2 s fast, bounding only rises took the defaults' p99 from 61 to 71 ms (simulated), the
-//!   climb back from the floor filling most of each fast phase. The price of the bound below: a
-//!   cluster learned from traffic gives the first host it knows every steered request, and that
-//!   share halves over five refreshes (issue 16's cold start, p99.9 284 ms against 115 without
-//!   it);
+//!   deep one is slow to undo under the bound on rises: a host that alternates slow and fast
+//!   would spend most of each fast phase climbing back from the floor (without the bound below,
+//!   bench/tests/tune.rs's host alternating every 2 s loses more than half of what a longer
+//!   time constant gains). The price of the bound below: a cluster learned from traffic gives
+//!   the first host it knows every steered request, and that share only halves per refresh
+//!   (bench/README.md, the cold start over 40 hosts);
 //! - floor: every live host keeps at least `min_share` in the table, the level its share climbs
 //!   back from; in a large cluster at most `min_fair_share` of a fair share (1/n), or a floor
 //!   above the fair share would pin every host to it and the table could not steer. A host at

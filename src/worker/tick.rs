@@ -274,10 +274,10 @@ fn adopt(local: &mut LocalCluster, state: &Table, config: &Config, now_ns: u64) 
     // Only hosts out of favour are probed: at the floor, which the pick never draws, or within a
     // floor of it. The pick draws a host by its share above the floor, so one with less than a
     // floor above it gets fewer picks than the probes' budget (a floor's share) would give it:
-    // left to the pick, a host whose share settled just above the floor went unmeasured for 14 s
-    // after it had recovered. A host further above gets its share from the pick, however rarely
-    // that comes in a large cluster: probing it for being quiet would turn a sparse table into
-    // round robin.
+    // left to the pick, a host whose share settled just above the floor could stay unmeasured,
+    // and so out of favour, long after it had recovered (bench/README.md, "The tail and the
+    // calm"). A host further above gets its share from the pick, however rarely that comes in a
+    // large cluster: probing it for being quiet would turn a sparse table into round robin.
     let out_of_favour = |share: f64| share <= 2.0 * floor * (1.0 + FLOOR_TOLERANCE);
     let intervals = state
         .hosts
