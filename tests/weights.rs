@@ -188,6 +188,72 @@ fn damping_bounds_the_move_of_one_refresh() {
     assert!((s[0] - 0.4).abs() < 1e-9, "{s:?}");
 }
 
+/// A fall is bounded from a host's standing among the hosts the table now holds: its share in
+/// force, scaled when hosts joined as if they had had the shares they get now. Each case: the
+/// shares in force (`None`: a host new to the table), the scores, and the table one refresh
+/// makes of them.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_fall_is_bounded_from_the_standing_among_the_hosts_now_held() {
+    type Case = (&'static str, Vec<Option<f64>>, Vec<f64>, Vec<f64>);
+    let floor = 0.002;
+    let cases: Vec<Case> = vec![
+        (
+            // A cluster learned from traffic: the first table knew one host and gave it
+            // everything. Bounded from that share it kept half, then a quarter...
+            "the only host known meets three equal ones: all at a fair share at once",
+            vec![Some(1.0), None, None, None],
+            vec![20.0; 4],
+            vec![0.25; 4],
+        ),
+        (
+            "the only host known, slow, meets a fast one: at the floor at once",
+            vec![Some(1.0), None],
+            vec![400.0, 20.0],
+            vec![floor, 1.0 - floor],
+        ),
+        (
+            "without newcomers a favoured host turning 20 times slower halves",
+            vec![Some(0.55), Some(0.15), Some(0.15), Some(0.15)],
+            vec![400.0, 20.0, 20.0, 20.0],
+            vec![0.275, 0.725 / 3.0, 0.725 / 3.0, 0.725 / 3.0],
+        ),
+        (
+            "a recovered host climbs by the step ratio, the others make room",
+            vec![Some(0.45), Some(0.45), Some(0.1)],
+            vec![50.0; 3],
+            vec![0.4, 0.4, 0.2],
+        ),
+    ];
+    let p = WeightParams {
+        max_step_ratio: 2.0,
+        min_share: floor,
+        ..params()
+    };
+    for (name, previous, scores, want) in cases {
+        let hosts: Vec<HostInput> = previous
+            .iter()
+            .zip(&scores)
+            .map(|(prev, score)| HostInput {
+                previous_share: *prev,
+                ..host(Some(*score))
+            })
+            .collect();
+        let got = shares(&hosts, &p);
+        let close = got.iter().zip(&want).all(|(g, w)| (g - w).abs() < 1e-9);
+        assert!(close, "{name}: got {got:?}, want {want:?}");
+    }
+    // The noise band counts from the standing too: the first host's whole table is not a share
+    // in force to approach a tenth of the way per refresh.
+    let banded = WeightParams {
+        noise_gain: 0.1,
+        ..p
+    };
+    let first = [previous(20.0, 1.0), host(Some(20.0)), host(Some(20.0))];
+    let got = shares(&first, &banded);
+    assert!(got.iter().all(|s| (s - 1.0 / 3.0).abs() < 1e-9), "{got:?}");
+}
+
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn ejected_hosts_get_nothing() {

@@ -1,6 +1,6 @@
 //! Weights: from each host's smoothed score to its share of the traffic.
 //!
-//! A share is `score^-exponent`, normalised, then shaped by five rules that keep the table calm:
+//! A share is `score^-exponent`, normalised, then shaped by six rules that keep the table calm:
 //! - cold start: a host without samples is scored at the cluster's median, not 0 (it would be
 //!   flooded) nor infinity (it would starve);
 //! - slow start: a new or returning host's share ramps up linearly over `slow_start`;
@@ -15,9 +15,14 @@
 //!   deep one is slow to undo under the bound on rises: a host that alternates slow and fast
 //!   would spend most of each fast phase climbing back from the floor (without the bound below,
 //!   bench/tests/tune.rs's host alternating every 2 s loses more than half of what a longer
-//!   time constant gains). The price of the bound below: a cluster learned from traffic gives
-//!   the first host it knows every steered request, and that share only halves per refresh
-//!   (bench/README.md, the cold start over 40 hosts);
+//!   time constant gains);
+//! - standing: the noise band and the bound on a fall count from a host's standing among the
+//!   hosts the table now holds. When hosts join (new, or back from ejection), that is its share
+//!   in force scaled as if the table in force had given the newcomers what they get now. A share
+//!   granted among fewer hosts is no standing to fall from slowly: a cluster learned from
+//!   traffic gives the first host it knows the whole table, and halving that over the refreshes
+//!   it takes to reach a fair share floods the host meanwhile. A rise is still bounded from the
+//!   share in force: that is the traffic the host had;
 //! - floor: every live host keeps at least `min_share` in the table, the level its share climbs
 //!   back from; in a large cluster at most `min_fair_share` of a fair share (1/n), or a floor
 //!   above the fair share would pin every host to it and the table could not steer. A host at
@@ -122,13 +127,14 @@ pub fn shares_within(
     if let Some(split) = split {
         apportion(&mut targets, split);
     }
-    settle(&mut targets, hosts, params);
+    let standing = standing_scale(hosts, &targets);
+    settle(&mut targets, hosts, params, standing);
     let live = hosts.iter().filter(|h| !h.ejected).count();
     if live == 0 {
         return targets;
     }
-    // Each live host's share must stay within [lo, hi]: at least the floor, and within a factor
-    // `max_step_ratio` of its previous share.
+    // Each live host's share must stay within [lo, hi]: at least the floor, at most a factor
+    // `max_step_ratio` above its previous share, and at most that factor below its standing.
     let floor = floor(params, live);
     let ratio = params.max_step_ratio.max(1.0);
     let bounds = |damped: bool| -> Vec<(f64, f64)> {
@@ -137,9 +143,10 @@ pub fn shares_within(
             .map(
                 |h| match (h.ejected, h.previous_share.filter(|p| *p > 0.0 && damped)) {
                     (true, _) => (0.0, 0.0),
-                    (false, Some(prev)) => {
-                        ((prev / ratio).max(floor), clamp(prev * ratio, floor, 1.0))
-                    }
+                    (false, Some(prev)) => (
+                        (prev * standing / ratio).max(floor),
+                        clamp(prev * ratio, floor, 1.0),
+                    ),
                     (false, None) => (floor, 1.0),
                 },
             )
@@ -154,6 +161,27 @@ pub fn shares_within(
         limits = bounds(false);
     }
     fit(&targets, &limits)
+}
+
+/// What a share in force counts for among the hosts the table now holds: the part of the
+/// targets that does not go to newcomers (live hosts without a share in force: new, or back
+/// from ejection), as if the table in force had given them what they get now. 1 without
+/// newcomers, or when no host had a share.
+fn standing_scale(hosts: &[HostInput], targets: &[f64]) -> f64 {
+    let had = |h: &HostInput| h.previous_share.is_some_and(|p| p > 0.0);
+    let (mut all, mut new, mut known) = (0.0, 0.0, false);
+    for (h, t) in hosts.iter().zip(targets).filter(|(h, _)| !h.ejected) {
+        all += t;
+        if had(h) {
+            known = true;
+        } else {
+            new += t;
+        }
+    }
+    if !known || new <= 0.0 || all <= 0.0 {
+        return 1.0;
+    }
+    clamp(1.0 - new / all, f64::MIN_POSITIVE, 1.0)
 }
 
 /// Whether the table cannot tell its hosts apart: at least two live hosts, and every one
@@ -241,12 +269,12 @@ fn apportion(targets: &mut [f64], split: &Split) {
     }
 }
 
-/// Moves each target that lies within a factor `noise_band` of its host's share in force to
-/// `noise_gain` of the way there (in log space, so up and down weigh alike); of a target beyond
+/// Moves each target that lies within a factor `noise_band` of its host's standing (its share
+/// in force times `standing`, [`standing_scale`]) to `noise_gain` of the way there (in log space, so up and down weigh alike); of a target beyond
 /// the band, the part within it is taken at that gain and the rest at once, so a real change is
 /// late by a fixed fraction of the band at most. Hosts without a share yet, ejected ones and
 /// ones still ramping in (slow start is a schedule, not noise) are left alone.
-fn settle(targets: &mut [f64], hosts: &[HostInput], params: &WeightParams) {
+fn settle(targets: &mut [f64], hosts: &[HostInput], params: &WeightParams, standing: f64) {
     let gain = clamp(params.noise_gain, 0.0, 1.0);
     let band = params.noise_band.max(1.0).ln();
     let total: f64 = targets.iter().sum();
@@ -255,7 +283,7 @@ fn settle(targets: &mut [f64], hosts: &[HostInput], params: &WeightParams) {
     }
     for (t, h) in targets.iter_mut().zip(hosts) {
         let ramping = params.slow_start_ns > 0 && h.active_for_ns < params.slow_start_ns;
-        let Some(share) = h.previous_share.filter(|p| *p > 0.0) else {
+        let Some(share) = h.previous_share.filter(|p| *p > 0.0).map(|p| p * standing) else {
             continue;
         };
         if h.ejected || ramping || *t <= 0.0 {
