@@ -218,12 +218,6 @@ fn a_fall_is_bounded_from_the_standing_among_the_hosts_now_held() {
             vec![400.0, 20.0, 20.0, 20.0],
             vec![0.275, 0.725 / 3.0, 0.725 / 3.0, 0.725 / 3.0],
         ),
-        (
-            "a recovered host climbs by the step ratio, the others make room",
-            vec![Some(0.45), Some(0.45), Some(0.1)],
-            vec![50.0; 3],
-            vec![0.4, 0.4, 0.2],
-        ),
     ];
     let p = WeightParams {
         max_step_ratio: 2.0,

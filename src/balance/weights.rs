@@ -89,6 +89,13 @@ pub struct HostInput {
     pub previous_share: Option<f64>,
 }
 
+impl HostInput {
+    /// The share in force, when the host had one above 0.
+    fn share_in_force(&self) -> Option<f64> {
+        self.previous_share.filter(|p| *p > 0.0)
+    }
+}
+
 /// Computes the new shares, in the order of `hosts`. They sum to 1 unless every host is ejected
 /// (then all are 0) or `hosts` is empty.
 pub fn shares(hosts: &[HostInput], params: &WeightParams) -> Vec<f64> {
@@ -141,7 +148,7 @@ pub fn shares_within(
         hosts
             .iter()
             .map(
-                |h| match (h.ejected, h.previous_share.filter(|p| *p > 0.0 && damped)) {
+                |h| match (h.ejected, h.share_in_force().filter(|_| damped)) {
                     (true, _) => (0.0, 0.0),
                     (false, Some(prev)) => (
                         (prev * standing / ratio).max(floor),
@@ -168,11 +175,10 @@ pub fn shares_within(
 /// from ejection), as if the table in force had given them what they get now. 1 without
 /// newcomers, or when no host had a share.
 fn standing_scale(hosts: &[HostInput], targets: &[f64]) -> f64 {
-    let had = |h: &HostInput| h.previous_share.is_some_and(|p| p > 0.0);
     let (mut all, mut new, mut known) = (0.0, 0.0, false);
     for (h, t) in hosts.iter().zip(targets).filter(|(h, _)| !h.ejected) {
         all += t;
-        if had(h) {
+        if h.share_in_force().is_some() {
             known = true;
         } else {
             new += t;
@@ -270,9 +276,10 @@ fn apportion(targets: &mut [f64], split: &Split) {
 }
 
 /// Moves each target that lies within a factor `noise_band` of its host's standing (its share
-/// in force times `standing`, [`standing_scale`]) to `noise_gain` of the way there (in log space, so up and down weigh alike); of a target beyond
-/// the band, the part within it is taken at that gain and the rest at once, so a real change is
-/// late by a fixed fraction of the band at most. Hosts without a share yet, ejected ones and
+/// in force times `standing`, [`standing_scale`]) to `noise_gain` of the way there (in log
+/// space, so up and down weigh alike); of a target beyond the band, the part within it is taken
+/// at that gain and the rest at once, so a real change is late by a fixed fraction of the band
+/// at most. Hosts without a share yet, ejected ones and
 /// ones still ramping in (slow start is a schedule, not noise) are left alone.
 fn settle(targets: &mut [f64], hosts: &[HostInput], params: &WeightParams, standing: f64) {
     let gain = clamp(params.noise_gain, 0.0, 1.0);
@@ -283,7 +290,7 @@ fn settle(targets: &mut [f64], hosts: &[HostInput], params: &WeightParams, stand
     }
     for (t, h) in targets.iter_mut().zip(hosts) {
         let ramping = params.slow_start_ns > 0 && h.active_for_ns < params.slow_start_ns;
-        let Some(share) = h.previous_share.filter(|p| *p > 0.0).map(|p| p * standing) else {
+        let Some(share) = h.share_in_force().map(|p| p * standing) else {
             continue;
         };
         if h.ejected || ramping || *t <= 0.0 {
