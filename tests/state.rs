@@ -317,6 +317,7 @@ fn golden_values() -> [Vec<u8>; 4] {
         num_endpoints: 2,
         unknown_endpoints: 1,
         hosts_indistinguishable: true,
+        hosts_hash: 5,
         hosts: vec![HostView {
             address: "10.0.0.1:80",
             zone: "a",
@@ -343,12 +344,12 @@ fn hex(bytes: &[u8]) -> String {
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn the_format_version_names_the_encoded_layout() {
     const GOLDEN: [&str; 4] = [
-        "45574c4206520305060201010b31302e302e302e313a38300000016106000000000004000000000000e03f00000000000000000000000000000000000000000000000000f03f00000000000010400601000000000000e03f0600000000000000000000f03f0101090601010207",
-        "45574c4206480306060109080101010207",
-        "45574c42065309020806060108060102010b31302e302e302e313a383001000000000000494000000100010161000000000000d03f01",
-        "45574c42065403020101010b31302e302e302e313a38300161000000000000f03f010000000000004940",
+        "45574c4207520305060201010b31302e302e302e313a38300000016106000000000004000000000000e03f00000000000000000000000000000000000000000000000000f03f00000000000010400601000000000000e03f0600000000000000000000f03f0101090601010207",
+        "45574c4207480306060109080101010207",
+        "45574c42075309020806060108060102010b31302e302e302e313a383001000000000000494000000100010161000000000000d03f01",
+        "45574c420754030201010501000000000000f03f010000000000004940010b31302e302e302e313a38300161",
     ];
-    assert_eq!(FORMAT_VERSION, 6, "update GOLDEN when the version moves");
+    assert_eq!(FORMAT_VERSION, 7, "update GOLDEN when the version moves");
     for (value, golden) in golden_values().iter().zip(GOLDEN) {
         assert_eq!(
             hex(value),
@@ -420,6 +421,7 @@ fn an_adopted_table_is_the_stored_one_holding_the_names_it_held_before() {
         num_endpoints: 4,
         unknown_endpoints: 1,
         hosts_indistinguishable: false,
+        hosts_hash: 0,
         hosts: hosts
             .iter()
             .map(|&(address, zone, share)| HostView {
@@ -464,4 +466,60 @@ fn an_adopted_table_is_the_stored_one_holding_the_names_it_held_before() {
     );
     assert!(after.host("c:1").is_some() && after.host("b:1").is_none());
     assert!(!after.same_hosts(&before) && after.same_hosts(&Table::adopt(&now, &after)));
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_table_listing_the_hosts_held_is_read_without_its_names() {
+    use ewma_lb::record::sync::{decode_table, decode_table_onto, encode_table};
+    use ewma_lb::record::table::{hosts_hash, HostView, Table, TableView};
+    use std::rc::Rc;
+    let view = |names: &[(&'static str, &'static str)], share: f64| TableView {
+        table_version: 1 + (share * 10.0) as u64,
+        num_endpoints: 3,
+        unknown_endpoints: 0,
+        hosts_indistinguishable: false,
+        hosts_hash: 0,
+        hosts: names
+            .iter()
+            .map(|&(address, zone)| HostView {
+                address,
+                zone,
+                share,
+                latency_ms: Some(share * 100.0),
+            })
+            .collect(),
+    };
+    let names = [("a:1", "z1"), ("b:1", "z1"), ("c:1", "z2")];
+    let held = Table::adopt(&view(&names, 0.2), &Table::default());
+    assert_eq!(held.hosts_hash, hosts_hash(names));
+    // What a refresher holding the same hosts writes: the hash it held, new shares.
+    let mut next = view(&names, 0.3);
+    let adopted = Table::adopt(&next, &held);
+    assert_eq!(adopted.hosts_hash, held.hosts_hash);
+    next.hosts_hash = adopted.hosts_hash;
+    let bytes = encode_table(&next);
+    let read = decode_table_onto(&bytes, 16, &held).unwrap();
+    assert_eq!(
+        read,
+        Table::adopt(&decode_table(&bytes, 16).unwrap(), &held)
+    );
+    assert!(Rc::ptr_eq(&read.hosts[1].address, &held.hosts[1].address));
+    assert_eq!(read.hosts[2].share, 0.3);
+    // The names are not read: cut off, the table still reads over the hosts held, and only so.
+    let shares_only = &bytes[..bytes.len() - 20];
+    assert!(decode_table(shares_only, 16).is_err());
+    assert_eq!(decode_table_onto(shares_only, 16, &held).unwrap(), read);
+    // Another list as long (one zone moved, one host replaced) is read with its own names.
+    for other in [
+        [("a:1", "z1"), ("b:1", "z2"), ("c:1", "z2")],
+        [("a:1", "z1"), ("b:2", "z1"), ("c:1", "z2")],
+    ] {
+        let mut v = view(&other, 0.3);
+        v.hosts_hash = Table::adopt(&v, &held).hosts_hash;
+        assert_ne!(v.hosts_hash, held.hosts_hash, "{other:?}");
+        let t = decode_table_onto(&encode_table(&v), 16, &held).unwrap();
+        let listed: Vec<(&str, &str)> = t.hosts.iter().map(|h| (&*h.address, &*h.zone)).collect();
+        assert_eq!(listed, other);
+    }
 }

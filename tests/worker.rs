@@ -1216,8 +1216,8 @@ impl ewma_lb::record::sync::SharedStore for Reads {
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn a_vm_adopting_tables_reads_the_table_never_the_record() {
-    // `a` folds every refresh (it ticks first, right when one is due), and its latencies move
-    // the shares: every refresh is a new table. `b` has sampled once and only adopts.
+    // `a` folds every refresh (it folded last and ticks right when one is due), and its
+    // latencies move the shares: every refresh is a new table. `b` has sampled once and only adopts.
     let cfg = r#"{"clusters": {"backend": {"endpoints": ["10.0.0.1:80", "10.0.0.2:80"]}}}"#;
     let store = Shared::default();
     let mut a = Worker::new(config(cfg), 1);
@@ -1260,6 +1260,103 @@ fn a_vm_adopting_tables_reads_the_table_never_the_record() {
         read(".table."),
         adopted,
         "one read of the table per adoption"
+    );
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn the_vm_that_folded_last_keeps_folding_and_another_takes_over_a_tick_after_it_stops() {
+    // Ticks of 100 ms at phases 0, 33 and 66 ms, each late by up to 30 ms as a timer may be,
+    // refreshes every 250 ms: the VM ticking first once an interval is up varies, and the one that
+    // folded last must be the first to find it up (its kept record spares it decoding the record).
+    let cfg = r#"{"tick_period_ms": 100, "refresh_interval_ms": 250}"#;
+    let store = Shared::default();
+    let mut workers: Vec<Worker> = (0..3).map(|i| Worker::new(config(cfg), i)).collect();
+    let mut folds: Vec<(u64, usize)> = Vec::new();
+    let mut stopped = None;
+    let mut rng = fastrand::Rng::with_seed(7);
+    for step in 0..300u64 {
+        let (w, t) = ((step % 3) as usize, SEC + step * SEC / 30);
+        let t = t + rng.u64(0..30) * MS;
+        if stopped == Some(w) {
+            continue;
+        }
+        finish_ok(&mut workers[w], HOST, 50.0);
+        if workers[w].tick(t, &mut store.clone()).refreshed > 0 {
+            folds.push((t, w));
+        }
+        if step == 150 {
+            stopped = folds.last().map(|&(_, w)| w);
+        }
+    }
+    let who = |from: u64, to: u64| {
+        let mut w: Vec<usize> = folds
+            .iter()
+            .filter(|(t, _)| (from..to).contains(t))
+            .map(|&(_, w)| w)
+            .collect();
+        let n = w.len();
+        w.dedup();
+        (w, n)
+    };
+    let (before, n) = who(3 * SEC, 6 * SEC);
+    assert_eq!(before.len(), 1, "one VM folds: {folds:?}");
+    assert!(
+        n >= 8,
+        "a fold every interval and a tick at most: {folds:?}"
+    );
+    let (after, n) = who(6 * SEC + SEC / 2, 11 * SEC);
+    assert_eq!(after.len(), 1, "one other VM folds: {folds:?}");
+    assert_ne!(after, before);
+    assert!(n >= 13, "{folds:?}");
+    let stopped = stopped.unwrap();
+    let last = folds.iter().rfind(|(_, w)| *w == stopped).unwrap().0;
+    let next = folds.iter().find(|(t, _)| *t > last).unwrap().0;
+    assert!(
+        next - last <= 250 * MS + 2 * 100 * MS,
+        "taken over after {} ms",
+        (next - last) / MS
+    );
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_vm_folds_from_its_kept_record_only_while_shared_data_holds_those_bytes() {
+    use ewma_lb::record::state::HostState;
+    use ewma_lb::record::sync::{decode, encode};
+    let store = Shared::default();
+    let mut a = Worker::new(defaults(), 1);
+    let mut t = SEC;
+    while t <= 2 * SEC {
+        finish_ok(&mut a, HOST, 50.0);
+        a.tick(t, &mut store.clone());
+        t += SEC / 10;
+    }
+    // Another writer (a refresher that died before publishing the head, say) leaves a record
+    // that holds one host more: `a` must fold into that one, not into the one it kept.
+    let key = a.record_key(CLUSTER);
+    let (bytes, version) = store.0.borrow().data.get(&key).unwrap().clone();
+    let mut record = decode(&bytes, 100).unwrap();
+    record.hosts.push(HostState {
+        address: "10.0.0.9:80".into(),
+        last_seen_ns: record.clock_ns,
+        ..HostState::default()
+    });
+    store
+        .0
+        .borrow_mut()
+        .data
+        .insert(key, (encode(&record), version + 1));
+    let mut folded = 0;
+    while t <= 3 * SEC {
+        finish_ok(&mut a, HOST, 50.0);
+        folded += a.tick(t, &mut store.clone()).refreshed;
+        t += SEC / 10;
+    }
+    assert!(folded >= 3, "{folded} refreshes");
+    assert!(
+        store.record_of(CLUSTER).host("10.0.0.9:80").is_some(),
+        "the other writer's host was dropped"
     );
 }
 

@@ -5,7 +5,10 @@
 //!
 //! It is written and read through a borrowed view ([`TableView`]): the refresher encodes it
 //! straight from the record, and a VM reading it keeps the names it already holds
-//! ([`Table::adopt`]), so adopting a table of unchanged hosts allocates no name.
+//! ([`Table::adopt`]), so adopting a table of unchanged hosts allocates no name. The stored table
+//! puts the shares before the names, with a hash of the names ([`TableView::hosts_hash`]): a VM
+//! whose table lists the same hosts, as it does between two changes of membership, reads the
+//! shares and stops there (`sync::decode_table_onto`).
 
 use std::cmp::Ordering;
 use std::rc::Rc;
@@ -14,8 +17,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::record::state::ClusterState;
 
-/// A table as stored in shared data.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+/// A table as stored in shared data (`sync::encode_table` gives the layout).
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct TableView<'a> {
     /// The record's `table_version` this table is.
     pub table_version: u64,
@@ -25,13 +28,15 @@ pub struct TableView<'a> {
     pub unknown_endpoints: u32,
     /// The weights cannot tell the hosts apart (`ClusterState::hosts_indistinguishable`).
     pub hosts_indistinguishable: bool,
+    /// Names the list of hosts, addresses and zones in order ([`hosts_hash`]); 0 when not
+    /// computed yet.
+    pub hosts_hash: u64,
     /// Sorted by address, as in the record.
-    #[serde(borrow)]
     pub hosts: Vec<HostView<'a>>,
 }
 
 /// One host of a [`TableView`].
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct HostView<'a> {
     pub address: &'a str,
     /// `upstream.locality.zone`; empty until reported.
@@ -54,6 +59,7 @@ impl<'a> TableView<'a> {
                 0
             },
             hosts_indistinguishable: state.hosts_indistinguishable,
+            hosts_hash: 0,
             hosts: state
                 .hosts
                 .iter()
@@ -68,6 +74,35 @@ impl<'a> TableView<'a> {
     }
 }
 
+/// What a stored table holds before the names: all a VM that holds the same hosts reads.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub(crate) struct Shares {
+    pub table_version: u64,
+    pub num_endpoints: u32,
+    pub unknown_endpoints: u32,
+    pub hosts_indistinguishable: bool,
+    pub hosts_hash: u64,
+    /// Each host's share and latency, in the order of the names.
+    pub hosts: Vec<(f64, Option<f64>)>,
+}
+
+/// A hash of the hosts' addresses and zones, in order; never 0. FNV-1a over each name's length
+/// and bytes: not for an adversary (the names are the control plane's), only to tell two lists
+/// apart.
+pub fn hosts_hash<'a>(hosts: impl IntoIterator<Item = (&'a str, &'a str)>) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325_u64;
+    let mut eat = |bytes: &[u8]| {
+        for &b in (bytes.len() as u64).to_le_bytes().iter().chain(bytes) {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    for (address, zone) in hosts {
+        eat(address.as_bytes());
+        eat(zone.as_bytes());
+    }
+    h.max(1)
+}
+
 /// One version of a cluster's weight table, as a VM holds it.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Table {
@@ -75,6 +110,8 @@ pub struct Table {
     pub num_endpoints: u32,
     pub unknown_endpoints: u32,
     pub hosts_indistinguishable: bool,
+    /// [`TableView::hosts_hash`] of these hosts; 0 for the empty table a VM starts with.
+    pub hosts_hash: u64,
     /// Sorted by address.
     pub hosts: Vec<TableHost>,
 }
@@ -89,10 +126,12 @@ pub struct TableHost {
 }
 
 impl Table {
-    /// `view`, taking the names `previous` holds where they are the same.
+    /// `view`, taking the names `previous` holds where they are the same. Its `hosts_hash` is
+    /// the view's, or when the view has none, `previous`'s if it lists the same hosts.
     pub fn adopt(view: &TableView, previous: &Table) -> Table {
         // Both are sorted by address: one walk finds every host already held.
         let mut held = previous.hosts.iter().peekable();
+        let mut all_held = view.hosts.len() == previous.hosts.len();
         // Hosts share few zones: a new name takes the zone of the host before it when equal.
         let mut last_zone: Rc<str> = Rc::from("");
         let hosts = view
@@ -115,12 +154,21 @@ impl Table {
                 }
                 let address = match same {
                     Some(p) => Rc::clone(&p.address),
-                    None => Rc::from(h.address),
+                    None => {
+                        all_held = false;
+                        Rc::from(h.address)
+                    }
                 };
                 let zone = match same {
                     Some(p) if &*p.zone == h.zone => Rc::clone(&p.zone),
-                    _ if &*last_zone == h.zone => Rc::clone(&last_zone),
-                    _ => Rc::from(h.zone),
+                    _ if &*last_zone == h.zone => {
+                        all_held = false;
+                        Rc::clone(&last_zone)
+                    }
+                    _ => {
+                        all_held = false;
+                        Rc::from(h.zone)
+                    }
                 };
                 last_zone = Rc::clone(&zone);
                 TableHost {
@@ -131,12 +179,41 @@ impl Table {
                 }
             })
             .collect();
+        let hosts_hash = match view.hosts_hash {
+            0 if all_held && previous.hosts_hash != 0 => previous.hosts_hash,
+            0 => hosts_hash(view.hosts.iter().map(|h| (h.address, h.zone))),
+            stored => stored,
+        };
         Table {
             table_version: view.table_version,
             num_endpoints: view.num_endpoints,
             unknown_endpoints: view.unknown_endpoints,
             hosts_indistinguishable: view.hosts_indistinguishable,
+            hosts_hash,
             hosts,
+        }
+    }
+
+    /// The table of `shares` over the hosts this one holds: `shares` names the same list
+    /// (`hosts_hash`) with as many hosts.
+    pub(crate) fn with_shares(&self, shares: &Shares) -> Table {
+        Table {
+            table_version: shares.table_version,
+            num_endpoints: shares.num_endpoints,
+            unknown_endpoints: shares.unknown_endpoints,
+            hosts_indistinguishable: shares.hosts_indistinguishable,
+            hosts_hash: shares.hosts_hash,
+            hosts: self
+                .hosts
+                .iter()
+                .zip(&shares.hosts)
+                .map(|(h, &(share, latency_ms))| TableHost {
+                    address: Rc::clone(&h.address),
+                    zone: Rc::clone(&h.zone),
+                    share,
+                    latency_ms,
+                })
+                .collect(),
         }
     }
 

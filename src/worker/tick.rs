@@ -82,7 +82,7 @@ impl Worker {
                             // The per-host gauges are the process's, like the table: the VM
                             // that published the table sets them, not every VM that adopts it
                             // (a cluster's hosts times Envoy's workers in host calls a refresh).
-                            if let Some(state) = sync.state.as_ref() {
+                            if let Some(state) = local.member.record().filter(|_| sync.folded) {
                                 telemetry::host_gauges(
                                     name,
                                     &local.snapshot,
