@@ -8,6 +8,7 @@
 pub mod balance;
 pub mod clock;
 pub mod config;
+mod hash;
 pub mod map;
 pub mod record;
 pub mod rules;

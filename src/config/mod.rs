@@ -323,9 +323,7 @@ impl Config {
         bytes.extend_from_slice(&self.failure_penalty_ms().to_bits().to_le_bytes());
         bytes.extend_from_slice(&self.latency_ceiling_ms().to_bits().to_le_bytes());
         bytes.extend_from_slice(format!("{:?}", self.grpc_failures()).as_bytes());
-        let hash = bytes.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-            (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
-        });
+        let hash = crate::hash::fnv1a(crate::hash::FNV_OFFSET, &bytes);
         format!("{hash:016x}")
     }
 }

@@ -691,9 +691,7 @@ pub(crate) fn in_subset(address: &str, num_endpoints: u32, max_hosts: usize) -> 
     }
     let keep = SUBSET_FILL * max_hosts as f64 / f64::from(num_endpoints);
     // FNV-1a, then a finaliser (splitmix64's): similar addresses get unrelated draws.
-    let mut h = address.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
+    let mut h = crate::hash::fnv1a(crate::hash::FNV_OFFSET, address.as_bytes());
     h ^= h >> 30;
     h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
     h ^= h >> 27;

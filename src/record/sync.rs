@@ -34,6 +34,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::clock::RecordClock;
+use crate::hash::{FNV_OFFSET, FNV_PRIME};
 use crate::record::state::{Accumulator, Ack, ClusterBatch, ClusterState, Policy, WORKER_TTL_NS};
 use crate::record::table::{HostView, Shares, Table, TableView};
 
@@ -252,6 +253,11 @@ fn decode_shares(bytes: &[u8], max_hosts: usize) -> Result<(Shares, &[u8]), Deco
 /// The table in `bytes`, if it is one of ours, of this format, with at most `max_hosts` hosts.
 pub fn decode_table(bytes: &[u8], max_hosts: usize) -> Result<TableView<'_>, DecodeError> {
     let (shares, names) = decode_shares(bytes, max_hosts)?;
+    with_names(shares, names)
+}
+
+/// The table of `shares` and the `names` encoded after them.
+fn with_names(shares: Shares, names: &[u8]) -> Result<TableView<'_>, DecodeError> {
     let names: Vec<(&str, &str)> = postcard::from_bytes(names).map_err(corrupt)?;
     if names.len() != shares.hosts.len() {
         return Err(DecodeError::Corrupt(format!(
@@ -287,14 +293,14 @@ pub fn decode_table_onto(
     max_hosts: usize,
     held: &Table,
 ) -> Result<Table, DecodeError> {
-    let (shares, _) = decode_shares(bytes, max_hosts)?;
+    let (shares, names) = decode_shares(bytes, max_hosts)?;
     if shares.hosts_hash != 0
         && shares.hosts_hash == held.hosts_hash
         && shares.hosts.len() == held.hosts.len()
     {
         return Ok(held.with_shares(&shares));
     }
-    Ok(Table::adopt(&decode_table(bytes, max_hosts)?, held))
+    Ok(Table::adopt(&with_names(shares, names)?, held))
 }
 
 /// The small value every VM reads on every tick.
@@ -737,9 +743,9 @@ fn claim(
 
 /// A new slot's epoch: different for every creation (another VM, another time), never 0.
 fn epoch(worker: u64, now_ns: u64, index: usize) -> u64 {
-    let mut h = 0xcbf2_9ce4_8422_2325_u64;
+    let mut h = FNV_OFFSET;
     for v in [worker, now_ns, index as u64] {
-        h = (h ^ v).wrapping_mul(0x0100_0000_01b3).rotate_left(29);
+        h = (h ^ v).wrapping_mul(FNV_PRIME).rotate_left(29);
     }
     h.max(1)
 }

@@ -15,6 +15,7 @@ use std::rc::Rc;
 
 use serde::{Deserialize, Serialize};
 
+use crate::hash::{fnv1a, FNV_OFFSET};
 use crate::record::state::ClusterState;
 
 /// A table as stored in shared data (`sync::encode_table` gives the layout).
@@ -75,7 +76,7 @@ impl<'a> TableView<'a> {
 }
 
 /// What a stored table holds before the names: all a VM that holds the same hosts reads.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Serialize, Deserialize)]
 pub(crate) struct Shares {
     pub table_version: u64,
     pub num_endpoints: u32,
@@ -90,17 +91,14 @@ pub(crate) struct Shares {
 /// and bytes: not for an adversary (the names are the control plane's), only to tell two lists
 /// apart.
 pub fn hosts_hash<'a>(hosts: impl IntoIterator<Item = (&'a str, &'a str)>) -> u64 {
-    let mut h = 0xcbf2_9ce4_8422_2325_u64;
-    let mut eat = |bytes: &[u8]| {
-        for &b in (bytes.len() as u64).to_le_bytes().iter().chain(bytes) {
-            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-        }
+    let eat = |h, name: &str| {
+        let h = fnv1a(h, &(name.len() as u64).to_le_bytes());
+        fnv1a(h, name.as_bytes())
     };
-    for (address, zone) in hosts {
-        eat(address.as_bytes());
-        eat(zone.as_bytes());
-    }
-    h.max(1)
+    hosts
+        .into_iter()
+        .fold(FNV_OFFSET, |h, (address, zone)| eat(eat(h, address), zone))
+        .max(1)
 }
 
 /// One version of a cluster's weight table, as a VM holds it.
