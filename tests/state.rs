@@ -466,6 +466,26 @@ fn an_adopted_table_is_the_stored_one_holding_the_names_it_held_before() {
     );
     assert!(after.host("c:1").is_some() && after.host("b:1").is_none());
     assert!(!after.same_hosts(&before) && after.same_hosts(&Table::adopt(&now, &after)));
+    // A worker forgets what it keeps of departed hosts only when a table lost one: hosts that
+    // only joined leave nothing to forget.
+    assert!(before.lost_hosts(&after), "b left");
+    assert!(
+        !after.lost_hosts(&Table::adopt(&now, &after)),
+        "the same hosts"
+    );
+    let joined = Table::adopt(
+        &view(&[
+            ("a:1", "z1", 0.2),
+            ("b:2", "z1", 0.1),
+            ("c:1", "z2", 0.3),
+            ("d:1", "z2", 0.3),
+            ("e:1", "z2", 0.1),
+        ]),
+        &after,
+    );
+    assert!(!after.lost_hosts(&joined), "b:2 and e:1 joined, none left");
+    assert!(joined.lost_hosts(&after), "seen the other way, two left");
+    assert!(!Table::default().lost_hosts(&after) && after.lost_hosts(&Table::default()));
 }
 
 #[test]

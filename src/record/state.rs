@@ -114,12 +114,6 @@ impl ClusterBatch {
     pub fn is_empty(&self) -> bool {
         self.num_endpoints.is_none() && self.hosts.values().all(Accumulator::is_empty)
     }
-
-    /// Empties every host's batch (keeping the entries, see [`Accumulator::clear`]).
-    pub fn clear(&mut self) {
-        self.hosts.values_mut().for_each(Accumulator::clear);
-        self.num_endpoints = None;
-    }
 }
 
 /// The shared record of one upstream host.

@@ -165,7 +165,13 @@ impl std::fmt::Display for DecodeError {
 
 /// `MAGIC`, `FORMAT_VERSION`, the kind, then the value in postcard (compact, no field names).
 fn frame<T: Serialize>(kind: u8, value: &T) -> Vec<u8> {
-    let mut out = Vec::with_capacity(256);
+    frame_into(kind, value, 256)
+}
+
+/// [`frame`] into a buffer of `capacity` bytes: a record is about as long as the one before it,
+/// and growing a buffer of hundreds of kilobytes by doubling copies it several times.
+fn frame_into<T: Serialize>(kind: u8, value: &T, capacity: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(capacity);
     out.extend_from_slice(MAGIC);
     out.push(FORMAT_VERSION);
     out.push(kind);
@@ -213,6 +219,11 @@ fn too_many(what: &str, n: usize, limit: usize) -> Result<(), DecodeError> {
 /// The record of a cluster, encoded.
 pub fn encode(state: &ClusterState) -> Vec<u8> {
     frame(KIND_RECORD, state)
+}
+
+/// [`encode`], into a buffer sized for `previous_len` bytes and a little more.
+fn encode_like(state: &ClusterState, previous_len: usize) -> Vec<u8> {
+    frame_into(KIND_RECORD, state, previous_len + previous_len / 8 + 256)
 }
 
 /// The record in `bytes`, if it is one of ours, of this format, with at most `max_hosts` hosts.
@@ -377,6 +388,30 @@ pub struct SlotBatch {
 
 pub fn encode_slot(slot: &Slot) -> Vec<u8> {
     frame(KIND_SLOT, slot)
+}
+
+/// A slot's leading fields, which [`Slot`] encodes first: enough to tell whether it holds
+/// anything a record has not folded yet without decoding its batches. Read wrong (a layout
+/// changed under it), it costs only that: a slot is skipped only when its epoch and sequence
+/// number are the ones the record acknowledged.
+struct SlotHeader {
+    owner: u64,
+    epoch: u64,
+    seq: u64,
+    sampled_ns: u64,
+}
+
+fn decode_slot_header(bytes: &[u8]) -> Result<SlotHeader, DecodeError> {
+    // A tuple, not a derived struct: the same bytes, a smaller deserializer in the module.
+    let ((owner, epoch, seq, _written_ns, sampled_ns), _) =
+        postcard::take_from_bytes::<(u64, u64, u64, u64, u64)>(body_of(bytes, KIND_SLOT)?)
+            .map_err(corrupt)?;
+    Ok(SlotHeader {
+        owner,
+        epoch,
+        seq,
+        sampled_ns,
+    })
 }
 
 pub fn decode_slot(bytes: &[u8]) -> Result<Slot, DecodeError> {
@@ -790,6 +825,7 @@ fn fold(
     }
     let (bytes, record_cas) = store.get(&ctx.keys.record).map_err(store_error)?;
     let kept = member.kept.take();
+    let record_len = bytes.as_ref().map_or(0, Vec::len);
     let (mut state, replaced) = match bytes {
         // The bytes this VM wrote last, so the state it kept: a refresher that died after writing
         // the record, or any other writer, left other bytes.
@@ -841,7 +877,7 @@ fn fold(
     }
     state.acked = acked;
     state.workers = workers;
-    let bytes = encode(&state);
+    let bytes = encode_like(&state, record_len);
     if bytes.len() > MAX_VALUE_BYTES {
         return Err(SyncError::Store(format!(
             "a record of {} bytes, limit {MAX_VALUE_BYTES}",
@@ -950,23 +986,34 @@ fn collect(
         let (Some(bytes), _) = store.get(&ctx.keys.slot(index)).map_err(store_error)? else {
             break;
         };
-        let Ok(slot) = decode_slot(&bytes) else {
-            // Its owner rebuilds it on its next write, under a new epoch.
-            continue;
-        };
-        let held = find_ack(&state.acked, index16).filter(|a| a.epoch == slot.epoch);
-        for b in slot.batches {
-            if held.is_none_or(|a| b.seq > a.seq) {
-                batches.push(b);
+        let held = |epoch| find_ack(&state.acked, index16).filter(|a| a.epoch == epoch);
+        let (owner, epoch, seq, sampled_ns) = match decode_slot_header(&bytes) {
+            // The record holds the slot's last batch: nothing new. An idle VM's slot keeps its
+            // batches until it writes again; they are not decoded again at every fold.
+            Ok(h) if held(h.epoch).is_some_and(|a| a.seq == h.seq) => {
+                (h.owner, h.epoch, h.seq, h.sampled_ns)
             }
-        }
+            _ => {
+                let Ok(slot) = decode_slot(&bytes) else {
+                    // Its owner rebuilds it on its next write, under a new epoch.
+                    continue;
+                };
+                let held = held(slot.epoch);
+                for b in slot.batches {
+                    if held.is_none_or(|a| b.seq > a.seq) {
+                        batches.push(b);
+                    }
+                }
+                (slot.owner, slot.epoch, slot.seq, slot.sampled_ns)
+            }
+        };
         acked.push(Ack {
             slot: index16,
-            epoch: slot.epoch,
-            seq: slot.seq,
+            epoch,
+            seq,
         });
-        if slot.sampled_ns > 0 && now_ns.saturating_sub(slot.sampled_ns) < WORKER_TTL_NS {
-            workers.push((slot.owner, slot.sampled_ns));
+        if sampled_ns > 0 && now_ns.saturating_sub(sampled_ns) < WORKER_TTL_NS {
+            workers.push((owner, sampled_ns));
         }
     }
     batches.sort_by_key(|b| b.at_ns);

@@ -222,6 +222,20 @@ impl Table {
             .and_then(|i| self.hosts.get(i))
     }
 
+    /// Whether `newer` lacks a host this table lists (both are sorted by address). Hosts a table
+    /// shares with the one it was adopted onto are the same `Rc`s, compared without reading the
+    /// strings.
+    pub fn lost_hosts(&self, newer: &Table) -> bool {
+        let mut newer = newer.hosts.iter().peekable();
+        self.hosts.iter().any(|h| {
+            while newer
+                .next_if(|n| n.address != h.address && n.address < h.address)
+                .is_some()
+            {}
+            newer.next_if(|n| n.address == h.address).is_none()
+        })
+    }
+
     /// Whether both tables list the same hosts (both are sorted by address).
     pub fn same_hosts(&self, other: &Table) -> bool {
         self.hosts.len() == other.hosts.len()

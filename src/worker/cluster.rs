@@ -41,9 +41,12 @@ pub(crate) struct LocalCluster {
     pub(crate) exploration: Exploration,
     /// Keyed by address so counts survive a table rebuild.
     pub(crate) in_flight: Map<Rc<str>, InFlight>,
-    /// This tick's samples. Entries are emptied, not removed, after a merge: the next tick's
-    /// samples of the same host need no allocation.
+    /// This tick's samples: only hosts sampled since the last merge, so a tick costs what this
+    /// VM saw, not every host it ever met.
     pub(crate) batch: ClusterBatch,
+    /// Entries of hosts sampled before, emptied at a merge (`clear_batch`) and taken back by the
+    /// host's next sample: the request path allocates no key or zone for a host met before.
+    pub(crate) spare: Map<String, Accumulator>,
     /// This cluster's keys in shared data, and this VM's place there (clock, slot).
     pub(crate) keys: Keys,
     pub(crate) member: Member,
@@ -62,31 +65,53 @@ pub(crate) struct LocalCluster {
     /// warned of since (`ERROR_WARNING_INTERVAL_NS`).
     pub(crate) error_warned_ns: Option<u64>,
     pub(crate) errors_unwarned: u64,
-    /// The batch dropped its empty entries since the last tick (`host_batch`).
+    /// The spare entries were dropped since the last tick (`host_batch`).
     pub(crate) batch_pruned: bool,
     /// Hosts Envoy's admin `/clusters` last marked unhealthy: out of the pick table (`health`).
     pub(crate) unhealthy: Set<String>,
 }
 
 impl LocalCluster {
-    /// The batch of `host`, created while there is room. Entries are emptied, not removed, after a
-    /// merge (the next tick's samples of the same host need no allocation); a full batch drops
-    /// its empty entries once a tick to make room: otherwise the first hosts a VM met would hold
-    /// every place for good, and a larger cluster would never be learned beyond them.
+    /// The batch of `host`: its entry, its spare one, or one created while there is room. A full
+    /// batch drops its spare entries once a tick to make room: otherwise the first hosts a VM met
+    /// would hold every place for good, and a larger cluster would never be learned beyond them.
     pub(crate) fn host_batch(&mut self, host: &str) -> Option<&mut Accumulator> {
-        if !self.batch.hosts.contains_key(host)
-            && self.batch.hosts.len() >= MAX_PENDING_HOSTS
-            && !self.batch_pruned
-        {
-            self.batch.hosts.retain(|_, acc| !acc.is_empty());
-            self.batch_pruned = true;
-        }
-        if !self.batch.hosts.contains_key(host) && self.batch.hosts.len() < MAX_PENDING_HOSTS {
-            self.batch
-                .hosts
-                .insert(host.to_owned(), Accumulator::default());
+        if !self.batch.hosts.contains_key(host) {
+            if let Some((address, acc)) = self.spare.remove_entry(host) {
+                self.batch.hosts.insert(address, acc);
+            } else {
+                if self.batch.hosts.len() + self.spare.len() >= MAX_PENDING_HOSTS
+                    && !self.batch_pruned
+                {
+                    self.spare = Map::default();
+                    self.batch_pruned = true;
+                }
+                if self.batch.hosts.len() + self.spare.len() < MAX_PENDING_HOSTS {
+                    self.batch
+                        .hosts
+                        .insert(host.to_owned(), Accumulator::default());
+                }
+            }
         }
         self.batch.hosts.get_mut(host)
+    }
+
+    /// Empties the batch after a merge, its entries kept as spares (`spare`).
+    pub(crate) fn clear_batch(&mut self) {
+        for (address, mut acc) in self.batch.hosts.drain() {
+            acc.clear();
+            self.spare.insert(address, acc);
+        }
+        self.batch.num_endpoints = None;
+    }
+
+    /// The zone this VM's batch knows of `host`, if any.
+    pub(crate) fn batched_zone(&self, host: &str) -> Option<&str> {
+        self.batch
+            .hosts
+            .get(host)
+            .or_else(|| self.spare.get(host))
+            .and_then(|a| a.zone.as_deref())
     }
 
     pub(crate) fn in_flight(&self, host: &str) -> u32 {

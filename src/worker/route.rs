@@ -203,12 +203,8 @@ impl Worker {
         let Some(local) = self.clusters.get(cluster) else {
             return false;
         };
-        let batched = local
-            .batch
-            .hosts
-            .get(host)
-            .is_some_and(|a| a.zone.is_some());
-        !batched && local.snapshot.host(host).is_none_or(|h| h.zone.is_empty())
+        local.batched_zone(host).is_none()
+            && local.snapshot.host(host).is_none_or(|h| h.zone.is_empty())
     }
 
     /// Records a sampled request's end. Called exactly once per request `route` sampled.
@@ -279,7 +275,7 @@ impl Worker {
         let remote = local_zone.is_some_and(|mine| {
             let zone = done
                 .zone
-                .or_else(|| local.batch.hosts.get(host).and_then(|a| a.zone.as_deref()))
+                .or_else(|| local.batched_zone(host))
                 .or_else(|| local.snapshot.host(host).map(|h| &*h.zone))
                 .unwrap_or_default();
             !zone.is_empty() && zone != mine

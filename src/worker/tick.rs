@@ -45,7 +45,7 @@ impl Worker {
             match sync_cluster(store, &ctx, &local.batch, &mut local.member) {
                 Ok(sync) => {
                     match sync.kept {
-                        None => local.batch.clear(),
+                        None => local.clear_batch(),
                         Some(e) => report.errors.push((name.clone(), e)),
                     }
                     if let Some(e) = sync.failed {
@@ -71,9 +71,9 @@ impl Worker {
                     }
                     local.probes.set_workers(sync.head.workers as usize);
                     if let Some(table) = sync.table {
-                        // Entries of hosts that left the table go; only a change of the
-                        // table's hosts can make any.
-                        if !local.snapshot.same_hosts(&table) {
+                        // Entries of hosts that left the table go; only a departure can
+                        // make any.
+                        if local.snapshot.lost_hosts(&table) {
                             forget_departed(local, &table);
                         }
                         if table.table_version != local.snapshot.table_version {
@@ -354,19 +354,16 @@ fn urgent(batch: &ClusterBatch, table: &Table) -> bool {
         })
 }
 
-/// Forgets the batch entries of hosts no longer in `table`, and the in-flight entries of those
-/// with nothing in flight or unreported. Called when the table's hosts changed, not on every
-/// tick: searching every entry of a 500-host cluster on every tick cost more than the rest of
-/// the tick. (The batch is a hash map, so each entry is looked up in the table, whose hosts
-/// are sorted.)
+/// Forgets the batch entries, spare or not, of hosts no longer in `table`. Called when the table
+/// lost a host, not on every tick nor when hosts only joined: searching every entry of a
+/// 500-host cluster cost more than the rest of the tick. (The batch is a hash map, so each entry
+/// is looked up in the table, whose hosts are sorted.)
 fn forget_departed(local: &mut LocalCluster, table: &Table) {
     local
         .batch
         .hosts
         .retain(|host, _| table.host(host).is_some());
-    local
-        .in_flight
-        .retain(|host, n| n.now > 0 || n.reported > 0 || table.host(host).is_some());
+    local.spare.retain(|host, _| table.host(host).is_some());
 }
 
 /// What a tick did, for logs and metrics.
