@@ -3,8 +3,9 @@
 //!
 //! "Hot" is the steady state a busy VM lives in: the table is adopted, every host has a batch
 //! entry (at each tick it is emptied and kept as a spare, which the host's next sample takes
-//! back), the in-flight map has room for every host, and the per-cluster counters exist. The first sample of a host in a VM does allocate (its batch entry,
-//! its in-flight entry); so does a path that needs normalising. Those are not the steady state.
+//! back), the in-flight map has room for every host, and the per-cluster counters exist. The
+//! first sample of a host in a VM does allocate (its batch entry, its in-flight entry); so does a
+//! path that needs normalising. Those are not the steady state.
 
 #![allow(clippy::panic, clippy::indexing_slicing, clippy::unwrap_used)] // tests fail by panicking
 #![cfg(not(target_arch = "wasm32"))] // a global allocator of the test binary: native only

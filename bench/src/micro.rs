@@ -428,17 +428,8 @@ fn steer_one(worker: &mut Worker, path: &[u8], now_ns: u64, latency_ms: f64) {
 /// refresh for the first, the refreshes that published a new table for the second.
 fn refresh_ticks(n: usize, budget: Duration) -> Option<((f64, u64), (f64, u64))> {
     const SEC: u64 = 1_000_000_000;
-    let mut store = Memory::default();
-    let mut publisher = Worker::new(static_config(n)?, 1);
-    let mut adopter = Worker::new(static_config(n)?, 2);
+    let (mut store, mut publisher, mut adopter, mut t) = warmed_pair(n)?;
     let interval = publisher.config().policy().refresh_interval_ns;
-    let mut t = SEC;
-    for _ in 0..5 {
-        serve(&mut publisher, 4 * n, t, |_| 20.0);
-        publisher.tick(t, &mut store);
-        adopter.tick(t + 1_000_000, &mut store);
-        t += SEC;
-    }
     let (mut refresh_ns, mut refreshes) = (0u128, 0u64);
     let (mut adopt_ns, mut adoptions) = (0u128, 0u64);
     let start = Instant::now();
@@ -476,24 +467,32 @@ fn refresh_ticks(n: usize, budget: Duration) -> Option<((f64, u64), (f64, u64))>
     ))
 }
 
+/// Two worker VMs over `n` static endpoints on one store, warmed up for five seconds: the first
+/// serves every host a few requests and ticks, the second ticks a millisecond later. Returns the
+/// store, the two VMs and the time of the next second.
+fn warmed_pair(n: usize) -> Option<(Memory, Worker, Worker, u64)> {
+    const SEC: u64 = 1_000_000_000;
+    let mut store = Memory::default();
+    let mut first = Worker::new(static_config(n)?, 1);
+    let mut second = Worker::new(static_config(n)?, 2);
+    let mut t = SEC;
+    for _ in 0..5 {
+        serve(&mut first, 4 * n, t, |_| 20.0);
+        first.tick(t, &mut store);
+        second.tick(t + 1_000_000, &mut store);
+        t += SEC;
+    }
+    Some((store, first, second, t))
+}
+
 /// The tick of a VM that has met every one of `n` hosts (served each a few requests while
 /// warming up) and sampled [`SAMPLED`] requests since its last tick, as a VM of a long-running
 /// Envoy does: what it keeps per host must not make each tick cost the cluster. Another VM folds
 /// just before each measured tick, so the measured one only writes its batch; ticks that adopted
 /// a new table are left out (the adopting row has them).
 fn met_tick(n: usize, budget: Duration) -> Option<(f64, u64)> {
-    const SEC: u64 = 1_000_000_000;
-    let mut store = Memory::default();
-    let mut folder = Worker::new(static_config(n)?, 1);
-    let mut ticker = Worker::new(static_config(n)?, 2);
+    let (mut store, mut ticker, mut folder, mut t) = warmed_pair(n)?;
     let interval = folder.config().policy().refresh_interval_ns;
-    let mut t = SEC;
-    for _ in 0..5 {
-        serve(&mut ticker, 4 * n, t, |_| 20.0);
-        ticker.tick(t, &mut store);
-        folder.tick(t + 1_000_000, &mut store);
-        t += SEC;
-    }
     let (mut tick_ns, mut ticks) = (0u128, 0u64);
     let start = Instant::now();
     while start.elapsed() < budget || ticks < 3 {
