@@ -17,10 +17,23 @@ fn policy(json: &str) -> Policy {
     Config::from_json(json.as_bytes()).unwrap().policy().clone()
 }
 
-fn batch(latencies: &[f64], failed: bool) -> ClusterBatch {
+/// How the requests of a batch ended.
+#[derive(Clone, Copy)]
+enum End {
+    Answered,
+    Failed,
+    /// The client left before the host answered.
+    Abandoned,
+}
+
+fn batch(latencies: &[f64], end: End) -> ClusterBatch {
     let mut acc = Accumulator::default();
     for l in latencies {
-        acc.record(*l, failed, 1000.0);
+        match end {
+            End::Answered => acc.record(*l, false, 1000.0),
+            End::Failed => acc.record(*l, true, 1000.0),
+            End::Abandoned => acc.record_abandoned(*l),
+        }
     }
     ClusterBatch {
         hosts: [(HOST.to_string(), acc)].into_iter().collect(),
@@ -30,7 +43,7 @@ fn batch(latencies: &[f64], failed: bool) -> ClusterBatch {
 
 /// A steady 50 ms host for 10 s (a batch of two samples every 100 ms), then `phase` for
 /// `length`, then 50 ms again; the estimate at every 100 ms.
-fn run(policy: &Policy, phase: (f64, bool), length_ms: u64) -> Vec<f64> {
+fn run(policy: &Policy, phase: (f64, End), length_ms: u64) -> Vec<f64> {
     let mut state = ClusterState::default();
     let mut out = Vec::new();
     for step in 1..=200u64 {
@@ -39,7 +52,7 @@ fn run(policy: &Policy, phase: (f64, bool), length_ms: u64) -> Vec<f64> {
         let b = if in_phase {
             batch(&[phase.0, phase.0], phase.1)
         } else {
-            batch(&[49.0, 51.0], false)
+            batch(&[49.0, 51.0], End::Answered)
         };
         state.merge(&b, now, policy);
         out.push(state.host(HOST).unwrap().latency.value_ms().unwrap());
@@ -56,26 +69,53 @@ fn max_after(estimates: &[f64], from_step: usize) -> f64 {
 fn a_rise_moves_the_estimate_only_once_it_has_lasted() {
     let defaults = policy("{}");
     // (what happens, for how long, the least and the most the estimate reaches afterwards)
-    type Case<'a> = (&'a str, (f64, bool), u64, f64, f64);
-    let cases: [Case; 5] = [
-        ("a 250 ms pause of 0.9 s", (250.0, false), 900, 0.0, 60.0),
+    type Case<'a> = (&'a str, (f64, End), u64, f64, f64);
+    let cases: [Case; 6] = [
+        (
+            "a 250 ms pause of 0.9 s",
+            (250.0, End::Answered),
+            900,
+            0.0,
+            60.0,
+        ),
         (
             "a 5 s stall at 250 ms",
-            (250.0, false),
+            (250.0, End::Answered),
             5_000,
             200.0,
             f64::MAX,
         ),
         (
             "a 30 % rise, within the usual",
-            (65.0, false),
+            (65.0, End::Answered),
             900,
             60.0,
             66.0,
         ),
         // Failures are never held: a failing host is not pausing.
-        ("0.9 s of failures", (5.0, true), 900, 500.0, f64::MAX),
-        ("0.3 s of 10 s answers", (10_000.0, false), 300, 0.0, 60.0),
+        (
+            "0.9 s of failures",
+            (5.0, End::Failed),
+            900,
+            500.0,
+            f64::MAX,
+        ),
+        (
+            "0.3 s of 10 s answers",
+            (10_000.0, End::Answered),
+            300,
+            0.0,
+            60.0,
+        ),
+        // Nor are waits their clients cut short: those requests left the pick's count in flight,
+        // so it no longer keeps traffic off a host that may still be stuck.
+        (
+            "0.3 s of 1 s waits abandoned by their clients",
+            (1_000.0, End::Abandoned),
+            300,
+            500.0,
+            f64::MAX,
+        ),
     ];
     for (what, phase, length_ms, at_least, at_most) in cases {
         let estimates = run(&defaults, phase, length_ms);
@@ -86,7 +126,11 @@ fn a_rise_moves_the_estimate_only_once_it_has_lasted() {
         );
     }
     // Without persistence the pause is taken in: what the rule changes.
-    let pause = run(&policy(r#"{"persistence_ms": 0}"#), (250.0, false), 900);
+    let pause = run(
+        &policy(r#"{"persistence_ms": 0}"#),
+        (250.0, End::Answered),
+        900,
+    );
     assert!(max_after(&pause, 100) > 200.0, "{pause:?}");
 }
 
@@ -106,7 +150,7 @@ fn a_host_whose_batches_vary_by_nature_is_followed_as_it_is() {
     let mut estimates = Vec::new();
     for step in 1..=600u64 {
         let samples: Vec<f64> = (0..4).map(|_| if dear() { 100.0 } else { 10.0 }).collect();
-        state.merge(&batch(&samples, false), step * 100 * MS, &p);
+        state.merge(&batch(&samples, End::Answered), step * 100 * MS, &p);
         estimates.push(state.host(HOST).unwrap().latency.value_ms().unwrap());
     }
     let late = &estimates[300..];
@@ -122,9 +166,9 @@ fn a_rise_after_a_silence_is_taken_in_at_once() {
     let p = policy("{}");
     let mut state = ClusterState::default();
     for step in 1..=5u64 {
-        state.merge(&batch(&[20.0], false), step * 9 * SEC, &p);
+        state.merge(&batch(&[20.0], End::Answered), step * 9 * SEC, &p);
     }
-    state.merge(&batch(&[120.0], false), 54 * SEC, &p);
+    state.merge(&batch(&[120.0], End::Answered), 54 * SEC, &p);
     let v = state.host(HOST).unwrap().latency.value_ms().unwrap();
     assert!(
         v > 60.0,

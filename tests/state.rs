@@ -166,6 +166,26 @@ fn failures_count_as_the_penalty_latency() {
 
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn an_abandoned_wait_is_a_sample_but_neither_a_success_nor_a_failure() {
+    let mut acc = Accumulator::default();
+    acc.record(5.0, true, 1000.0);
+    acc.record_abandoned(1000.0);
+    acc.record(5.0, true, 1000.0);
+    assert_eq!(acc.latency.count, 3, "the wait is a latency sample");
+    assert_eq!(acc.abandoned, 1);
+    assert_eq!(
+        acc.failures, 2,
+        "the client leaving is not the host's failure"
+    );
+    assert_eq!(
+        acc.trailing_failures, 2,
+        "nor does it break a run of failures: the host answered nothing"
+    );
+    assert!(!acc.had_success);
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn consecutive_failures_eject_and_the_host_returns_later() {
     let p = policy();
     let mut state = steady_state();
@@ -299,6 +319,7 @@ fn golden_values() -> [Vec<u8>; 4] {
     acc.record(50.0, false, 1000.0);
     acc.zone = Some("a".into());
     acc.report_load(0.25);
+    acc.abandoned = 1;
     let slot = Slot {
         owner: 9,
         epoch: 2,
@@ -344,12 +365,12 @@ fn hex(bytes: &[u8]) -> String {
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn the_format_version_names_the_encoded_layout() {
     const GOLDEN: [&str; 4] = [
-        "45574c4207520305060201010b31302e302e302e313a38300000016106000000000004000000000000e03f00000000000000000000000000000000000000000000000000f03f00000000000010400601000000000000e03f0600000000000000000000f03f0101090601010207",
-        "45574c4207480306060109080101010207",
-        "45574c42075309020806060108060102010b31302e302e302e313a383001000000000000494000000100010161000000000000d03f01",
-        "45574c420754030201010501000000000000f03f010000000000004940010b31302e302e302e313a38300161",
+        "45574c4208520305060201010b31302e302e302e313a38300000016106000000000004000000000000e03f00000000000000000000000000000000000000000000000000f03f00000000000010400601000000000000e03f0600000000000000000000f03f0101090601010207",
+        "45574c4208480306060109080101010207",
+        "45574c42085309020806060108060102010b31302e302e302e313a383001000000000000494000000100010161000000000000d03f0101",
+        "45574c420854030201010501000000000000f03f010000000000004940010b31302e302e302e313a38300161",
     ];
-    assert_eq!(FORMAT_VERSION, 7, "update GOLDEN when the version moves");
+    assert_eq!(FORMAT_VERSION, 8, "update GOLDEN when the version moves");
     for (value, golden) in golden_values().iter().zip(GOLDEN) {
         assert_eq!(
             hex(value),

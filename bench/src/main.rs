@@ -8,6 +8,7 @@ use clap::{Args, Parser, Subcommand};
 use ewma_bench::backend_arg::parse_backend_arg;
 use ewma_bench::compare::{markdown_table, windows_section, CompareOptions};
 use ewma_bench::overhead::OverheadOptions;
+use ewma_bench::policy::Policy;
 use ewma_bench::scenario::Scenario;
 use harness::latency::parse_duration;
 use harness::load::{run_observed, LoadSpec, Record};
@@ -110,6 +111,10 @@ struct CompareArgs {
     /// Skip the SVG/PNG plots.
     #[arg(long)]
     no_plots: bool,
+    /// Only these policies (names from the file's variants or the built-in ones), e.g. to run
+    /// one policy with two modules (`--wasm`) back to back.
+    #[arg(long, value_delimiter = ',')]
+    policies: Vec<String>,
 }
 
 #[derive(Args)]
@@ -371,11 +376,14 @@ fn bench_out(name: &str) -> PathBuf {
 }
 
 fn compare(args: CompareArgs) -> Result<()> {
-    let scenario = if args.smoke {
+    let mut scenario = if args.smoke {
         Scenario::load_smoke(&args.scenario)?
     } else {
         Scenario::load(&args.scenario)?
     };
+    if !args.policies.is_empty() {
+        scenario.policies = Policy::select(&scenario.policies, &args.policies)?;
+    }
     let out = args.out.unwrap_or_else(|| bench_out(&scenario.name));
     let opts = CompareOptions {
         out_dir: out.clone(),
@@ -448,7 +456,6 @@ fn micro(args: MicroArgs) -> Result<()> {
 }
 
 fn simulate(args: SimulateArgs) -> Result<()> {
-    use ewma_bench::policy::Policy;
     use ewma_bench::sim::{self, SimOptions};
     if cfg!(debug_assertions) && !args.smoke {
         eprintln!("note: a debug build; run with --release for fleet sizes");
@@ -465,18 +472,7 @@ fn simulate(args: SimulateArgs) -> Result<()> {
         spec.duration = d;
     }
     if !args.policies.is_empty() {
-        let known = spec.policies.clone();
-        spec.policies = args
-            .policies
-            .iter()
-            .map(|n| {
-                known
-                    .iter()
-                    .find(|p| p.name() == n)
-                    .cloned()
-                    .map_or_else(|| Policy::get(n), Ok)
-            })
-            .collect::<Result<_>>()?;
+        spec.policies = Policy::select(&spec.policies, &args.policies)?;
     }
     sim::file::validate(&spec)?;
     let seeds = if args.seeds.is_empty() {

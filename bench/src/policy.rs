@@ -129,6 +129,21 @@ impl Policy {
         }
     }
 
+    /// The policies named in `names`, each the one of that name in `known` (a scenario's list,
+    /// which holds its variants) or else a built-in one; an error names a policy that is neither.
+    pub fn select(known: &[Policy], names: &[String]) -> Result<Vec<Policy>> {
+        names
+            .iter()
+            .map(|n| {
+                known
+                    .iter()
+                    .find(|p| p.name() == n)
+                    .cloned()
+                    .map_or_else(|| Policy::get(n), Ok)
+            })
+            .collect()
+    }
+
     /// The default policies of a comparison.
     pub fn defaults() -> Vec<Policy> {
         Policy::DEFAULT

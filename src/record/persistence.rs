@@ -15,7 +15,11 @@
 //! steady host's spike stands out. The bar is also never below the noise band in latency terms:
 //! a rise that moves the share by less than the band is noise for `weights` anyway.
 //!
-//! Failures are never held: a failed request is evidence about the host, not a pause.
+//! Failures are never held: a failed request is evidence about the host, not a pause. Nor is the
+//! wait of a request its client left before the host answered: the premise above fails for it,
+//! since the request leaves this worker's count in flight when the client leaves, while the host
+//! may be as stuck as before; the pick then sees an idle host and sends it the next requests,
+//! each to be abandoned in its turn (a hung host, clients with a timeout shorter than the route's).
 
 use crate::record::state::{Accumulator, HostState, Policy};
 
@@ -38,7 +42,7 @@ pub fn admits(host: &mut HostState, acc: &Accumulator, now_ns: u64, policy: &Pol
         host.rising_since_ns = 0;
         return true;
     };
-    if acc.failures > 0 || estimate <= 0.0 || mean <= 0.0 {
+    if acc.failures > 0 || acc.abandoned > 0 || estimate <= 0.0 || mean <= 0.0 {
         host.rising_since_ns = 0;
         return true;
     }
@@ -112,7 +116,9 @@ pub fn observed(host: &mut HostState, acc: &Accumulator, now_ns: u64, policy: &P
     let (Some(estimate), Some(mean)) = (host.latency.value_ms(), acc.latency.mean_ms()) else {
         return;
     };
-    if acc.failures > 0 || estimate <= 0.0 || mean <= 0.0 {
+    // A wait cut short by its client is only a bound on the host's latency, not a measure of
+    // how far its batches stray.
+    if acc.failures > 0 || acc.abandoned > 0 || estimate <= 0.0 || mean <= 0.0 {
         return;
     }
     let keep = spread_keep(host, dt_ns);

@@ -41,6 +41,9 @@ pub struct Accumulator {
     /// Sum and count of the utilisations the host reported (`score`).
     pub load_sum: f64,
     pub load_reports: u32,
+    /// Requests the client left before the host answered; their waits are in `latency`. Neither
+    /// a success nor a failure, and never held back from the score (`persistence`).
+    pub abandoned: u32,
 }
 
 impl Accumulator {
@@ -56,6 +59,14 @@ impl Accumulator {
             self.trailing_failures = 0;
             self.had_success = true;
         }
+    }
+
+    /// Adds the wait of a request the client left before the host answered: the host took at
+    /// least that long. It says nothing of whether the host answers, so the failures in a row
+    /// run on past it.
+    pub fn record_abandoned(&mut self, waited_ms: f64) {
+        self.latency.add(waited_ms);
+        self.abandoned = self.abandoned.saturating_add(1);
     }
 
     /// Adds one utilisation the host reported in a response (`score::parse_load_report`).
@@ -80,6 +91,7 @@ impl Accumulator {
         self.not_honoured = self.not_honoured.saturating_add(later.not_honoured);
         self.load_sum += later.load_sum;
         self.load_reports = self.load_reports.saturating_add(later.load_reports);
+        self.abandoned = self.abandoned.saturating_add(later.abandoned);
         if later.zone.is_some() {
             self.zone.clone_from(&later.zone);
         }

@@ -287,7 +287,11 @@ impl Worker {
             return;
         }
         if let Some(acc) = local.host_batch(host) {
-            acc.record(latency_ms, outcome.is_failure(), penalty_ms);
+            if outcome == Outcome::Abandoned {
+                acc.record_abandoned(latency_ms);
+            } else {
+                acc.record(latency_ms, outcome.is_failure(), penalty_ms);
+            }
             if let Some(utilization) = load {
                 acc.report_load(utilization);
             }
