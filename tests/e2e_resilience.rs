@@ -29,6 +29,9 @@ fn health_probes_are_never_steered_nor_sampled() {
     specs[1] = BackendSpec::new("b", "uniform:40-60".parse().unwrap())
         .health_latency("fixed:800".parse().unwrap());
     let stack = Stack::start(specs).unwrap();
+    // b's slow health endpoint can fail Envoy's first check while other Envoys start beside this
+    // one; b would then get no traffic at all for seconds, which is not what this test is about.
+    stack.wait_all_healthy(Duration::from_secs(20)).unwrap();
     stack.load(100.0, 4).unwrap();
     let probes = 30;
     let handles: Vec<_> = (0..probes)

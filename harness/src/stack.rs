@@ -257,6 +257,32 @@ impl Stack {
         serde_json::from_str(&r.body).with_context(|| format!("status JSON: {}", r.body))
     }
 
+    /// Waits until Envoy's active health checks hold every backend healthy (its `/clusters`
+    /// page). A host whose first check fails (a slow health endpoint while a loaded machine
+    /// starts several Envoys) stays out of Envoy's balancing until `healthy_threshold` checks
+    /// pass, seconds later: a test about what the plugin does with a host needs the host in the
+    /// cluster first. An error names the hosts still not healthy after `limit`.
+    pub fn wait_all_healthy(&self, limit: Duration) -> Result<()> {
+        let unhealthy = || -> Vec<String> {
+            let page = self.envoy.admin_get("/clusters").unwrap_or_default();
+            self.backends
+                .iter()
+                .map(|b| b.addr().to_string())
+                .filter(|addr| {
+                    let line = format!("{CLUSTER}::{addr}::health_flags::healthy");
+                    !page.lines().any(|l| l == line)
+                })
+                .collect()
+        };
+        if crate::within(limit, || unhealthy().is_empty()).is_none() {
+            bail!(
+                "Envoy's health checks did not pass for {:?} within {limit:?}",
+                unhealthy()
+            );
+        }
+        Ok(())
+    }
+
     /// One backend's entry of the status document, `Null` when the plugin does not know it.
     pub fn host_status(&self, backend: &str) -> Result<Value> {
         let addr = self.backend(backend)?.addr().to_string();
