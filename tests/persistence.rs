@@ -68,41 +68,30 @@ fn max_after(estimates: &[f64], from_step: usize) -> f64 {
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn a_rise_moves_the_estimate_only_once_it_has_lasted() {
     let defaults = policy("{}");
+    use End::{Abandoned, Answered, Failed};
     // (what happens, for how long, the least and the most the estimate reaches afterwards)
     type Case<'a> = (&'a str, (f64, End), u64, f64, f64);
     let cases: [Case; 6] = [
-        (
-            "a 250 ms pause of 0.9 s",
-            (250.0, End::Answered),
-            900,
-            0.0,
-            60.0,
-        ),
+        ("a 250 ms pause of 0.9 s", (250.0, Answered), 900, 0.0, 60.0),
         (
             "a 5 s stall at 250 ms",
-            (250.0, End::Answered),
+            (250.0, Answered),
             5_000,
             200.0,
             f64::MAX,
         ),
         (
             "a 30 % rise, within the usual",
-            (65.0, End::Answered),
+            (65.0, Answered),
             900,
             60.0,
             66.0,
         ),
         // Failures are never held: a failing host is not pausing.
-        (
-            "0.9 s of failures",
-            (5.0, End::Failed),
-            900,
-            500.0,
-            f64::MAX,
-        ),
+        ("0.9 s of failures", (5.0, Failed), 900, 500.0, f64::MAX),
         (
             "0.3 s of 10 s answers",
-            (10_000.0, End::Answered),
+            (10_000.0, Answered),
             300,
             0.0,
             60.0,
@@ -111,7 +100,7 @@ fn a_rise_moves_the_estimate_only_once_it_has_lasted() {
         // so it no longer keeps traffic off a host that may still be stuck.
         (
             "0.3 s of 1 s waits abandoned by their clients",
-            (1_000.0, End::Abandoned),
+            (1_000.0, Abandoned),
             300,
             500.0,
             f64::MAX,
@@ -126,11 +115,7 @@ fn a_rise_moves_the_estimate_only_once_it_has_lasted() {
         );
     }
     // Without persistence the pause is taken in: what the rule changes.
-    let pause = run(
-        &policy(r#"{"persistence_ms": 0}"#),
-        (250.0, End::Answered),
-        900,
-    );
+    let pause = run(&policy(r#"{"persistence_ms": 0}"#), (250.0, Answered), 900);
     assert!(max_after(&pause, 100) > 200.0, "{pause:?}");
 }
 
