@@ -10,6 +10,7 @@ pub mod clock;
 pub mod config;
 mod hash;
 pub mod map;
+mod names;
 pub mod record;
 pub mod rules;
 #[cfg(feature = "testing")]

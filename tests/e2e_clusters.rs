@@ -121,7 +121,7 @@ fn endpoints_that_join_under_load_get_their_share_within_ten_seconds() {
     })
     .unwrap();
     let started = std::time::Instant::now();
-    let load = stack.load_in_background(400.0, 17);
+    let load = stack.load_in_background_from(started, 400.0, 17);
     std::thread::sleep(Duration::from_secs(6));
     let joined_at = started.elapsed().as_secs_f64();
     stack.join(equal("new", 20, "uniform:20-30"), None).unwrap();
@@ -386,7 +386,7 @@ fn traffic_stays_in_the_local_zone_unless_it_is_much_slower() {
     .unwrap();
     let started = std::time::Instant::now();
     let at = || started.elapsed().as_secs_f64();
-    let load = stack.load_in_background(200.0, 26);
+    let load = stack.load_in_background_from(started, 200.0, 26);
     let local_share = |records: &[Record], from: f64, to: f64| {
         let w = served_between(records, from, to);
         let local: u64 = w

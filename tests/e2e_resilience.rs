@@ -179,8 +179,9 @@ fn a_killed_backend_is_ejected_and_ramps_back_after_restart() {
     let cfg = r#"{"outlier_detection": {"base_ejection_ms": 5000}}"#;
     let stack = Stack::with_plugin_config(three("uniform:40-60"), cfg).unwrap();
     stack.load(100.0, 4).unwrap();
+    // The records count from `started` too: the times below compare them with this clock.
     let started = Instant::now();
-    let load = stack.load_in_background(100.0, 32);
+    let load = stack.load_in_background_from(started, 100.0, 32);
     thread::sleep(Duration::from_secs(3));
     let c = stack.backend("c").unwrap();
     let killed_at = started.elapsed();

@@ -99,23 +99,34 @@ fn the_worker_vms_of_a_cluster_share_its_probes() {
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn a_new_table_keeps_what_the_worker_knows_of_the_hosts_it_keeps() {
-    let old = hosts(&["a:1", "b:1", "c:1"]);
-    let mut probes = Probes::default().rebuild(&[], &old, vec![SEC; 3], 0);
-    probes.set_workers(1);
-    probes.sent(0, 5 * SEC);
-    probes.sent(2, 5 * SEC);
-    // b leaves, d joins (counted as sent at the rebuild), a and c keep their last request.
-    let new = hosts(&["a:1", "c:1", "d:1"]);
-    let mut probes = probes.rebuild(&old, &new, vec![SEC; 3], 6 * SEC);
-    let mut due = Vec::new();
-    for step in 0..6 {
-        let now = 6 * SEC + 500 * MS + step;
-        if let Some(i) = probes.due(now, |_| 0) {
-            probes.sent(i, now);
-            due.push(new[i].to_string());
+    // A VM's tables share their names (the same allocations), but a table read anew holds
+    // names of its own: the rebuild must match hosts either way.
+    for shared in [true, false] {
+        let old = hosts(&["a:1", "b:1", "c:1"]);
+        let mut probes = Probes::default().rebuild(&[], &old, vec![SEC; 3], 0);
+        probes.set_workers(1);
+        probes.sent(0, 5 * SEC);
+        probes.sent(2, 5 * SEC);
+        // b leaves, d joins (counted as sent at the rebuild), a and c keep their last request.
+        let new = match shared {
+            true => vec![old[0].clone(), old[2].clone(), Rc::from("d:1")],
+            false => hosts(&["a:1", "c:1", "d:1"]),
+        };
+        let mut probes = probes.rebuild(&old, &new, vec![SEC; 3], 6 * SEC);
+        let mut due = Vec::new();
+        for step in 0..6 {
+            let now = 6 * SEC + 500 * MS + step;
+            if let Some(i) = probes.due(now, |_| 0) {
+                probes.sent(i, now);
+                due.push(new[i].to_string());
+            }
         }
+        assert_eq!(
+            due,
+            ["a:1", "c:1"],
+            "d was sent to at the rebuild (names shared: {shared})"
+        );
     }
-    assert_eq!(due, ["a:1", "c:1"], "d was sent to at the rebuild");
 }
 
 #[test]

@@ -273,6 +273,7 @@ fn run_policy(
             closed_loop_workers: s.workers.map(|w| share(w, s.envoys, i)),
             headers: Vec::new(),
             timeout: s.client_timeout,
+            epoch: None,
         });
     }
     for b in backends {

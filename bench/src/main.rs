@@ -303,6 +303,7 @@ fn load(args: LoadArgs) -> Result<()> {
             .map(|h| parse_header(h))
             .collect::<Result<_>>()?,
         timeout: args.timeout,
+        epoch: None,
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)

@@ -45,6 +45,10 @@ pub struct LoadSpec {
     pub headers: Vec<(String, String)>,
     /// Per request, headers and body; a timeout is recorded as status 0.
     pub timeout: Duration,
+    /// The run's time zero, which `sent_at` counts from; `None`: when the run starts. A caller
+    /// that compares records with its own clock (when it killed a backend) sets it, or the time
+    /// the run took to start would shift one timeline against the other.
+    pub epoch: Option<std::time::Instant>,
 }
 
 impl LoadSpec {
@@ -58,6 +62,7 @@ impl LoadSpec {
             closed_loop_workers: None,
             headers: Vec::new(),
             timeout: Duration::from_secs(10),
+            epoch: None,
         }
     }
 
@@ -237,7 +242,8 @@ where
         observer,
     };
     let mut inflight = JoinSet::new();
-    let start = Instant::now();
+    // Arrivals due before the run could start are sent at once, late: that lag counts.
+    let start = spec.epoch.map_or_else(Instant::now, Instant::from_std);
     for i in 0..total {
         // Due times come from the schedule, never from earlier answers: a slow target cannot
         // slow the arrivals down and hide its own tail.
@@ -278,7 +284,7 @@ where
     C: Fn(Instant, Instant) -> F + Send + Clone + 'static,
     F: Future<Output = Record> + Send + 'static,
 {
-    let start = Instant::now();
+    let start = spec.epoch.map_or_else(Instant::now, Instant::from_std);
     let end = start + spec.duration;
     let per_worker_cap = MAX_REQUESTS / workers as u64;
     let mut set = JoinSet::new();

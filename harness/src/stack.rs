@@ -240,6 +240,22 @@ impl Stack {
         thread::spawn(move || load::run(&spec))
     }
 
+    /// [`Stack::load_in_background`] whose records count `sent_at` from `epoch` (an instant of
+    /// the caller's, taken before this call), so they can be compared with the caller's clock
+    /// to the millisecond.
+    pub fn load_in_background_from(
+        &self,
+        epoch: std::time::Instant,
+        rate: f64,
+        secs: u64,
+    ) -> thread::JoinHandle<Result<Vec<Record>>> {
+        let spec = LoadSpec {
+            epoch: Some(epoch),
+            ..self.load_spec(rate, secs)
+        };
+        thread::spawn(move || load::run(&spec))
+    }
+
     fn load_spec(&self, rate: f64, secs: u64) -> LoadSpec {
         LoadSpec::new(
             format!("{}/work", self.url),

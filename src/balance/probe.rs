@@ -35,6 +35,7 @@
 
 use std::rc::Rc;
 
+use crate::names::same as same_name;
 use crate::units::clamp;
 
 /// The longest a host goes without a probe, whatever its latency, as a multiple of the
@@ -93,12 +94,14 @@ impl Probes {
         let (last_sent_ns, last_sent_request) = hosts
             .iter()
             .map(|h| {
-                // Both lists name hosts with the table's `Rc`s, and `Rc`s of one allocation are
-                // equal without comparing the strings.
-                while old.next_if(|(o, _)| *o != h && ***o < **h).is_some() {}
-                match old.peek() {
-                    Some((o, (sent, request))) if *o == h => (**sent, **request),
-                    _ => (now_ns, self.requests),
+                // Both lists name hosts with the table's `Rc`s, mostly the same allocations.
+                while old
+                    .next_if(|(o, _)| !same_name(o, h) && ***o < **h)
+                    .is_some()
+                {}
+                match old.next_if(|(o, _)| same_name(o, h)) {
+                    Some((_, (sent, request))) => (*sent, *request),
+                    None => (now_ns, self.requests),
                 }
             })
             .unzip();

@@ -16,6 +16,7 @@ use std::rc::Rc;
 use serde::{Deserialize, Serialize};
 
 use crate::hash::{fnv1a, FNV_OFFSET};
+use crate::names::same as same_name;
 use crate::record::state::ClusterState;
 
 /// A table as stored in shared data (`sync::encode_table` gives the layout).
@@ -229,10 +230,12 @@ impl Table {
         let mut newer = newer.hosts.iter().peekable();
         self.hosts.iter().any(|h| {
             while newer
-                .next_if(|n| n.address != h.address && n.address < h.address)
+                .next_if(|n| !same_name(&n.address, &h.address) && n.address < h.address)
                 .is_some()
             {}
-            newer.next_if(|n| n.address == h.address).is_none()
+            newer
+                .next_if(|n| same_name(&n.address, &h.address))
+                .is_none()
         })
     }
 
@@ -243,6 +246,6 @@ impl Table {
                 .hosts
                 .iter()
                 .zip(&other.hosts)
-                .all(|(x, y)| x.address == y.address)
+                .all(|(x, y)| same_name(&x.address, &y.address))
     }
 }
