@@ -1362,6 +1362,55 @@ fn a_vm_folds_from_its_kept_record_only_while_shared_data_holds_those_bytes() {
 
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn the_folding_vms_own_table_is_the_one_it_publishes_whatever_changes_the_hosts() {
+    use ewma_lb::record::sync::decode_table;
+    use ewma_lb::record::table::Table;
+    // The VM that folds keeps its record, and while nothing has changed the record's hosts since
+    // its last table it makes the next one over the names it holds, without comparing them.
+    // Here hosts join, report zones and change them, go silent and are forgotten, and the
+    // endpoint count moves: after every tick its table must be the stored one, read name by
+    // name.
+    let store = Shared::default();
+    let mut a = Worker::new(config(r#"{"host_ttl_ms": 1000}"#), 1);
+    let mut rng = fastrand::Rng::with_seed(7);
+    let zones = [None, Some("zone-a"), Some("zone-b")];
+    let mut t = SEC;
+    let mut versions = std::collections::HashSet::new();
+    for step in 0..400 {
+        // Hosts 0..live serve this tick: host 7 serves one tick in six, so it is often silent
+        // for longer than host_ttl_ms; zones move every 50 ticks.
+        let live = 3 + rng.usize(..6);
+        for i in 0..live {
+            let host = format!("10.0.0.{i}:80");
+            a.finish(
+                CLUSTER,
+                &Finished {
+                    served_by: Some(&host),
+                    attempts: 1,
+                    latency_ms: 20.0 + 40.0 * rng.f64(),
+                    outcome: Some(Outcome::Success),
+                    num_endpoints: Some(live as u32),
+                    zone: zones[(i + step / 50) % 3],
+                    ..Finished::default()
+                },
+            );
+        }
+        a.tick(t, &mut store.clone());
+        t += SEC / 10;
+        let bytes = store.0.borrow().data.get(&key_of(&a, "table")).cloned();
+        let Some((bytes, _)) = bytes else {
+            continue;
+        };
+        let stored = Table::adopt(&decode_table(&bytes, 64).unwrap(), &Table::default());
+        let (_, held) = a.tables().find(|(c, _)| *c == CLUSTER).unwrap();
+        assert_eq!(held, &stored, "at step {step}");
+        versions.insert(stored.table_version);
+    }
+    assert!(versions.len() > 100, "{} tables", versions.len());
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn vms_that_come_and_go_reuse_slots_and_lose_nothing() {
     let store = Shared::default();
     // The main thread's VM: no traffic, no slot, refreshes (and so keeps the record's clock).

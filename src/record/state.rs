@@ -248,6 +248,15 @@ pub struct Policy {
     pub score: ScoreParams,
 }
 
+/// What a refresh did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Refreshed {
+    /// Hosts it ejected (a failure count reached during a refresh-only tick).
+    pub ejected: usize,
+    /// Whether the list of hosts changed: static hosts added, silent or surplus ones dropped.
+    pub relisted: bool,
+}
+
 /// What a merge did to the table.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Merged {
@@ -258,6 +267,8 @@ pub struct Merged {
     pub joined: usize,
     /// Whether Envoy reported another endpoint count than the record held.
     pub resized: bool,
+    /// Whether a host's zone changed.
+    pub rezoned: bool,
 }
 
 impl Merged {
@@ -267,6 +278,13 @@ impl Merged {
         self.removed += other.removed;
         self.joined += other.joined;
         self.resized |= other.resized;
+        self.rezoned |= other.rezoned;
+    }
+
+    /// Whether the record's list of hosts (addresses and zones) may have changed: a host met,
+    /// dropped or marked absent, or another zone. Never false when it did.
+    pub(crate) fn relisted(&self) -> bool {
+        self.joined > 0 || self.removed > 0 || self.rezoned
     }
 
     /// Whether the cluster's membership changed: the table should follow now, not at the next
@@ -361,7 +379,7 @@ impl ClusterState {
         if let Some(n) = num_endpoints {
             self.num_endpoints = n;
         }
-        let (mut removed, mut joined) = (0, 0);
+        let (mut removed, mut joined, mut rezoned) = (0, 0, false);
         for (address, acc) in hosts.filter(|(_, acc)| !acc.is_empty()) {
             if acc.latency.count == 0 {
                 // Only unhonoured picks: Envoy no longer has this host.
@@ -377,6 +395,7 @@ impl ClusterState {
             host.last_seen_ns = now_ns;
             if let Some(zone) = acc.zone.as_deref().filter(|z| *z != host.zone) {
                 host.zone = zone.to_owned();
+                rezoned = true;
             }
             host.samples = host.samples.saturating_add(u64::from(acc.latency.count));
             if persistence::admits(host, acc, now_ns, policy) {
@@ -403,6 +422,7 @@ impl ClusterState {
             removed,
             joined,
             resized,
+            rezoned,
         }
     }
 
@@ -428,14 +448,13 @@ impl ClusterState {
     /// Recomputes the shares: adds the static hosts (and clears the flag of hosts no longer
     /// listed), forgets learned hosts that are silent or surplus, ends elapsed ejections, and
     /// bumps `table_version` when the shares changed. `local_zone` is the proxy's zone.
-    /// Returns how many hosts it ejected (a failure count reached during a refresh-only tick).
     pub fn refresh(
         &mut self,
         now_ns: u64,
         policy: &Policy,
         static_hosts: &[String],
         local_zone: Option<&str>,
-    ) -> usize {
+    ) -> Refreshed {
         // The listed hosts and the record's are both sorted by address: one walk sets every
         // host's flag and finds the listed ones the record lacks (a search per listed host was
         // the refresh's largest cost at 500 static endpoints).
@@ -494,7 +513,10 @@ impl ClusterState {
         // The table lists the hosts: a new list is a new version, whatever the shares do.
         self.reweigh(now_ns, policy, local_zone, moved);
         self.refreshed_ns = now_ns;
-        ejected
+        Refreshed {
+            ejected,
+            relisted: moved,
+        }
     }
 
     /// What the weights are computed from, host by host.

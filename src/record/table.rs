@@ -216,6 +216,29 @@ impl Table {
         }
     }
 
+    /// The table of `view` over the hosts this one holds: the caller knows `view` lists the
+    /// same hosts (addresses and zones, in order), so no name is read.
+    pub(crate) fn with_view_shares(&self, view: &TableView) -> Table {
+        Table {
+            table_version: view.table_version,
+            num_endpoints: view.num_endpoints,
+            unknown_endpoints: view.unknown_endpoints,
+            hosts_indistinguishable: view.hosts_indistinguishable,
+            hosts_hash: self.hosts_hash,
+            hosts: self
+                .hosts
+                .iter()
+                .zip(&view.hosts)
+                .map(|(h, v)| TableHost {
+                    address: Rc::clone(&h.address),
+                    zone: Rc::clone(&h.zone),
+                    share: v.share,
+                    latency_ms: v.latency_ms,
+                })
+                .collect(),
+        }
+    }
+
     pub fn host(&self, address: &str) -> Option<&TableHost> {
         self.hosts
             .binary_search_by(|h| (*h.address).cmp(address))
