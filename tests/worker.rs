@@ -36,6 +36,12 @@ fn finish_ok(w: &mut Worker, host: &str, ms: f64) {
     );
 }
 
+/// A worker whose configuration lists two endpoints of [`CLUSTER`].
+fn two_endpoints(seed: u64) -> Worker {
+    let cfg = r#"{"clusters": {"backend": {"endpoints": ["10.0.0.1:80", "10.0.0.2:80"]}}}"#;
+    Worker::new(config(cfg), seed)
+}
+
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn no_sample_is_lost_under_contention() {
@@ -666,9 +672,8 @@ fn no_series_moved_by_deltas_is_ever_set() {
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn adopting_a_table_sets_every_hosts_gauges() {
-    let cfg = r#"{"clusters": {"backend": {"endpoints": ["10.0.0.1:80", "10.0.0.2:80"]}}}"#;
     let store = Shared::default();
-    let mut w = Worker::new(config(cfg), 1);
+    let mut w = two_endpoints(1);
     let report = w.tick(SEC, &mut store.clone());
     assert_eq!(report.adopted, vec![(CLUSTER.to_string(), 1)]);
     let weights: Vec<u64> = changes(&report)
@@ -685,7 +690,7 @@ fn adopting_a_table_sets_every_hosts_gauges() {
         .count();
     assert_eq!(ejected, 2);
     // Another VM adopting the same table leaves the gauges (the process's) as they are.
-    let mut other = Worker::new(config(cfg), 2);
+    let mut other = two_endpoints(2);
     let report = other.tick(SEC + 10 * MS, &mut store.clone());
     assert_eq!(report.adopted, vec![(CLUSTER.to_string(), 1)]);
     let gauges = changes(&report)
@@ -1407,6 +1412,52 @@ fn the_folding_vms_own_table_is_the_one_it_publishes_whatever_changes_the_hosts(
         versions.insert(stored.table_version);
     }
     assert!(versions.len() > 100, "{} tables", versions.len());
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_host_the_table_does_not_list_is_folded_in_at_the_next_tick_whoever_sampled_it() {
+    // Refreshes are 250 ms apart, and a tick between two folds only for what cannot wait. A
+    // host the table lacks cannot (Envoy chose it: the fallback); a host picked from the table,
+    // or one Envoy chose that the table lists, waits for the refresh.
+    let store = Shared::default();
+    let mut w = two_endpoints(1);
+    let end = |w: &mut Worker, picked: Option<&str>, host: &str| {
+        w.finish(
+            CLUSTER,
+            &Finished {
+                picked,
+                in_flight: picked.is_some(),
+                served_by: Some(host),
+                attempts: 1,
+                latency_ms: 20.0,
+                outcome: Some(Outcome::Success),
+                num_endpoints: Some(3),
+                ..Finished::default()
+            },
+        );
+    };
+    end(&mut w, None, "10.0.0.1:80");
+    assert_eq!(
+        w.tick(SEC, &mut store.clone()).refreshed,
+        1,
+        "the first table"
+    );
+    let cases = [
+        (Some("10.0.0.1:80"), "10.0.0.1:80", 0),
+        (None, "10.0.0.2:80", 0),
+        (None, "10.0.0.3:80", 1),
+    ];
+    for (i, (picked, host, refreshed)) in cases.into_iter().enumerate() {
+        end(&mut w, picked, host);
+        let t = SEC + (i as u64 + 1) * 60 * MS;
+        assert_eq!(
+            w.tick(t, &mut store.clone()).refreshed,
+            refreshed,
+            "{host} picked {picked:?}"
+        );
+    }
+    assert!(store.record_of(CLUSTER).host("10.0.0.3:80").is_some());
 }
 
 #[test]

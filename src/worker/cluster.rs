@@ -67,6 +67,10 @@ pub(crate) struct LocalCluster {
     pub(crate) errors_unwarned: u64,
     /// The spare entries were dropped since the last tick (`host_batch`).
     pub(crate) batch_pruned: bool,
+    /// The batch holds a host the table in force did not list when it was first sampled since
+    /// the last merge (`urgent`): a fallback's, Envoy's choice. A host picked from the table is
+    /// listed there and not looked up.
+    pub(crate) unknown_sampled: bool,
     /// Hosts Envoy's admin `/clusters` last marked unhealthy: out of the pick table (`health`).
     pub(crate) unhealthy: Set<String>,
 }
@@ -76,7 +80,14 @@ impl LocalCluster {
     /// batch drops its spare entries once a tick to make room: otherwise the first hosts a VM met
     /// would hold every place for good, and a larger cluster would never be learned beyond them.
     pub(crate) fn host_batch(&mut self, host: &str) -> Option<&mut Accumulator> {
-        if !self.batch.hosts.contains_key(host) {
+        self.host_batch_new(host).map(|(acc, _)| acc)
+    }
+
+    /// [`LocalCluster::host_batch`], and whether the entry is new to the batch since the last
+    /// merge (the host's first sample of this tick).
+    pub(crate) fn host_batch_new(&mut self, host: &str) -> Option<(&mut Accumulator, bool)> {
+        let new = !self.batch.hosts.contains_key(host);
+        if new {
             if let Some((address, acc)) = self.spare.remove_entry(host) {
                 self.batch.hosts.insert(address, acc);
             } else {
@@ -93,7 +104,7 @@ impl LocalCluster {
                 }
             }
         }
-        self.batch.hosts.get_mut(host)
+        self.batch.hosts.get_mut(host).map(|acc| (acc, new))
     }
 
     /// Empties the batch after a merge, its entries kept as spares (`spare`).
@@ -103,6 +114,7 @@ impl LocalCluster {
             self.spare.insert(address, acc);
         }
         self.batch.num_endpoints = None;
+        self.unknown_sampled = false;
     }
 
     /// The zone this VM's batch knows of `host`, if any.

@@ -286,7 +286,9 @@ impl Worker {
         if !crate::record::state::in_subset(host, endpoints, self.config.policy().max_hosts) {
             return;
         }
-        if let Some(acc) = local.host_batch(host) {
+        let mut first_sample = false;
+        if let Some((acc, new)) = local.host_batch_new(host) {
+            first_sample = new;
             if outcome == Outcome::Abandoned {
                 acc.record_abandoned(latency_ms);
             } else {
@@ -298,6 +300,12 @@ impl Worker {
             if let Some(zone) = done.zone.filter(|z| acc.zone.as_deref() != Some(*z)) {
                 acc.zone = Some(zone.to_owned());
             }
+        }
+        // A host the table does not list makes the next tick fold at once (`urgent`). Looked up
+        // at its first sample of the tick, and only when Envoy chose it: a pick came from the
+        // table.
+        if first_sample && done.picked != Some(host) && local.snapshot.host(host).is_none() {
+            local.unknown_sampled = true;
         }
         if remote {
             if let Some(c) = counts_entry(&mut self.counts, cluster, || true) {
