@@ -578,8 +578,8 @@ struct Kept {
     /// [`TableView::hosts_hash`] of `state`'s hosts, when this VM made a table of them and
     /// nothing has changed the list since; 0 when not known. A fold that changes no host then
     /// makes its table over the names of the one this VM holds without comparing them, when
-    /// that one lists the same hosts (the same hash): at 10,000 hosts, the comparison was a
-    /// fifth of a refresh.
+    /// that one lists the same hosts (the same hash; what the comparison cost: bench/README.md,
+    /// "Shared state at 10,000 endpoints").
     hosts_hash: u64,
 }
 

@@ -202,17 +202,7 @@ impl Table {
             unknown_endpoints: shares.unknown_endpoints,
             hosts_indistinguishable: shares.hosts_indistinguishable,
             hosts_hash: shares.hosts_hash,
-            hosts: self
-                .hosts
-                .iter()
-                .zip(&shares.hosts)
-                .map(|(h, &(share, latency_ms))| TableHost {
-                    address: Rc::clone(&h.address),
-                    zone: Rc::clone(&h.zone),
-                    share,
-                    latency_ms,
-                })
-                .collect(),
+            hosts: self.hosts_with(shares.hosts.iter().copied()),
         }
     }
 
@@ -225,18 +215,22 @@ impl Table {
             unknown_endpoints: view.unknown_endpoints,
             hosts_indistinguishable: view.hosts_indistinguishable,
             hosts_hash: self.hosts_hash,
-            hosts: self
-                .hosts
-                .iter()
-                .zip(&view.hosts)
-                .map(|(h, v)| TableHost {
-                    address: Rc::clone(&h.address),
-                    zone: Rc::clone(&h.zone),
-                    share: v.share,
-                    latency_ms: v.latency_ms,
-                })
-                .collect(),
+            hosts: self.hosts_with(view.hosts.iter().map(|v| (v.share, v.latency_ms))),
         }
+    }
+
+    /// This table's hosts, in order, with each one's share and latency from `values`.
+    fn hosts_with(&self, values: impl Iterator<Item = (f64, Option<f64>)>) -> Vec<TableHost> {
+        self.hosts
+            .iter()
+            .zip(values)
+            .map(|(h, (share, latency_ms))| TableHost {
+                address: Rc::clone(&h.address),
+                zone: Rc::clone(&h.zone),
+                share,
+                latency_ms,
+            })
+            .collect()
     }
 
     pub fn host(&self, address: &str) -> Option<&TableHost> {

@@ -341,9 +341,9 @@ fn warn_errors(
 
 /// Whether the batch holds what the table should follow at once rather than at the next
 /// refresh: a host the table does not know (`LocalCluster::unknown_sampled`, noted as it was
-/// sampled: searching the table for every host of the batch here was 6 % of the fleet
-/// simulator's time), another endpoint count, a host whose every request failed or that Envoy
-/// no longer has. Costs what the batch holds.
+/// sampled, rather than searching the table here for every host of the batch on every tick),
+/// another endpoint count, a host whose every request failed or that Envoy no longer has. Costs
+/// what the batch holds.
 fn urgent(local: &LocalCluster) -> bool {
     let batch = &local.batch;
     local.unknown_sampled
