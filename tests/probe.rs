@@ -8,7 +8,7 @@ use wasm_bindgen_test::wasm_bindgen_test;
 
 use std::rc::Rc;
 
-use ewma_lb::balance::probe::{interval_ns, Probes};
+use ewma_lb::balance::probe::{backoff, interval_ns, Pending, Probes};
 
 const SEC: u64 = 1_000_000_000;
 const MS: u64 = 1_000_000;
@@ -56,7 +56,7 @@ fn a_host_is_probed_when_its_interval_has_passed_and_it_has_nothing_in_flight() 
     for step in 1..=100u64 {
         let now = step * 100 * MS;
         probes.sent(0, now);
-        if let Some(i) = probes.due(now, |_| 0) {
+        if let Some(i) = probes.due(now, |_| Pending::default()) {
             probes.sent(i, now);
             probed.push((i, now / MS));
         }
@@ -72,8 +72,12 @@ fn a_host_is_probed_when_its_interval_has_passed_and_it_has_nothing_in_flight() 
     // With a request in flight to it, a due host waits.
     let mut busy = Probes::default().rebuild(&[], &table, vec![SEC, SEC], 0);
     busy.set_workers(1);
+    let busy_host = Pending {
+        in_flight: 1,
+        unserved: 0,
+    };
     for step in 0..40 {
-        assert_eq!(busy.due(10 * SEC + step, |_| 1), None);
+        assert_eq!(busy.due(10 * SEC + step, |_| busy_host), None);
     }
 }
 
@@ -87,7 +91,7 @@ fn the_worker_vms_of_a_cluster_share_its_probes() {
         let mut n = 0;
         for step in 1..=1_000u64 {
             let now = step * 10 * MS;
-            if let Some(i) = probes.due(now, |_| 0) {
+            if let Some(i) = probes.due(now, |_| Pending::default()) {
                 probes.sent(i, now);
                 n += 1;
             }
@@ -116,7 +120,7 @@ fn a_new_table_keeps_what_the_worker_knows_of_the_hosts_it_keeps() {
         let mut due = Vec::new();
         for step in 0..6 {
             let now = 6 * SEC + 500 * MS + step;
-            if let Some(i) = probes.due(now, |_| 0) {
+            if let Some(i) = probes.due(now, |_| Pending::default()) {
                 probes.sent(i, now);
                 due.push(new[i].to_string());
             }
@@ -144,7 +148,7 @@ fn a_worker_spends_on_probes_at_most_the_floors_share_of_its_requests() {
         let mut now = 0;
         while now < 20 * SEC {
             now += gap_ms * MS;
-            match probes.due(now, |_| 0) {
+            match probes.due(now, |_| Pending::default()) {
                 Some(i) => {
                     probes.sent(i, now);
                     n += u64::from(i == 1);
@@ -154,4 +158,67 @@ fn a_worker_spends_on_probes_at_most_the_floors_share_of_its_requests() {
         }
         assert_eq!(n, want, "a request every {gap_ms} ms for 20 s");
     }
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn the_wait_doubles_with_each_request_in_a_row_a_host_did_not_serve_beyond_the_first() {
+    // (requests in a row not served, times the interval)
+    let cases = [
+        (0, 1),
+        (1, 1),
+        (2, 2),
+        (3, 4),
+        (4, 4),
+        (40, 4),
+        (u32::MAX, 4),
+    ];
+    for (unserved, want) in cases {
+        assert_eq!(backoff(unserved), want, "{unserved} unserved");
+    }
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_host_that_serves_nothing_is_probed_less_often_until_it_serves_again() {
+    // Host b (1 s interval) fails every probe for 40 s, then serves them: its probes come 1, 2
+    // and then 4 s apart, and once one is served, every second again.
+    let table = hosts(&["a:1", "b:1"]);
+    let mut probes = Probes::default().rebuild(&[], &table, vec![SEC, SEC], 0);
+    probes.set_workers(1);
+    let mut unserved = 0;
+    let mut probed = Vec::new();
+    for step in 1..=6_000u64 {
+        let now = step * 10 * MS;
+        let b = Pending {
+            in_flight: 0,
+            unserved,
+        };
+        match probes.due(now, |i| if i == 1 { b } else { Pending::default() }) {
+            Some(i) => {
+                probes.sent(i, now);
+                probed.push(now / MS);
+                // Each probe ends before the next request here.
+                unserved = if now < 40 * SEC { unserved + 1 } else { 0 };
+            }
+            None => probes.sent(0, now),
+        }
+    }
+    let gaps: Vec<u64> = probed
+        .windows(2)
+        .map(|w| (w[1] - w[0] + 50) / 1_000)
+        .collect();
+    assert_eq!(probed.first().map(|ms| ms / 1_000), Some(1), "{probed:?}");
+    assert_eq!(&gaps[..4], [1, 2, 4, 4], "{probed:?}");
+    // Failing until 40 s: probes at 1, 2, 4, 8, 12, ... 40, 44 (served), then every second.
+    let after: Vec<u64> = probed.iter().filter(|ms| **ms > 44_100).copied().collect();
+    assert!(!after.is_empty(), "{probed:?}");
+    assert!(
+        after.windows(2).all(|w| w[1] - w[0] <= 1_100),
+        "back to every second once served: {probed:?}"
+    );
+    assert!(
+        probed.iter().filter(|ms| **ms < 40_000).count() <= 12,
+        "about one probe per 4 s while it served nothing: {probed:?}"
+    );
 }

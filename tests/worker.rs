@@ -212,6 +212,89 @@ fn in_flight_counts_go_up_on_pick_and_down_once_on_finish() {
     assert_eq!(w.in_flight(CLUSTER, &host), 0, "never below zero");
 }
 
+/// How `w` splits `n` requests of [`CLUSTER`], each ending served before the next arrives.
+fn split_of_served_requests(w: &mut Worker, n: usize) -> HashMap<String, u32> {
+    let mut split = HashMap::new();
+    for _ in 0..n {
+        let Decision::Override(pick) = steer(w) else {
+            panic!("no table")
+        };
+        let host = pick.host.to_string();
+        finish_pick(w, &host, 20.0);
+        *split.entry(host).or_default() += 1;
+    }
+    split
+}
+
+/// A request `w` picked `host` for, ending there with `outcome` after a second.
+fn end_picked(w: &mut Worker, host: &str, outcome: Outcome) {
+    end_picked_after(w, host, 1_000.0, outcome);
+}
+
+/// A request `w` picked `host` for, ending there with `outcome` after `latency_ms`.
+fn end_picked_after(w: &mut Worker, host: &str, latency_ms: f64, outcome: Outcome) {
+    w.finish(
+        CLUSTER,
+        &Finished {
+            picked: Some(host),
+            in_flight: true,
+            served_by: Some(host),
+            attempts: 1,
+            latency_ms,
+            outcome: Some(outcome),
+            num_endpoints: Some(2),
+            ..Finished::default()
+        },
+    );
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_request_a_host_never_answered_counts_against_it_until_it_answers_again() {
+    // Two equal hosts; one request to a is picked and ends as the case says, then 200 requests
+    // each end before the next: a hung host (its waits cut short, by the client or the route's
+    // timeout) keeps them counted and gets none, until it answers anything, even a request the
+    // pick did not send it. A host that failed or lost the connection holds nothing.
+    let cfg = r#"{"exploration_share": 0, "clusters": {"backend": {"endpoints": ["10.0.0.1:80", "10.0.0.2:80"]}}}"#;
+    let (a, b) = ("10.0.0.1:80", "10.0.0.2:80");
+    // (how a's request ends, whether a is left out of the next 200)
+    let cases = [
+        (Outcome::Abandoned, true),
+        (Outcome::Timeout, true),
+        (Outcome::Success, false),
+        (Outcome::ServerError, false),
+        (Outcome::Reset, false),
+        (Outcome::ConnectFailure, false),
+    ];
+    for (outcome, held) in cases {
+        let (_, mut w) = ticked(cfg, 7);
+        loop {
+            let Decision::Override(pick) = steer(&mut w) else {
+                panic!("no table")
+            };
+            if &*pick.host == a {
+                break;
+            }
+            finish_pick(&mut w, b, 20.0);
+        }
+        end_picked(&mut w, a, outcome);
+        assert_eq!(w.in_flight(CLUSTER, a), 0, "{outcome:?}");
+        let split = split_of_served_requests(&mut w, 200);
+        let to_a = split.get(a).copied().unwrap_or(0);
+        if held {
+            assert_eq!(to_a, 0, "{outcome:?}: {split:?}");
+            // Its next answer, to a request Envoy chose, ends it (and the pick's tie-break,
+            // the requests served since the table came, then gives a its turns back).
+            finish_ok(&mut w, a, 20.0);
+            let split = split_of_served_requests(&mut w, 200);
+            let to_a = split.get(a).copied().unwrap_or(0);
+            assert!(to_a >= 80, "{outcome:?}, answered: {split:?}");
+        } else {
+            assert!((80..=120).contains(&to_a), "{outcome:?}: {split:?}");
+        }
+    }
+}
+
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn the_header_names_a_different_host_for_the_retry() {
@@ -987,6 +1070,28 @@ fn a_host_out_of_favour_is_probed_by_time_shared_by_the_workers() {
     assert!(probes.iter().all(|n| *n >= 1), "{probes:?}");
 }
 
+/// A host that answers nothing (each request waits until its client gives up) is probed a
+/// quarter as often as one that answers slowly: each request in a row it did not serve, beyond
+/// the first, doubles the wait, up to 4 times.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_host_that_answers_nothing_is_probed_a_quarter_as_often() {
+    let cfg = r#"{"exploration_share": 0, "persistence_ms": 0, "weights": {"slow_start_ms": 0}, "clusters": {"backend": {"endpoints": ["10.0.0.1:80", "10.0.0.2:80"]}}}"#;
+    let hung = "10.0.0.2:80";
+    let served: usize = late_requests_ending(cfg, 40, 100, hung, [4.0, 400.0], Outcome::Success)
+        .iter()
+        .sum();
+    let unanswered: usize =
+        late_requests_ending(cfg, 40, 100, hung, [4.0, 1_000.0], Outcome::Abandoned)
+            .iter()
+            .sum();
+    // Over the last 40 s: probed every 3 probe intervals for the cluster, shared by two
+    // workers, when its probes are served (about 13); 4 times that apart when they are not:
+    // each worker every 24 s, one or two each.
+    assert!((10..=16).contains(&served), "{served}");
+    assert!((2..=4).contains(&unanswered), "{unanswered}");
+}
+
 /// A host whose share settles just above the floor is probed like one at it: the pick draws a
 /// host by its share above the floor, and with a twentieth of a floor above it a host gets a
 /// request every few tens of seconds, so its recovery goes unseen.
@@ -1012,6 +1117,18 @@ fn a_host_just_above_the_floor_is_probed() {
 /// routing `per_tick` requests between ticks; `slow` answers in `latency[1]` ms, the others in
 /// `latency[0]`. Returns how many requests each worker sent `slow` over the last 40 s.
 fn late_requests(cfg: &str, seed: u64, per_tick: u64, slow: &str, latency: [f64; 2]) -> Vec<usize> {
+    late_requests_ending(cfg, seed, per_tick, slow, latency, Outcome::Success)
+}
+
+/// [`late_requests`], the requests to `slow` ending with `outcome`.
+fn late_requests_ending(
+    cfg: &str,
+    seed: u64,
+    per_tick: u64,
+    slow: &str,
+    latency: [f64; 2],
+    outcome: Outcome,
+) -> Vec<usize> {
     let store = Shared::default();
     let mut workers: Vec<Worker> = (0..2).map(|i| Worker::new(config(cfg), seed + i)).collect();
     let mut late = vec![0usize; 2];
@@ -1035,7 +1152,11 @@ fn late_requests(cfg: &str, seed: u64, per_tick: u64, slow: &str, latency: [f64;
                 if is_slow && tick > 200 {
                     late[k] += 1;
                 }
-                finish_pick(w, &pick.host, latency[usize::from(is_slow)]);
+                if is_slow {
+                    end_picked_after(w, slow, latency[1], outcome);
+                } else {
+                    finish_pick(w, &pick.host, latency[0]);
+                }
             }
             w.tick(t0 + 100 * MS, &mut store.clone());
         }

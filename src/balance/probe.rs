@@ -32,6 +32,13 @@
 //!
 //! A probe goes only to a host with nothing in flight from this worker, and the check is one host
 //! per request in turn, so the cost per request is O(1) whatever the cluster's size.
+//!
+//! A probe to a host that serves nothing (it fails, refuses, or keeps the request until the
+//! client gives up) costs the request that carries it whole, and a host down for a while is
+//! likely to stay down a while longer. So each request in a row that a host did not serve beyond
+//! the first doubles the wait for its next probe, up to [`MAX_BACKOFF`] times; any request it
+//! serves ends the backoff. One failure among successes changes nothing; a host that only
+//! answers slowly is never backed off (its probes are served).
 
 use std::rc::Rc;
 
@@ -43,6 +50,28 @@ use crate::units::clamp;
 /// the host was (a host 22 times slower, probed every 4.7 intervals, came back to its share after
 /// the end of bench/scenarios/slowdown.toml's run). Past a host 9 times slower, the bound decides.
 const MAX_INTERVAL_FACTOR: f64 = 3.0;
+
+/// The longest a host that serves nothing waits for a probe, as a multiple of the interval its
+/// latency sets: with the defaults, a hung host is probed once every 12 s per cluster (3 x 4 x
+/// `probe_interval`), so its recovery is seen within that, well inside the 30 s that Envoy's
+/// outlier detection ejects a host for at first (`base_ejection_time`).
+pub const MAX_BACKOFF: u64 = 4;
+
+/// What a worker knows of a host when the schedule asks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Pending {
+    /// This worker's requests to it that have not ended.
+    pub in_flight: u32,
+    /// This worker's requests in a row that it did not serve (failed, refused, or never
+    /// answered), counted back from the last one that ended.
+    pub unserved: u32,
+}
+
+/// How many times its interval a host waits for a probe after `unserved` requests in a row it
+/// did not serve: 1 up to the first, then doubling, at most [`MAX_BACKOFF`].
+pub fn backoff(unserved: u32) -> u64 {
+    (1u64 << unserved.saturating_sub(1).min(16)).min(MAX_BACKOFF)
+}
 
 /// The probe interval of a host whose smoothed latency is `score_ms`, when the table's traffic
 /// gets `reference_ms` on average; `base_ns` is `probe_interval`. Unknown values count as equal.
@@ -117,9 +146,10 @@ impl Probes {
     }
 
     /// The host this request should probe, if any: the next host in turn, when this worker has
-    /// sent it nothing for its interval nor for `1 / floor` of its requests, and has nothing in
-    /// flight to it.
-    pub fn due(&mut self, now_ns: u64, in_flight: impl Fn(usize) -> u32) -> Option<usize> {
+    /// sent it nothing for its interval (times its [`backoff`]) nor for `1 / floor` of its
+    /// requests, and has nothing in flight to it. `pending(i)` is what this worker knows of
+    /// host `i`'s requests.
+    pub fn due(&mut self, now_ns: u64, pending: impl Fn(usize) -> Pending) -> Option<usize> {
         self.requests = self.requests.saturating_add(1);
         let n = self.last_sent_ns.len();
         if n == 0 {
@@ -129,14 +159,16 @@ impl Probes {
         self.cursor = (i + 1) % n;
         let last = *self.last_sent_ns.get(i)?;
         let last_request = *self.last_sent_request.get(i)?;
+        if self.requests.saturating_sub(last_request) < self.spacing {
+            return None;
+        }
+        let host = pending(i);
         let interval = self
             .interval_ns
             .get(i)?
-            .saturating_mul(u64::from(self.workers.max(1)));
-        (now_ns.saturating_sub(last) >= interval
-            && self.requests.saturating_sub(last_request) >= self.spacing
-            && in_flight(i) == 0)
-            .then_some(i)
+            .saturating_mul(u64::from(self.workers.max(1)))
+            .saturating_mul(backoff(host.unserved));
+        (now_ns.saturating_sub(last) >= interval && host.in_flight == 0).then_some(i)
     }
 
     /// The table's floor (a share): this worker probes a host at most once every `1 / floor`

@@ -5,6 +5,7 @@
 use std::rc::Rc;
 
 use crate::balance::explore::Exploration;
+use crate::balance::outcome::Outcome;
 use crate::balance::pick::PickTable;
 use crate::balance::probe::Probes;
 use crate::map::{Map, Set};
@@ -22,11 +23,74 @@ const MAX_PENDING_HOSTS: usize = 4096;
 
 /// This worker's requests to one host that have not finished, and how many of them the metrics
 /// were last told about (the in-flight gauge is shared by every VM, so each moves it by its own
-/// changes).
+/// changes); and how its last requests ended, which the pick and the probes read.
 #[derive(Debug, Default)]
 pub(crate) struct InFlight {
     pub(crate) now: u32,
     pub(crate) reported: u32,
+    /// Requests whose wait ended before the host answered (its client left, or the route's
+    /// timeout fired), since it last answered one. Envoy let them go; nothing says the host did,
+    /// and a hung host still holds every one. The pick counts them as in flight until the host
+    /// answers again: otherwise each client that gives up makes a hung host look idle and earns
+    /// it the next request.
+    pub(crate) unanswered: u32,
+    /// Requests in a row it did not serve (`probe::Pending::unserved`).
+    pub(crate) unserved: u32,
+}
+
+/// How a request ended for the host that had it last.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Ending {
+    /// It served the request.
+    Served,
+    /// It answered with a failure.
+    Failed,
+    /// Its connection or stream failed (refused, reset): no answer, and nothing left with it.
+    Lost,
+    /// The wait ended before it answered: the host may still hold the request.
+    Unanswered,
+}
+
+impl Ending {
+    pub(crate) fn of(outcome: Outcome) -> Ending {
+        match outcome {
+            Outcome::Success => Ending::Served,
+            Outcome::ServerError | Outcome::GrpcFailure(_) => Ending::Failed,
+            Outcome::Reset | Outcome::ConnectFailure => Ending::Lost,
+            Outcome::Abandoned | Outcome::Timeout => Ending::Unanswered,
+        }
+    }
+}
+
+impl InFlight {
+    /// The requests the pick counts against the host: those in flight and those it never
+    /// answered.
+    pub(crate) fn load(&self) -> u32 {
+        self.now.saturating_add(self.unanswered)
+    }
+
+    pub(crate) fn ended(&mut self, ending: Ending) {
+        match ending {
+            Ending::Served => {
+                self.unanswered = 0;
+                self.unserved = 0;
+            }
+            Ending::Failed => {
+                self.unanswered = 0;
+                self.unserved = self.unserved.saturating_add(1);
+            }
+            Ending::Lost => self.unserved = self.unserved.saturating_add(1),
+            Ending::Unanswered => {
+                self.unanswered = self.unanswered.saturating_add(1);
+                self.unserved = self.unserved.saturating_add(1);
+            }
+        }
+    }
+
+    /// Nothing left to report or to remember: the entry may go (`in_flight_updates`).
+    pub(crate) fn is_idle(&self) -> bool {
+        self.now == 0 && self.reported == 0 && self.unanswered == 0 && self.unserved == 0
+    }
 }
 
 #[derive(Debug, Default)]

@@ -4,9 +4,10 @@
 use std::rc::Rc;
 
 use crate::balance::outcome::Outcome;
+use crate::balance::probe::Pending;
 use crate::balance::score::{parse_load_report, LoadMetric};
 use crate::rules::{normalize_bytes, PathClass};
-use crate::worker::cluster::{counts_entry, local_entry, InFlight, LocalCluster};
+use crate::worker::cluster::{counts_entry, local_entry, Ending, InFlight, LocalCluster};
 use crate::worker::decision::{Decision, FallbackReason, Pick};
 use crate::worker::request::{Finished, Request};
 use crate::worker::Worker;
@@ -101,13 +102,15 @@ impl Worker {
             hosts_equal,
             ..
         } = &mut *local;
-        let in_flight = |i: usize| {
-            table
-                .host(i)
-                .and_then(|h| counts.get(&**h))
-                .map_or(0, |n| n.now)
+        let entry = |i: usize| table.host(i).and_then(|h| counts.get(&**h));
+        let pending = |i: usize| {
+            entry(i).map_or(Pending::default(), |n| Pending {
+                in_flight: n.now,
+                unserved: n.unserved,
+            })
         };
-        let (first, probe) = match probes.due(now_ns, in_flight) {
+        let load = |i: usize| entry(i).map_or(0, InFlight::load);
+        let (first, probe) = match probes.due(now_ns, pending) {
             Some(i) => {
                 table.count_served(i);
                 (i, true)
@@ -116,7 +119,7 @@ impl Worker {
             None if *hosts_equal => {
                 return Decision::Fallback(FallbackReason::HostsEqual);
             }
-            None => match table.pick(config.pick(), rng, in_flight) {
+            None => match table.pick(config.pick(), rng, load) {
                 Some(i) => (i, false),
                 None => return Decision::Fallback(FallbackReason::TableNotReady),
             },
@@ -159,7 +162,7 @@ impl Worker {
                     host.clone(),
                     InFlight {
                         now: 1,
-                        reported: 0,
+                        ..InFlight::default()
                     },
                 );
             }
@@ -222,12 +225,24 @@ impl Worker {
         if let Some(n) = done.num_endpoints {
             local.batch.num_endpoints = Some(n);
         }
-        if let Some(count) = done
-            .picked
-            .filter(|_| done.in_flight)
-            .and_then(|p| local.in_flight.get_mut(p))
-        {
-            count.now = count.now.saturating_sub(1);
+        let outcome =
+            Outcome::with_grpc(done.outcome, done.grpc_status, self.config.grpc_failures());
+        if let Some(entry) = done.picked.and_then(|p| local.in_flight.get_mut(p)) {
+            if done.in_flight {
+                entry.now = entry.now.saturating_sub(1);
+            }
+            // The route retries only failed connections and resets before the request: a
+            // retried request that ended elsewhere was lost by the picked host.
+            if done.served_by != done.picked && done.attempts > 1 {
+                entry.ended(Ending::Lost);
+            }
+        }
+        // Whoever chose it, the host that had the request last tells how it ends for that host.
+        if let (Some(entry), Some(outcome)) = (
+            done.served_by.and_then(|h| local.in_flight.get_mut(h)),
+            outcome,
+        ) {
+            entry.ended(Ending::of(outcome));
         }
         if let (Some(picked), Some(served_by)) = (done.picked, done.served_by) {
             let honoured = served_by == picked || done.attempts > 1;
@@ -252,8 +267,6 @@ impl Worker {
                 }
             }
         }
-        let outcome =
-            Outcome::with_grpc(done.outcome, done.grpc_status, self.config.grpc_failures());
         let load = match done
             .load_report
             .map(|r| parse_load_report(r, &self.config.policy().score.load_metric))

@@ -333,9 +333,10 @@ pub(crate) fn host_gauges(
 
 /// Moves the shared in-flight gauge by this worker's change since the last tick.
 pub(crate) fn in_flight_updates(cluster: &str, local: &mut LocalCluster, out: &mut Vec<Update>) {
-    // A host with nothing in flight, once reported, leaves the map: a tick costs the hosts with
-    // requests in flight, not every host this VM ever picked. Its next pick inserts it again
-    // without allocating (the key is the table's `Rc`, the map keeps its capacity).
+    // A host with nothing in flight, once reported, leaves the map (unless its last requests went
+    // unserved): a tick costs the hosts with requests in flight, not every host this VM ever
+    // picked. Its next pick inserts it again without allocating (the key is the table's `Rc`,
+    // the map keeps its capacity).
     local.in_flight.retain(|host, n| {
         if n.now != n.reported {
             let delta = i64::from(n.now) - i64::from(n.reported);
@@ -347,7 +348,7 @@ pub(crate) fn in_flight_updates(cluster: &str, local: &mut LocalCluster, out: &m
             ));
             n.reported = n.now;
         }
-        n.now > 0
+        !n.is_idle()
     });
 }
 
