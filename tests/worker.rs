@@ -226,6 +226,20 @@ fn split_of_served_requests(w: &mut Worker, n: usize) -> HashMap<String, u32> {
     split
 }
 
+/// Steers requests through `w` until one is picked for `host`, left in flight there; each
+/// request picked for another host ends served at once.
+fn steer_until_picked(w: &mut Worker, host: &str) {
+    loop {
+        let Decision::Override(pick) = steer(w) else {
+            panic!("no table")
+        };
+        if &*pick.host == host {
+            return;
+        }
+        finish_pick(w, &pick.host, 20.0);
+    }
+}
+
 /// A request `w` picked `host` for, ending there with `outcome` after a second.
 fn end_picked(w: &mut Worker, host: &str, outcome: Outcome) {
     end_picked_after(w, host, 1_000.0, outcome);
@@ -256,7 +270,7 @@ fn a_request_a_host_never_answered_counts_against_it_until_it_answers_again() {
     // timeout) keeps them counted and gets none, until it answers anything, even a request the
     // pick did not send it. A host that failed or lost the connection holds nothing.
     let cfg = r#"{"exploration_share": 0, "clusters": {"backend": {"endpoints": ["10.0.0.1:80", "10.0.0.2:80"]}}}"#;
-    let (a, b) = ("10.0.0.1:80", "10.0.0.2:80");
+    let a = "10.0.0.1:80";
     // (how a's request ends, whether a is left out of the next 200)
     let cases = [
         (Outcome::Abandoned, true),
@@ -268,15 +282,7 @@ fn a_request_a_host_never_answered_counts_against_it_until_it_answers_again() {
     ];
     for (outcome, held) in cases {
         let (_, mut w) = ticked(cfg, 7);
-        loop {
-            let Decision::Override(pick) = steer(&mut w) else {
-                panic!("no table")
-            };
-            if &*pick.host == a {
-                break;
-            }
-            finish_pick(&mut w, b, 20.0);
-        }
+        steer_until_picked(&mut w, a);
         end_picked(&mut w, a, outcome);
         assert_eq!(w.in_flight(CLUSTER, a), 0, "{outcome:?}");
         let split = split_of_served_requests(&mut w, 200);
@@ -293,6 +299,39 @@ fn a_request_a_host_never_answered_counts_against_it_until_it_answers_again() {
             assert!((80..=120).contains(&to_a), "{outcome:?}: {split:?}");
         }
     }
+}
+
+/// A host whose last request failed stays tracked (its probes back off) while the table lists
+/// it, and not once the table forgets it: a cluster whose hosts fail as they leave (a rolling
+/// restart) does not grow this worker's state.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_host_that_failed_as_it_left_is_not_tracked_once_the_table_forgets_it() {
+    let store = Shared::default();
+    let mut w = Worker::new(
+        config(r#"{"host_ttl_ms": 1000, "exploration_share": 0}"#),
+        3,
+    );
+    let (a, b) = ("10.0.0.1:80", "10.0.0.2:80");
+    let mut t = SEC;
+    for _ in 0..5 {
+        finish_ok(&mut w, a, 20.0);
+        finish_ok(&mut w, b, 20.0);
+        w.tick(t, &mut store.clone());
+        t += SEC / 10;
+    }
+    steer_until_picked(&mut w, b);
+    end_picked(&mut w, b, Outcome::ConnectFailure);
+    w.tick(t, &mut store.clone());
+    assert_eq!(w.hosts_tracked(CLUSTER), 1, "b, listed and failing");
+    // Only a answers from now on: b is forgotten after host_ttl_ms.
+    for _ in 0..30 {
+        t += SEC / 10;
+        finish_ok(&mut w, a, 20.0);
+        w.tick(t, &mut store.clone());
+    }
+    assert!(w.tables().all(|(_, table)| table.host(b).is_none()));
+    assert_eq!(w.hosts_tracked(CLUSTER), 0);
 }
 
 #[test]

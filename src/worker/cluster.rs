@@ -87,7 +87,7 @@ impl InFlight {
         }
     }
 
-    /// Nothing left to report or to remember: the entry may go (`in_flight_updates`).
+    /// Nothing left to report or to remember (`in_flight_updates`).
     pub(crate) fn is_idle(&self) -> bool {
         self.now == 0 && self.reported == 0 && self.unanswered == 0 && self.unserved == 0
     }

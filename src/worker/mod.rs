@@ -188,6 +188,13 @@ impl Worker {
         self.clusters.get(cluster).map_or(0, |c| c.in_flight(host))
     }
 
+    /// How many hosts of `cluster` this worker keeps request state for (requests in flight, how
+    /// the last ones ended): after a tick, only those with requests in flight and those the
+    /// table in force lists.
+    pub fn hosts_tracked(&self, cluster: &str) -> usize {
+        self.clusters.get(cluster).map_or(0, |c| c.in_flight.len())
+    }
+
     /// The share of requests `cluster`'s table leaves to the fallback policy.
     pub fn explore_share(&self, cluster: &str) -> Option<f64> {
         self.clusters.get(cluster).map(|c| c.exploration.share())

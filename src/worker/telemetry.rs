@@ -333,11 +333,17 @@ pub(crate) fn host_gauges(
 
 /// Moves the shared in-flight gauge by this worker's change since the last tick.
 pub(crate) fn in_flight_updates(cluster: &str, local: &mut LocalCluster, out: &mut Vec<Update>) {
-    // A host with nothing in flight, once reported, leaves the map (unless its last requests went
-    // unserved): a tick costs the hosts with requests in flight, not every host this VM ever
-    // picked. Its next pick inserts it again without allocating (the key is the table's `Rc`,
-    // the map keeps its capacity).
-    local.in_flight.retain(|host, n| {
+    // A host with nothing in flight, once reported, leaves the map, unless its last requests
+    // went unserved and the table in force lists it: a tick costs the hosts with requests in
+    // flight or held out of favour, not every host this VM ever picked, and a host that failed
+    // as it left the cluster is not remembered for good. Its next pick inserts it again without
+    // allocating (the key is the table's `Rc`, the map keeps its capacity).
+    let LocalCluster {
+        in_flight,
+        snapshot,
+        ..
+    } = local;
+    in_flight.retain(|host, n| {
         if n.now != n.reported {
             let delta = i64::from(n.now) - i64::from(n.reported);
             out.push(update(
@@ -348,7 +354,7 @@ pub(crate) fn in_flight_updates(cluster: &str, local: &mut LocalCluster, out: &m
             ));
             n.reported = n.now;
         }
-        !n.is_idle()
+        n.now > 0 || n.reported > 0 || (!n.is_idle() && snapshot.host(host).is_some())
     });
 }
 
