@@ -87,9 +87,10 @@ impl InFlight {
         }
     }
 
-    /// Nothing left to report or to remember (`in_flight_updates`).
-    pub(crate) fn is_idle(&self) -> bool {
-        self.now == 0 && self.reported == 0 && self.unanswered == 0 && self.unserved == 0
+    /// Whether its last requests went unserved or unanswered (`in_flight_updates` keeps it for
+    /// that while the table lists the host).
+    pub(crate) fn remembers(&self) -> bool {
+        self.unanswered > 0 || self.unserved > 0
     }
 }
 

@@ -227,15 +227,12 @@ impl Worker {
         }
         let outcome =
             Outcome::with_grpc(done.outcome, done.grpc_status, self.config.grpc_failures());
-        if let Some(entry) = done.picked.and_then(|p| local.in_flight.get_mut(p)) {
-            if done.in_flight {
-                entry.now = entry.now.saturating_sub(1);
-            }
-            // The route retries only failed connections and resets before the request: a
-            // retried request that ended elsewhere was lost by the picked host.
-            if done.served_by != done.picked && done.attempts > 1 {
-                entry.ended(Ending::Lost);
-            }
+        if let Some(count) = done
+            .picked
+            .filter(|_| done.in_flight)
+            .and_then(|p| local.in_flight.get_mut(p))
+        {
+            count.now = count.now.saturating_sub(1);
         }
         // Whoever chose it, the host that had the request last tells how it ends for that host.
         if let (Some(entry), Some(outcome)) = (
@@ -259,6 +256,9 @@ impl Worker {
                     } else {
                         acc.not_honoured = acc.not_honoured.saturating_add(1);
                     }
+                }
+                if let Some(entry) = local.in_flight.get_mut(picked).filter(|_| honoured) {
+                    entry.ended(Ending::Lost);
                 }
                 if !honoured {
                     if let Some(c) = counts_entry(&mut self.counts, cluster, || true) {

@@ -354,7 +354,7 @@ pub(crate) fn in_flight_updates(cluster: &str, local: &mut LocalCluster, out: &m
             ));
             n.reported = n.now;
         }
-        n.now > 0 || n.reported > 0 || (!n.is_idle() && snapshot.host(host).is_some())
+        n.now > 0 || (n.remembers() && snapshot.host(host).is_some())
     });
 }
 
