@@ -19,6 +19,16 @@ pub fn steered_request(
     request: &Request,
     latency_ms: f64,
 ) -> Option<Rc<str>> {
+    steered_request_by(worker, cluster, request, |_| latency_ms)
+}
+
+/// [`steered_request`], the latency a function of the host picked.
+pub fn steered_request_by(
+    worker: &mut Worker,
+    cluster: &str,
+    request: &Request,
+    latency_ms: impl Fn(&str) -> f64,
+) -> Option<Rc<str>> {
     let Decision::Override(pick) = worker.route(request, || None) else {
         return None;
     };
@@ -27,7 +37,7 @@ pub fn steered_request(
         in_flight: true,
         served_by: Some(&pick.host),
         attempts: 1,
-        latency_ms,
+        latency_ms: latency_ms(&pick.host),
         outcome: Some(Outcome::Success),
         ..Finished::default()
     };

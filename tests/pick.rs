@@ -157,6 +157,50 @@ fn ties_go_round_equal_hosts() {
     }
 }
 
+/// A host's turns come evenly spaced: of the gaps between two picks of one host (nothing in
+/// flight anywhere), few are under a quarter of the mean gap `1 / share`. Independent draws would
+/// put about 22 % of the gaps there (1 − e^(−1/4)), and a host that serves one request at a time
+/// would queue each such second request behind the first.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_hosts_turns_come_evenly_spaced() {
+    let equal_40: Vec<f64> = vec![0.025; 40];
+    let cases: [(&str, &[f64]); 4] = [
+        ("40 equal hosts", &equal_40),
+        ("4 equal hosts", &[0.25; 4]),
+        ("unequal shares", &[0.5, 0.3, 0.2]),
+        ("one heavy host", &[0.7, 0.1, 0.1, 0.1]),
+    ];
+    for (case, shares) in cases {
+        let names: Vec<String> = (0..shares.len()).map(|i| format!("h{i}:1")).collect();
+        let table = PickTable::with_floor(
+            names.iter().map(String::as_str).zip(shares.iter().copied()),
+            0.002,
+        );
+        let mut rng = fastrand::Rng::with_seed(11);
+        let mut last = vec![None; shares.len()];
+        let (mut gaps, mut short) = (vec![0u32; shares.len()], vec![0u32; shares.len()]);
+        for k in 0..50_000_usize {
+            let i = table.weighted_p2c(&mut rng, |_| 0).unwrap();
+            if let Some(before) = last[i] {
+                gaps[i] += 1;
+                if ((k - before) as f64) < 0.25 / shares[i] {
+                    short[i] += 1;
+                }
+            }
+            last[i] = Some(k);
+        }
+        for (i, (s, g)) in short.iter().zip(&gaps).enumerate() {
+            let fraction = f64::from(*s) / f64::from(*g);
+            assert!(
+                fraction < 0.06,
+                "{case}: host {i}: {:.1} % of its gaps under a quarter of the mean",
+                fraction * 100.0
+            );
+        }
+    }
+}
+
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn lowest_latency_always_takes_the_heaviest() {

@@ -14,7 +14,7 @@ use ewma_lb::record::state::{Accumulator, ClusterBatch, ClusterState};
 use ewma_lb::record::sync::{self, Keys, Member, SharedStore, StoreError, SyncContext};
 use ewma_lb::record::table::{Table, TableView};
 use ewma_lb::rules::normalize_bytes;
-use ewma_lb::testing::steered_request;
+use ewma_lb::testing::steered_request_by;
 use ewma_lb::worker::{Request, Worker};
 use serde::{Deserialize, Serialize};
 
@@ -338,7 +338,7 @@ pub fn run(quick: bool) -> Vec<MicroResult> {
                 "Worker::route+finish (steered, hot table)",
                 n,
                 time_it(budget, 10_000_000, || {
-                    steer_one(&mut worker, b"/api/v1/items/42?sort=asc", now_ns, 20.0);
+                    steer_one(&mut worker, b"/api/v1/items/42?sort=asc", now_ns, |_| 20.0);
                 }),
             );
         }
@@ -400,31 +400,31 @@ fn static_config(n: usize) -> Option<Config> {
     Config::from_json(json.to_string().as_bytes()).ok()
 }
 
-/// Routes and finishes `requests` requests at `raw_now_ns`, the k-th taking `latency_ms(k)`.
-fn serve(worker: &mut Worker, requests: usize, raw_now_ns: u64, latency_ms: impl Fn(usize) -> f64) {
-    for k in 0..requests {
+/// Routes and finishes `requests` requests at `raw_now_ns`, each taking `latency_ms(host)`.
+fn serve(worker: &mut Worker, requests: usize, raw_now_ns: u64, latency_ms: impl Fn(&str) -> f64) {
+    for _ in 0..requests {
         let now_ns = worker.clock(raw_now_ns);
-        steer_one(worker, b"/", now_ns, latency_ms(k));
+        steer_one(worker, b"/", now_ns, &latency_ms);
     }
 }
 
 /// One request to "backend": routed, and when steered, finished at its pick in `latency_ms`.
-fn steer_one(worker: &mut Worker, path: &[u8], now_ns: u64, latency_ms: f64) {
+fn steer_one(worker: &mut Worker, path: &[u8], now_ns: u64, latency_ms: impl Fn(&str) -> f64) {
     let request = Request {
         path,
         cluster: Some("backend"),
         now_ns,
         body_pending: false,
     };
-    black_box(steered_request(worker, "backend", &request, latency_ms));
+    black_box(steered_request_by(worker, "backend", &request, latency_ms));
 }
 
 /// What a refresh of `n` hosts costs the VMs of one Envoy, through the worker as the plugin runs
 /// it: the tick of the VM that folds the slots, recomputes the weights and publishes the table
 /// (with the per-host gauges it sets), and the tick of another VM that reads the record, decodes
 /// it and rebuilds its pick table. Two workers on one store; the first serves [`SAMPLED`]
-/// requests a refresh, at 20 ms for a second, then 60 ms for a second, and so on, so its tables
-/// keep changing. Returns (refreshing tick, adopting tick), each (ns per tick, ticks): every
+/// requests a refresh, half the hosts at 20 ms and the other half at 60, swapping each second,
+/// so its tables keep changing. Returns (refreshing tick, adopting tick), each (ns per tick, ticks): every
 /// refresh for the first, the refreshes that published a new table for the second.
 fn refresh_ticks(n: usize, budget: Duration) -> Option<((f64, u64), (f64, u64))> {
     const SEC: u64 = 1_000_000_000;
@@ -437,12 +437,17 @@ fn refresh_ticks(n: usize, budget: Duration) -> Option<((f64, u64), (f64, u64))>
         if refreshes > 1_000 && adoptions == 0 {
             panic!("micro: {refreshes} refreshes published no table");
         }
-        let ms = if (t / SEC).is_multiple_of(2) {
-            20.0
-        } else {
-            60.0
-        };
-        serve(&mut publisher, SAMPLED, t, |_| ms);
+        // Half the hosts (by their address) at 60 ms and the rest at 20, swapping each second,
+        // so that each refresh has new weights to publish: hosts of one latency, served evenly,
+        // would keep one table.
+        let slow_half = (t / SEC) % 2;
+        serve(&mut publisher, SAMPLED, t, |host| {
+            if host.bytes().map(u64::from).sum::<u64>() % 2 == slow_half {
+                60.0
+            } else {
+                20.0
+            }
+        });
         let at = Instant::now();
         let report = black_box(publisher.tick(t, &mut store));
         refresh_ns += at.elapsed().as_nanos();

@@ -161,8 +161,9 @@ fn finds_the_better_setting(name: &str, spec: &SimSpec, current: Value, margin: 
 
 #[test]
 fn a_host_alternating_every_2_s_is_not_followed_with_a_time_constant_of_250_ms() {
-    // On the true world a 250 ms time constant chases every phase (p99 147 ms against 95-105
-    // for 0.5-10 s): the tool must see that from the log written under it.
+    // On the true world a 250 ms time constant chases every phase (p99 118 ms against 92-100
+    // for 0.5-2 s and 111 for 10 s; before the pick took its first candidate in turn, 147
+    // against 95-105): the tool must see that from the log written under it.
     let spec = alternating_world(
         4.0,
         Latency::Uniform {
@@ -172,7 +173,7 @@ fn a_host_alternating_every_2_s_is_not_followed_with_a_time_constant_of_250_ms()
         800.0,
     );
     let current = json!({"smoothing": {"algorithm": "peak_ewma", "tau_ms": 250}});
-    let report = finds_the_better_setting("alternating", &spec, current, 0.2);
+    let report = finds_the_better_setting("alternating", &spec, current, 0.1);
     let tau = smoothing(&report)["tau_ms"].as_f64().unwrap();
     assert!(tau >= 500.0, "{}", report.markdown);
 }

@@ -11,14 +11,26 @@
 //! and at thousands of requests a second that is several requests a second to a host that takes
 //! a second to answer.
 //!
-//! The two candidates are distinct hosts, and the comparison is by load per unit of share (this
-//! worker's requests in flight / share), and a tie (most often: nothing in flight on either) goes
-//! to the host served least per unit of share since the table was adopted. With a `+ 1` in the cost
-//! instead, an idle pair would always go to the heavier host, turning a 2 % difference in weights
-//! into whole refreshes of traffic for one host; the served count turns ties into a smooth round of
-//! the shares. With equal shares this is least request's two choices over this worker's requests in
-//! flight; `weighted_p2c_unless_equal` leaves a table that cannot tell its hosts apart to Envoy's
-//! least request itself, which counts every worker's requests (`worker::route`).
+//! The two candidates are distinct hosts. The first comes from a golden-ratio sequence (a Weyl
+//! sequence, `u + k·0.618...` modulo 1, from a random start) mapped through the shares instead of
+//! from independent random numbers: over any run of requests each host is the first candidate in
+//! proportion to its share, and its turns come at nearly even spacing (at most three distinct
+//! gaps). Independent draws clump: one host gets two of a worker's requests close together while
+//! another waits, and a host that serves one request at a time queues the second. Even spacing is
+//! what round robin gives equal hosts and why, over hosts that serve one request at a time, it
+//! beats least request's two random choices even when least request sees every worker's queue
+//! (bench/README.md, "The tail and the calm"). The second candidate is an independent draw, so
+//! a host whose turn it is still loses to a less loaded one.
+//!
+//! The comparison is by load per unit of share (this worker's requests in flight / share), and a
+//! tie (most often: nothing in flight on either) goes to the host served least per unit of share
+//! since the table was adopted, then to the first candidate. With a `+ 1` in the cost instead, an
+//! idle pair would always go to the heavier host, turning a 2 % difference in weights into whole
+//! refreshes of traffic for one host; the served count turns ties into a smooth round of the
+//! shares. With equal shares this is least request's two choices over this worker's requests in
+//! flight, with the first choice taken in turn; `weighted_p2c_unless_equal` leaves a table that
+//! cannot tell its hosts apart to Envoy's least request itself, which counts every worker's
+//! requests (`worker::route`).
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -79,6 +91,9 @@ pub struct PickTable {
     above_cumulative: Vec<f64>,
     /// Picks of each host by P2C since the table was built: the tie-break.
     served: Vec<Cell<u64>>,
+    /// Where the first candidate's sequence stands, in [0, 1); negative until the first pick,
+    /// which starts it at random (so workers and proxies do not take turns in step).
+    turn: Cell<f64>,
 }
 
 impl PickTable {
@@ -105,6 +120,7 @@ impl PickTable {
         let entries = entries.into_iter();
         let capacity = entries.size_hint().0;
         let mut table = PickTable {
+            turn: Cell::new(-1.0),
             hosts: Vec::with_capacity(capacity),
             weights: Vec::with_capacity(capacity),
             cumulative: Vec::with_capacity(capacity),
@@ -191,7 +207,7 @@ impl PickTable {
         rng: &mut fastrand::Rng,
         in_flight: impl Fn(usize) -> u32,
     ) -> Option<usize> {
-        let Some(a) = draw(&self.above_cumulative, rng) else {
+        let Some(a) = self.draw_in_turn(rng) else {
             return self.weighted(rng);
         };
         // Two distinct candidates, as tower and Linkerd draw them: with replacement, a host with
@@ -215,6 +231,23 @@ impl PickTable {
             n.set(n.get().saturating_add(1));
         }
         Some(pick)
+    }
+
+    /// The next host of the golden-ratio sequence over the shares above the floor (the module's
+    /// doc); `None` when no host is above it.
+    fn draw_in_turn(&self, rng: &mut fastrand::Rng) -> Option<usize> {
+        // 1/φ: of all steps, the one whose multiples spread most evenly over [0, 1).
+        const STEP: f64 = 0.618_033_988_749_894_9;
+        let total = *self.above_cumulative.last()?;
+        if total <= 0.0 {
+            return None;
+        }
+        let mut u = self.turn.get();
+        if u < 0.0 {
+            u = rng.f64();
+        }
+        self.turn.set((u + STEP).fract());
+        Some(at(&self.above_cumulative, u * total))
     }
 
     /// The host with the highest weight (ties: the first).
@@ -265,9 +298,7 @@ fn draw_except(
     if r >= before_excluded {
         r += w_excluded;
     }
-    let i = cumulative
-        .partition_point(|c| *c <= r)
-        .min(cumulative.len() - 1);
+    let i = at(cumulative, r);
     (i != excluded).then_some(i)
 }
 
@@ -278,10 +309,12 @@ fn draw(cumulative: &[f64], rng: &mut fastrand::Rng) -> Option<usize> {
     if total <= 0.0 {
         return None;
     }
-    let r = rng.f64() * total;
-    Some(
-        cumulative
-            .partition_point(|c| *c <= r)
-            .min(cumulative.len() - 1),
-    )
+    Some(at(cumulative, rng.f64() * total))
+}
+
+/// The index whose interval of the running sums `cumulative` (not empty) holds `r`.
+fn at(cumulative: &[f64], r: f64) -> usize {
+    cumulative
+        .partition_point(|c| *c <= r)
+        .min(cumulative.len().saturating_sub(1))
 }
