@@ -424,8 +424,8 @@ fn steer_one(worker: &mut Worker, path: &[u8], now_ns: u64, latency_ms: impl Fn(
 /// (with the per-host gauges it sets), and the tick of another VM that reads the record, decodes
 /// it and rebuilds its pick table. Two workers on one store; the first serves [`SAMPLED`]
 /// requests a refresh, half the hosts at 20 ms and the other half at 60, swapping each second,
-/// so its tables keep changing. Returns (refreshing tick, adopting tick), each (ns per tick, ticks): every
-/// refresh for the first, the refreshes that published a new table for the second.
+/// so its tables keep changing. Returns (refreshing tick, adopting tick), each (ns per tick,
+/// ticks): every refresh for the first, the refreshes that published a new table for the second.
 fn refresh_ticks(n: usize, budget: Duration) -> Option<((f64, u64), (f64, u64))> {
     const SEC: u64 = 1_000_000_000;
     let (mut store, mut publisher, mut adopter, mut t) = warmed_pair(n)?;
