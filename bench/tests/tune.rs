@@ -2,8 +2,8 @@
 //! under some settings; the tool reads only the log. The answer is known because the world is:
 //! each test runs the world again under the tool's recommendation (not a replay of the fitted
 //! model) and checks that its p99 is really lower, by a margin, than under the settings that
-//! wrote the log, or at least not higher where the replay sees no gain; where the model does not
-//! reproduce the log's tail, the tool must recommend nothing.
+//! wrote the log; where the model does not reproduce the log's tail, the tool must recommend
+//! nothing.
 //!
 //! The issue expected "a host alternating with period P wants a time constant well under P" and
 //! "rare spikes want a long one or no peak". Run on the true worlds, the first did not hold for
@@ -179,11 +179,11 @@ fn a_host_alternating_every_2_s_is_not_followed_with_a_time_constant_of_250_ms()
 }
 
 #[test]
-fn a_host_alternating_every_4_s_is_not_made_worse() {
-    // Period 8 s, 50 ms when slow: on the true world a 500 ms time constant gives p99 102 ms,
-    // 2-10 s 68 ms. The replay does not see that gain (its figures for 1-10 s are within 20 % of
-    // 500 ms, with 250 ms and no peak ahead by a few %, not on every seed): the tool keeps the
-    // current settings, a miss but not a harm. Whatever it recommends must not be worse.
+fn a_host_slow_every_other_4_s_is_held_down_by_a_longer_time_constant() {
+    // Period 8 s, 50 ms when slow: on the true world a 500 ms time constant lets the host back
+    // in at each fast phase and pays for it at the next slow one (p99 88.5 ms; 10 s: 66.1). The
+    // model fitted before service times were taken out of the queue exactly did not see this
+    // gain and kept the current settings.
     let spec = alternating_world(
         8.0,
         Latency::Uniform {
@@ -193,16 +193,9 @@ fn a_host_alternating_every_4_s_is_not_made_worse() {
         850.0,
     );
     let current = json!({"smoothing": {"algorithm": "peak_ewma", "tau_ms": 500}});
-    let report = tune_world("period-8", &spec, current.clone(), &[1, 2]);
-    let (now, then) = (
-        true_p99(&spec, &current),
-        true_p99(&spec, &report.recommended),
-    );
-    assert!(
-        then <= now * 1.05,
-        "true p99 {then:.1} ms under the recommendation against {now:.1} ms now\n{}",
-        report.markdown
-    );
+    let report = finds_the_better_setting("period-8", &spec, current, 0.1);
+    let tau = smoothing(&report)["tau_ms"].as_f64().unwrap();
+    assert!(tau >= 2000.0, "{}", report.markdown);
 }
 
 #[test]

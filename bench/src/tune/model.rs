@@ -5,9 +5,9 @@
 //! rarely and lightly loaded. Replaying the logged latencies as they were would pretend another
 //! policy would have met the same ones. So each host gets a model instead: a queue of `k` servers
 //! (or none) whose service time is a level that moves with time (one per time bucket) times a
-//! residual drawn from those the log showed. A request that finds n others in flight (reconstructed
-//! from the log's overlapping intervals) waits for `n + 1 − k` of them to leave, so its latency is
-//! about `service × max(1, (n + 1) / k)`; `k` is the one of that form that explains the log best.
+//! residual drawn from those the log showed. Each request's service is taken out of the log
+//! exactly as that queue would have given it (`service_times`: its latency less its wait for a
+//! server), and `k` is the count whose service times explain the log best.
 //! The replay then runs that queue (`HostSpec::capacity`), so a host pushed past what it can serve
 //! queues without end, as it would.
 //!
@@ -73,14 +73,48 @@ const SERVERS: [Option<usize>; 18] = [
     Some(256),
 ];
 
-/// How much longer than its service a request takes that finds `others` in flight at a queue of
-/// `servers`.
-fn queue_factor(others: usize, servers: Option<usize>) -> f64 {
-    match servers {
-        Some(k) if others >= k => (others + 1) as f64 / k as f64,
-        _ => 1.0,
-    }
+/// One request's service as a queue would have given it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Service {
+    /// When a server took it (since the window's start).
+    pub begin_ns: u64,
+    pub ms: f64,
 }
+
+/// Each request's service at a FIFO queue of `servers` (`None`: no queue), from when it arrived
+/// and when it left: it started service when it arrived or when a server freed up for it,
+/// whichever came later, and with FIFO order that is the `servers`-th latest departure among the
+/// requests that arrived before it. The replay runs the same queue, so what it draws as service
+/// is what the log's hosts spent on each request, not that plus a share of the wait. (`samples`
+/// sorted by start; a departure is the start plus the latency.)
+pub fn service_times(samples: &[Sample], servers: Option<usize>) -> Vec<Service> {
+    let mut latest: BinaryHeap<Reverse<u64>> = BinaryHeap::new();
+    samples
+        .iter()
+        .map(|s| {
+            let done = s.start_ns + (s.latency_ms.max(0.0) * 1e6) as u64;
+            let Some(k) = servers else {
+                return Service {
+                    begin_ns: s.start_ns,
+                    ms: s.latency_ms,
+                };
+            };
+            let begin_ns = match latest.peek() {
+                Some(Reverse(free)) if latest.len() >= k => s.start_ns.max(*free),
+                _ => s.start_ns,
+            };
+            latest.push(Reverse(done));
+            if latest.len() > k {
+                latest.pop();
+            }
+            Service {
+                begin_ns,
+                ms: done.saturating_sub(begin_ns) as f64 / 1e6,
+            }
+        })
+        .collect()
+}
+
 /// A bucket's failure rate is pulled toward the host's by this many requests' worth.
 const FAILURE_PRIOR: f64 = 5.0;
 
@@ -104,46 +138,53 @@ pub fn in_flight_at_start(samples: &[Sample]) -> Vec<usize> {
 pub fn fit(samples: &[Sample], bucket_s: f64, buckets: usize) -> HostFit {
     let buckets = buckets.max(1);
     let load = in_flight_at_start(samples);
-    let bucket_of = |s: &Sample| ((s.start_ns as f64 / 1e9 / bucket_s) as usize).min(buckets - 1);
-    let y: Vec<f64> = samples
-        .iter()
-        .map(|s| s.latency_ms.max(0.01).ln())
-        .collect();
-    // The servers: the count whose fit leaves the least spread within buckets (the level moves
-    // with time, so only how latency moves with load inside a bucket says what load does).
-    let mut best = (f64::INFINITY, None);
+    let bucket_at = |ns: u64| ((ns as f64 / 1e9 / bucket_s) as usize).min(buckets - 1);
+    let arrived: Vec<usize> = samples.iter().map(|s| bucket_at(s.start_ns)).collect();
+    // A service is bucketed by when it began, as the replay draws it (`FittedHost::sample`): a
+    // request that queued through a change of level is served at the new one.
+    let ln = |service: &[Service]| -> (Vec<f64>, Vec<usize>) {
+        service
+            .iter()
+            .map(|s| (s.ms.max(0.01).ln(), bucket_at(s.begin_ns)))
+            .unzip()
+    };
+    // The servers: the count under which the log is likeliest. Each count turns the log into
+    // service times (one per request, `service_times`), and a queue of that count given those
+    // services gives back the log exactly; so what tells the counts apart is how likely those
+    // services are, each bucket's lognormal around its own level (the level moves with time;
+    // the spread is the host's). Too many servers leave part of each wait in the service; too
+    // few start requests before a server was free and cut their service short by varying
+    // amounts. The `Σ ln s` term is the change of variable from ln s back to s: without it,
+    // services all made shorter would look as good as the true ones.
     let loads: Vec<f64> = load.iter().map(|n| *n as f64).collect();
-    let varied = within_buckets(samples, &loads, bucket_of, buckets)
-        >= MIN_LOAD_VARIANCE * 0.1 * samples.len() as f64;
+    let varied =
+        within_buckets(&loads, &arrived, buckets) >= MIN_LOAD_VARIANCE * 0.1 * samples.len() as f64;
+    let n = samples.len().max(1) as f64;
+    let mut best = (f64::INFINITY, None);
     for k in SERVERS
         .into_iter()
         .take(if varied { SERVERS.len() } else { 1 })
     {
-        let r: Vec<f64> = (0..samples.len())
-            .map(|i| y[i] - queue_factor(load[i], k).ln())
-            .collect();
-        let sse = within_buckets(samples, &r, bucket_of, buckets);
-        if sse < best.0 - 1e-9 {
-            best = (sse, k);
+        let (y, bucket) = ln(&service_times(samples, k));
+        let spread = (within_buckets(&y, &bucket, buckets) / n).max(1e-6);
+        let cost = y.iter().sum::<f64>() + n / 2.0 * spread.ln();
+        if cost < best.0 - 1e-9 * n {
+            best = (cost, k);
         }
     }
     let servers = best.1;
-    let explained = |i: usize| queue_factor(load[i], servers).ln();
-    // The level of each bucket: the median of what load does not explain (a median, so one
-    // spike does not lift its bucket).
-    let mut adjusted: Vec<Vec<f64>> = vec![Vec::new(); buckets];
-    for (i, s) in samples.iter().enumerate() {
-        adjusted[bucket_of(s)].push(y[i] - explained(i));
+    let (y, bucket) = ln(&service_times(samples, servers));
+    // The level of each bucket: the median service (a median, so one spike does not lift its
+    // bucket).
+    let mut in_bucket: Vec<Vec<f64>> = vec![Vec::new(); buckets];
+    for (y, b) in y.iter().zip(&bucket) {
+        in_bucket[*b].push(*y);
     }
-    let mut level: Vec<Option<f64>> = adjusted.iter_mut().map(|v| median(v)).collect();
+    let mut level: Vec<Option<f64>> = in_bucket.iter_mut().map(|v| median(v)).collect();
     let measured_buckets = level.iter().filter(|l| l.is_some()).count();
     fill_nearest(&mut level);
     let level: Vec<f64> = level.into_iter().map(|l| l.unwrap_or(0.0)).collect();
-    let mut residuals: Vec<f64> = samples
-        .iter()
-        .enumerate()
-        .map(|(i, s)| y[i] - explained(i) - level[bucket_of(s)])
-        .collect();
+    let mut residuals: Vec<f64> = y.iter().zip(&bucket).map(|(y, b)| y - level[*b]).collect();
     if residuals.len() > MAX_RESIDUALS {
         let step = residuals.len() as f64 / MAX_RESIDUALS as f64;
         residuals = (0..MAX_RESIDUALS)
@@ -156,8 +197,8 @@ pub fn fit(samples: &[Sample], bucket_s: f64, buckets: usize) -> HostFit {
     let failures = samples.iter().filter(|s| s.failed).count();
     let failure_rate = failures as f64 / samples.len().max(1) as f64;
     let mut counts = vec![(0usize, 0usize); buckets];
-    for s in samples {
-        let c = &mut counts[bucket_of(s)];
+    for (s, b) in samples.iter().zip(&arrived) {
+        let c = &mut counts[*b];
         c.0 += 1;
         c.1 += usize::from(s.failed);
     }
@@ -180,16 +221,11 @@ pub fn fit(samples: &[Sample], bucket_s: f64, buckets: usize) -> HostFit {
     }
 }
 
-/// The sum of squares of `values` (one per sample) around their bucket's mean.
-fn within_buckets(
-    samples: &[Sample],
-    values: &[f64],
-    bucket_of: impl Fn(&Sample) -> usize,
-    buckets: usize,
-) -> f64 {
+/// The sum of squares of `values` around their bucket's mean (`bucket`: one per value).
+fn within_buckets(values: &[f64], bucket: &[usize], buckets: usize) -> f64 {
     let mut sum = vec![(0.0f64, 0.0f64, 0usize); buckets];
-    for (s, v) in samples.iter().zip(values) {
-        let b = &mut sum[bucket_of(s)];
+    for (v, b) in values.iter().zip(bucket) {
+        let b = &mut sum[*b];
         b.0 += v;
         b.1 += v * v;
         b.2 += 1;
@@ -281,23 +317,65 @@ mod tests {
         assert_eq!(f.servers, None, "no overlap, no queue");
     }
 
-    #[test]
-    fn latency_that_grows_with_the_queue_gives_its_servers() {
-        // Bursts of 8: the k-th request starts with k others in flight, and 2 servers serve
-        // them 10 ms each.
-        let mut v = Vec::new();
-        for burst in 0..100u64 {
-            for k in 0..8 {
-                let ms = 10.0 * (k as f64 + 1.0).max(2.0) / 2.0;
-                v.push(Sample {
-                    start_ns: burst * 100_000_000 + k as u64 * 1000,
-                    end_ns: burst * 100_000_000 + 50_000_000,
-                    latency_ms: ms,
+    /// A FIFO queue of `servers` fed `arrivals_ms` with `service_ms`: its samples as a log
+    /// would show them, to the microsecond.
+    fn queue(arrivals_ms: &[f64], service_ms: &[f64], servers: usize) -> Vec<Sample> {
+        let mut free = vec![0.0f64; servers];
+        arrivals_ms
+            .iter()
+            .zip(service_ms)
+            .map(|(&a, &service)| {
+                let (i, &at) = free
+                    .iter()
+                    .enumerate()
+                    .min_by(|x, y| x.1.total_cmp(y.1))
+                    .unwrap();
+                let done = a.max(at) + service;
+                free[i] = done;
+                Sample {
+                    start_ns: (a * 1000.0).round() as u64 * 1000,
+                    end_ns: (done * 1000.0).round() as u64 * 1000,
+                    latency_ms: ((done - a) * 1000.0).round() / 1000.0,
                     failed: false,
-                });
-            }
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_fifo_queues_service_times_come_back_exactly() {
+        // Bursts of 8 at a queue of 2 servers: the requests leave in pairs.
+        let arrivals: Vec<f64> = (0..100)
+            .flat_map(|b| (0..8).map(move |k| b as f64 * 100.0 + k as f64 * 0.01))
+            .collect();
+        let service: Vec<f64> = (0..800).map(|i| 8.0 + (i % 5) as f64).collect();
+        let v = queue(&arrivals, &service, 2);
+        let got = service_times(&v, Some(2));
+        for (g, want) in got.iter().zip(&service) {
+            assert!((g.ms - want).abs() < 0.01, "{g:?} against {want}");
         }
-        let f = fit(&v, 1.0, 10);
+        assert_eq!(fit(&v, 1.0, 10).servers, Some(2));
+    }
+
+    #[test]
+    fn a_queue_near_its_capacity_is_fitted_at_its_true_service_time() {
+        // Two servers, service 16-24 ms (mean 20), random arrivals at 90 % of capacity: most
+        // requests find someone ahead. The fit must see the 20 ms, not a service shrunk by the
+        // part of the wait it takes for the queue's (a service shorter by 5 % is a capacity 5 %
+        // larger, and at this load the replay's queue then barely forms).
+        let mut rng = fastrand::Rng::with_seed(7);
+        let mut t = 0.0;
+        let arrivals: Vec<f64> = (0..20_000)
+            .map(|_| {
+                t += -(1.0 - rng.f64()).ln() * 20.0 / 2.0 / 0.9;
+                t
+            })
+            .collect();
+        let service: Vec<f64> = (0..20_000).map(|_| 16.0 + 8.0 * rng.f64()).collect();
+        let v = queue(&arrivals, &service, 2);
+        let f = fit(&v, 1000.0, 1);
         assert_eq!(f.servers, Some(2));
+        let median_ms = f.model.level[0].exp();
+        assert!((median_ms - 20.0).abs() < 0.4, "{median_ms}");
     }
 }
