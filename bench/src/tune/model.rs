@@ -7,7 +7,7 @@
 //! (or none) whose service time is a level that moves with time (one per time bucket) times a
 //! residual drawn from those the log showed. Each request's service is taken out of the log
 //! exactly as that queue would have given it (`service_times`: its latency less its wait for a
-//! server), and `k` is the count whose service times explain the log best.
+//! server), and `k` is the count under which those service times are likeliest.
 //! The replay then runs that queue (`HostSpec::capacity`), so a host pushed past what it can serve
 //! queues without end, as it would.
 //!
@@ -48,10 +48,10 @@ pub struct HostFit {
 
 /// Residuals kept per host to draw from.
 const MAX_RESIDUALS: usize = 10_000;
-/// The servers are taken from how latency moves with load within buckets; below this spread of
-/// in-flight counts that is not measurable, and the host has no limit.
+/// Below this spread of in-flight counts within buckets the log never queued at the host, so it
+/// cannot tell how many servers the host has, and the host has no limit.
 const MIN_LOAD_VARIANCE: f64 = 1.0;
-/// The server counts tried (`None`: no limit); the least squares one is taken.
+/// The server counts tried (`None`: no limit); the likeliest is taken (`fit`).
 const SERVERS: [Option<usize>; 18] = [
     None,
     Some(1),
