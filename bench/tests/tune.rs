@@ -7,9 +7,9 @@
 //!
 //! The issue expected "a host alternating with period P wants a time constant well under P" and
 //! "rare spikes want a long one or no peak". Run on the true worlds, the first did not hold for
-//! this plugin (its pick compares requests in flight, and rises persist before they count): p99
-//! moved by 10 % or less across 0.25-10 s for periods of 2-8 s, and a 250 ms time constant was the
-//! worst. The second holds: spikes held by a long peak are let go
+//! this plugin (its pick compares requests in flight, and rises persist before they count): for
+//! periods of 2-8 s longer time constants did as well or better, and the shortest was the worst
+//! (the two alternating worlds below). The second holds: spikes held by a long peak are let go
 //! (`rare_spikes_held_by_a_long_peak_are_let_go`). The worlds below are ones where the true answer
 //! is clear.
 
