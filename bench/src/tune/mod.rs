@@ -42,17 +42,17 @@ pub struct TuneReport {
     pub logged: RoundFigures,
     /// Every candidate, the current settings first.
     pub outcomes: Vec<Outcome>,
-    /// Index of the recommended candidate in `outcomes`: the lowest median p99 when it beat the
-    /// current settings on every seed, else 0 (keep them).
+    /// Index of the recommended candidate in `outcomes`: the leader when it beat the current
+    /// settings on every seed, else 0 (keep them).
     pub best: usize,
     /// Index of the best candidate: the lowest median p99 of the first stage (the smoother), or
     /// of the second (one more change on top of that) when it beats the first's by more than its
     /// own spread over the seeds.
-    pub lowest: usize,
+    pub leader: usize,
     /// How far the replay of the current settings' p99 is from the log's, as a share of the
     /// log's: above [`MAX_FIT_ERROR`] nothing is recommended.
     pub fit_error: f64,
-    /// The lowest's p99 gain over the current settings, % of the current p99, per seed: median
+    /// The leader's p99 gain over the current settings, % of the current p99, per seed: median
     /// and range.
     pub gain_pct: Spread,
     /// The configuration to apply, accepted by the plugin's parser.
@@ -129,7 +129,7 @@ pub fn tune(opts: &TuneOptions) -> Result<TuneReport> {
         run(c, &mut outcomes)?;
     }
     let best_first = best_of(&outcomes);
-    let mut lowest = best_first;
+    let mut leader = best_first;
     if !opts.quick {
         let second = replay::candidates(
             &opts.current,
@@ -148,7 +148,7 @@ pub fn tune(opts: &TuneOptions) -> Result<TuneReport> {
         // (bench/README.md, "Tuning from the access log").
         let best_second = from + best_of(&outcomes[from..]);
         if outcomes.len() > from && clearly_beats(&outcomes[best_second], &outcomes[best_first]) {
-            lowest = best_second;
+            leader = best_second;
         }
     }
     bar.finish_and_clear();
@@ -160,7 +160,7 @@ pub fn tune(opts: &TuneOptions) -> Result<TuneReport> {
             .map(|(cur, b)| 100.0 * (cur.p99_ms - b.p99_ms) / cur.p99_ms.max(1e-9))
             .collect()
     };
-    let gain_pct = Spread::of(gains(lowest)).unwrap_or_default();
+    let gain_pct = Spread::of(gains(leader)).unwrap_or_default();
     // A change is recommended only when the model reproduces the log (the replay of the current
     // settings is near the log's own p99) and the change beats the current settings on every
     // seed: a gain within the replay's own noise is no reason to change.
@@ -168,7 +168,7 @@ pub fn tune(opts: &TuneOptions) -> Result<TuneReport> {
     let fit_error = (replayed_p99 - logged.p99_ms).abs() / logged.p99_ms.max(1e-9);
     let fit_ok = fit_error <= MAX_FIT_ERROR;
     let best = if fit_ok && gain_pct.min > 0.0 {
-        lowest
+        leader
     } else {
         0
     };
@@ -181,7 +181,7 @@ pub fn tune(opts: &TuneOptions) -> Result<TuneReport> {
         logged,
         outcomes,
         best,
-        lowest,
+        leader,
         fit_error,
         gain_pct,
         recommended,
@@ -355,16 +355,16 @@ fn markdown(r: &TuneReport, opts: &TuneOptions) -> String {
             100.0 * MAX_FIT_ERROR
         );
     } else if r.best == 0 {
-        let lowest = &r.outcomes[r.lowest];
-        match r.lowest {
+        let leader = &r.outcomes[r.leader];
+        match r.leader {
             0 => md.push_str("**Recommendation: keep the current settings**: no candidate had a lower median p99.\n"),
             _ => {
                 let _ = writeln!(
                     md,
-                    "**Recommendation: keep the current settings**: the lowest median p99, {} (#{}), gained {} % \
+                    "**Recommendation: keep the current settings**: the best candidate, {} (#{}), gained {} % \
                      (median (min-max) over the seeds), not on every seed: within the replay's noise.",
-                    lowest.candidate.name,
-                    r.lowest,
+                    leader.candidate.name,
+                    r.leader,
                     r.gain_pct.show(1)
                 );
             }

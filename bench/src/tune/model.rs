@@ -75,10 +75,10 @@ const SERVERS: [Option<usize>; 18] = [
 
 /// One request's service as a queue would have given it.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Service {
+struct Service {
     /// When a server took it (since the window's start).
-    pub begin_ns: u64,
-    pub ms: f64,
+    begin_ns: u64,
+    ms: f64,
 }
 
 /// Each request's service at a FIFO queue of `servers` (`None`: no queue), from when it arrived
@@ -87,7 +87,7 @@ pub struct Service {
 /// requests that arrived before it. The replay runs the same queue, so what it draws as service
 /// is what the log's hosts spent on each request, not that plus a share of the wait. (`samples`
 /// sorted by start; a departure is the start plus the latency.)
-pub fn service_times(samples: &[Sample], servers: Option<usize>) -> Vec<Service> {
+fn service_times(samples: &[Sample], servers: Option<usize>) -> Vec<Service> {
     let mut latest: BinaryHeap<Reverse<u64>> = BinaryHeap::new();
     samples
         .iter()
@@ -160,7 +160,7 @@ pub fn fit(samples: &[Sample], bucket_s: f64, buckets: usize) -> HostFit {
     let varied =
         within_buckets(&loads, &arrived, buckets) >= MIN_LOAD_VARIANCE * 0.1 * samples.len() as f64;
     let n = samples.len().max(1) as f64;
-    let mut best = (f64::INFINITY, None);
+    let mut best = (f64::INFINITY, None, Vec::new(), Vec::new());
     for k in SERVERS
         .into_iter()
         .take(if varied { SERVERS.len() } else { 1 })
@@ -169,11 +169,10 @@ pub fn fit(samples: &[Sample], bucket_s: f64, buckets: usize) -> HostFit {
         let spread = (within_buckets(&y, &bucket, buckets) / n).max(1e-6);
         let cost = y.iter().sum::<f64>() + n / 2.0 * spread.ln();
         if cost < best.0 - 1e-9 * n {
-            best = (cost, k);
+            best = (cost, k, y, bucket);
         }
     }
-    let servers = best.1;
-    let (y, bucket) = ln(&service_times(samples, servers));
+    let (_, servers, y, bucket) = best;
     // The level of each bucket: the median service (a median, so one spike does not lift its
     // bucket).
     let mut in_bucket: Vec<Vec<f64>> = vec![Vec::new(); buckets];
