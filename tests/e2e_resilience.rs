@@ -28,10 +28,9 @@ fn health_probes_are_never_steered_nor_sampled() {
     let mut specs = three("uniform:40-60");
     specs[1] = BackendSpec::new("b", "uniform:40-60".parse().unwrap())
         .health_latency("fixed:800".parse().unwrap());
-    let stack = Stack::start(specs).unwrap();
     // b's slow health endpoint can fail Envoy's first check while other Envoys start beside this
-    // one; b would then get no traffic at all for seconds, which is not what this test is about.
-    stack.wait_all_healthy(Duration::from_secs(20)).unwrap();
+    // one: the start waits until Envoy holds it healthy again (`Stack::wait_all_healthy`).
+    let stack = Stack::start(specs).unwrap();
     stack.load(100.0, 4).unwrap();
     let probes = 30;
     let handles: Vec<_> = (0..probes)

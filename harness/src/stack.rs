@@ -23,6 +23,10 @@ use crate::{http, paths, poll, ports};
 /// The plugin's status page (its default `status_path`).
 pub const STATUS_PATH: &str = "/ewma-lb/status";
 
+/// How long a start waits for Envoy to hold every backend healthy: a first check that failed
+/// is made good by `healthy_threshold` (2) more, 3 s apart in the shipped config.
+const HEALTHY_LIMIT: Duration = Duration::from_secs(20);
+
 /// Backends behind a real Envoy running the shipped config.
 pub struct Stack {
     pub envoy: Envoy,
@@ -123,13 +127,19 @@ impl Stack {
         };
         options(&mut opts);
         let envoy = Envoy::start(opts)?;
-        Ok(Stack {
+        let stack = Stack {
             envoy,
             backends,
             url: format!("http://127.0.0.1:{port}"),
             pool,
             eds,
-        })
+        };
+        // Every backend answers its health checks when it starts; one whose first check still
+        // failed (Envoy's main thread compiling the module on a loaded machine while the check
+        // timed out) would get nothing, from Envoy or the plugin, for `healthy_threshold` checks:
+        // seconds that no test here is about.
+        stack.wait_all_healthy(HEALTHY_LIMIT)?;
+        Ok(stack)
     }
 
     fn eds(&mut self) -> Result<&mut EdsFile> {
@@ -274,10 +284,11 @@ impl Stack {
     }
 
     /// Waits until Envoy's active health checks hold every backend healthy (its `/clusters`
-    /// page). A host whose first check fails (a slow health endpoint while a loaded machine
-    /// starts several Envoys) stays out of Envoy's balancing until `healthy_threshold` checks
-    /// pass, seconds later: a test about what the plugin does with a host needs the host in the
-    /// cluster first. An error names the hosts still not healthy after `limit`.
+    /// page); every start does. A host whose first check fails (a slow health endpoint while a
+    /// loaded machine starts several Envoys) stays out of Envoy's balancing, and out of the
+    /// plugin's table (`envoy_health`), until `healthy_threshold` checks pass, seconds later: a
+    /// test about what the plugin does with a host needs the host in the cluster first. An error
+    /// names the hosts still not healthy after `limit`.
     pub fn wait_all_healthy(&self, limit: Duration) -> Result<()> {
         let unhealthy = || -> Vec<String> {
             let page = self.envoy.admin_get("/clusters").unwrap_or_default();
