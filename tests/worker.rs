@@ -1486,7 +1486,7 @@ fn the_vm_that_folded_last_keeps_folding_and_another_takes_over_a_tick_after_it_
 
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
-fn a_vm_folds_from_its_kept_record_only_while_shared_data_holds_those_bytes() {
+fn a_vm_folds_from_its_kept_record_only_while_shared_data_holds_the_record_it_wrote() {
     use ewma_lb::record::state::HostState;
     use ewma_lb::record::sync::{decode, encode};
     let store = Shared::default();
@@ -1498,10 +1498,12 @@ fn a_vm_folds_from_its_kept_record_only_while_shared_data_holds_those_bytes() {
         t += SEC / 10;
     }
     // Another writer (a refresher that died before publishing the head, say) leaves a record
-    // that holds one host more: `a` must fold into that one, not into the one it kept.
+    // that holds one host more, stamped as every fold stamps it: `a` must fold into that one,
+    // not into the one it kept.
     let key = a.record_key(CLUSTER);
     let (bytes, version) = store.0.borrow().data.get(&key).unwrap().clone();
     let mut record = decode(&bytes, 100).unwrap();
+    record.written_by = (record.written_by.0.wrapping_add(1), 1);
     record.hosts.push(HostState {
         address: "10.0.0.9:80".into(),
         last_seen_ns: record.clock_ns,

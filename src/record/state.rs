@@ -193,6 +193,9 @@ impl HostState {
 /// The shared record of one cluster.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ClusterState {
+    /// The VM that wrote this record and its count of folds then (`sync`): first, so a VM finds
+    /// whether shared data still holds the record it wrote by reading these bytes, not all.
+    pub written_by: (u64, u64),
     /// Bumped on every change of the shares; workers rebuild their pick table when it moves.
     pub table_version: u64,
     pub refreshed_ns: u64,
@@ -386,9 +389,14 @@ impl ClusterState {
                 removed += usize::from(self.remove_absent(address));
                 continue;
             }
-            joined += usize::from(self.index(address).is_err());
-            let Some(host) = self.host_mut_or_insert(address, now_ns, false, policy.max_hosts)
-            else {
+            let found = match self.index(address) {
+                Ok(i) => self.hosts.get_mut(i),
+                Err(_) => {
+                    joined += 1;
+                    self.host_mut_or_insert(address, now_ns, false, policy.max_hosts)
+                }
+            };
+            let Some(host) = found else {
                 continue;
             };
             host.absent = false;

@@ -117,7 +117,7 @@ impl Keys {
 pub const MAGIC: &[u8; 4] = b"EWLB";
 /// Bumped whenever the encoded layout changes; it is part of the key, so records of other
 /// versions live beside ours.
-pub const FORMAT_VERSION: u8 = 8;
+pub const FORMAT_VERSION: u8 = 9;
 /// Most hosts a record may hold, whatever a configuration allows; more means it is not a record.
 pub const MAX_RECORD_HOSTS: usize = 16_384;
 /// The largest value this plugin writes to or reads from shared data: the record of
@@ -224,6 +224,14 @@ pub fn encode(state: &ClusterState) -> Vec<u8> {
 /// [`encode`], into a buffer sized for `previous_len` bytes and a little more.
 fn encode_like(state: &ClusterState, previous_len: usize) -> Vec<u8> {
     frame_into(KIND_RECORD, state, previous_len + previous_len / 8 + 256)
+}
+
+/// [`ClusterState::written_by`] of the record in `bytes`, read without decoding the rest.
+fn written_by(bytes: &[u8]) -> Option<(u64, u64)> {
+    let body = body_of(bytes, KIND_RECORD).ok()?;
+    postcard::take_from_bytes::<(u64, u64)>(body)
+        .ok()
+        .map(|(stamp, _)| stamp)
 }
 
 /// The record in `bytes`, if it is one of ours, of this format, with at most `max_hosts` hosts.
@@ -563,15 +571,17 @@ pub struct Member {
     pub slot: Option<u16>,
     /// The record as this VM last wrote it, while no other VM has folded since.
     kept: Option<Kept>,
+    /// Folds this VM has written: with its identity, each record's `written_by`.
+    folds: u64,
 }
 
-/// A record this VM wrote: the bytes, to tell whether shared data still holds them, and the
-/// state they encode, so that the VM folding refresh after refresh decodes the record only when
-/// someone else wrote it (decoding was about a quarter of a refresh, bench/README.md). The VM
-/// holds both between folds (1.1 MB of bytes at 10,000 hosts) instead of only during one.
+/// A record this VM wrote, so that the VM folding refresh after refresh decodes the record only
+/// when someone else wrote it (decoding was about a quarter of a refresh, bench/README.md).
+/// Shared data still holds it when the record there bears its `written_by`: another writer, or
+/// this VM's own write that failed to publish (a fold that fails after writing the record keeps
+/// nothing), stamps another. The VM holds the state between folds instead of only during one.
 #[derive(Clone, Debug)]
 struct Kept {
-    bytes: Vec<u8>,
     state: ClusterState,
     /// The fold's time, as its head says: a head naming another fold means another VM folds now.
     folded_ns: u64,
@@ -833,11 +843,16 @@ fn fold(
     let kept = member.kept.take();
     let record_len = bytes.as_ref().map_or(0, Vec::len);
     let (mut state, replaced, mut hosts_hash) = match bytes {
-        // The bytes this VM wrote last, so the state it kept: a refresher that died after writing
-        // the record, or any other writer, left other bytes.
-        Some(b) if kept.as_ref().is_some_and(|k| k.bytes == b) => kept
-            .map(|k| (k.state, None, k.hosts_hash))
-            .unwrap_or_default(),
+        // The record this VM wrote last, so the state it kept: a refresher that died after
+        // writing the record, or any other writer, stamped its own.
+        Some(b)
+            if kept
+                .as_ref()
+                .is_some_and(|k| written_by(&b) == Some(k.state.written_by)) =>
+        {
+            kept.map(|k| (k.state, None, k.hosts_hash))
+                .unwrap_or_default()
+        }
         Some(b) => match decode(&b, policy.max_hosts) {
             Ok(state) => (state, None, 0),
             // Not a record this build can read in our own key: corrupt. Rebuilt, and reported.
@@ -889,6 +904,8 @@ fn fold(
     }
     state.acked = acked;
     state.workers = workers;
+    member.folds = member.folds.wrapping_add(1);
+    state.written_by = (ctx.worker, member.folds);
     let bytes = encode_like(&state, record_len);
     if bytes.len() > MAX_VALUE_BYTES {
         return Err(SyncError::Store(format!(
@@ -937,7 +954,6 @@ fn fold(
     };
     publish(store, ctx, &head)?;
     member.kept = Some(Kept {
-        bytes,
         state,
         folded_ns: now_ns,
         hosts_hash,

@@ -293,6 +293,7 @@ pub(crate) fn host_gauges(
         change,
     };
     if gauged(new.hosts.len()) {
+        out.reserve(HOST_GAUGES.len() * new.hosts.len() + 1);
         for (h, name) in new.hosts.iter().zip(&table.hosts) {
             let ejected = HostPhase::of(h, new.clock_ns, slow_start_ns) == HostPhase::Ejected;
             let terms = h.terms(new.clock_ns);
