@@ -123,8 +123,8 @@ fn malformed_load_reports_are_counted_and_ignored() {
         }
     }
     a.set_orca(None);
-    // Counters reach Envoy on the plugin's next tick, late on a loaded machine; read until they
-    // stop short of the responses no more.
+    // Counters reach Envoy on the plugin's next tick, late on a loaded machine: read until the
+    // count reaches 95 % of the responses (5 s at most).
     let counted = || stack.prometheus(counter).unwrap_or(0.0) - start;
     harness::within(Duration::from_secs(5), || {
         counted() >= 0.95 * sent_by_a as f64

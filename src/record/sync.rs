@@ -16,7 +16,8 @@
 //! The VM that folded last is the first to find the next fold due: another VM's view of record
 //! time caught up with the head's at its own tick after the fold, so it lags by that tick's delay
 //! (`clock::RecordClock`). So one VM keeps folding while it lives, and keeps the record it wrote
-//! decoded: it decodes the record again only when shared data holds other bytes than it wrote.
+//! decoded: it decodes the record again only when the record in shared data bears another
+//! writer's stamp (`ClusterState::written_by`).
 //! Other VMs read the table, not the record, and only when the head names a table version they
 //! have not read yet.
 //!
