@@ -175,6 +175,63 @@ fn endpoints_that_join_under_load_get_their_share_within_ten_seconds() {
     );
 }
 
+/// (b'') Scale-out seen through Envoy's admin page: 10 endpoints serve, traffic stops, 10 more
+/// join (one EDS update), and only then do requests come again. Each VM reads `/clusters`
+/// (`envoy_health.admin_cluster`, as envoy.yaml ships it) and hands the hosts listed there to
+/// the record, so the first requests after the pause already find the newcomers in the table:
+/// the plugin steers them (the backends see its override header naming them) and leaves nothing
+/// to the fallback. A plugin that learned hosts only from the requests that met them would know
+/// none of the newcomers when the requests resume: it would leave half of them to the fallback
+/// (the unknown endpoints' fraction, at least), unsteered, and steer none to a newcomer until
+/// the fallback had met it. Without Envoy's active checks, as in (b): nothing then holds a
+/// newcomer out of Envoy's own balancing, nor out of the page's healthy hosts.
+#[test]
+fn endpoints_envoy_lists_are_steered_before_any_request_met_them() {
+    let _serial = one_at_a_time();
+    let mut stack = Stack::start_eds(equal("old", 10, "uniform:5-10"), |config| {
+        config.cluster(CLUSTER)?.remove("health_checks")?;
+        Ok(())
+    })
+    .unwrap();
+    // One connection per request, so both of Envoy's workers carry traffic and each VM has the
+    // cluster's table before the pause (a VM's first request to a cluster it has no table of
+    // goes to the fallback: another cause of unsteered requests, kept out of this test).
+    let url = format!("{}/work", stack.url);
+    let get = || harness::http::get(&url, &[]).unwrap();
+    for _ in 0..300 {
+        assert_eq!(get().status, 200);
+    }
+    stack.join(equal("new", 10, "uniform:5-10"), None).unwrap();
+    stack.wait_for_endpoints(Duration::from_secs(5)).unwrap();
+    // A poll (1 s) and the tick after it, with a wide margin; no request meanwhile.
+    std::thread::sleep(Duration::from_secs(4));
+    let (mut steered_new, mut unsteered, mut sent) = (0, 0, 0);
+    let mut seen = BTreeMap::<String, u64>::new();
+    for _ in 0..200 {
+        let r = get();
+        assert_eq!(r.status, 200);
+        sent += 1;
+        let backend = r.header("x-backend").unwrap_or("(none)").to_owned();
+        match r.header("x-seen-override") {
+            None => unsteered += 1,
+            Some(_) if backend.starts_with("new") => steered_new += 1,
+            Some(_) => {}
+        }
+        *seen.entry(backend).or_default() += 1;
+    }
+    eprintln!(
+        "after the pause: {steered_new} of {sent} steered to a newcomer, {unsteered} unsteered; {seen:?}"
+    );
+    assert!(
+        unsteered <= sent / 50,
+        "{unsteered} of {sent} requests went unsteered: the table did not know every endpoint; {seen:?}"
+    );
+    assert!(
+        steered_new >= sent / 4,
+        "only {steered_new} of {sent} requests were steered to the newcomers (fair: half); {seen:?}"
+    );
+}
+
 /// The value of `series` in a `/stats/prometheus` text; `None` when absent.
 fn sample(text: &str, series: &str) -> Option<f64> {
     text.lines().find_map(|l| {

@@ -477,17 +477,34 @@ envoy_admin::127.0.0.1:9901::health_flags::healthy
 ::127.0.0.1:1::health_flags::/failed_active_hc
 garbage \xff\xfe::health_flags::
 ";
-    let got = ewma_lb::worker::health::unhealthy_hosts(text, |c| c == "backend" || c == "other");
-    let mut backend: Vec<&str> = got["backend"].iter().map(String::as_str).collect();
+    let text = String::from_utf8_lossy(text);
+    let got = ewma_lb::worker::health::listed_hosts(&text, |c| c == "backend" || c == "other");
+    let mut backend: Vec<&str> = got["backend"]
+        .unhealthy
+        .iter()
+        .map(String::as_str)
+        .collect();
     backend.sort_unstable();
     assert_eq!(
         backend,
         ["127.0.0.1:8082", "127.0.0.1:8083", "[::1]:8084"],
         "degraded hosts still take traffic in Envoy's own balancers; hosts not checked yet are new, not failing"
     );
-    assert_eq!(got["other"].len(), 1);
+    assert_eq!(
+        got["backend"].serving,
+        [
+            "127.0.0.1:8081",
+            "[::1]:8085",
+            "10.0.0.9:80",
+            "10.0.0.10:80"
+        ],
+        "every host listed and not unhealthy serves"
+    );
+    assert_eq!(got["backend"].count, 7, "one health line per host");
+    assert_eq!(got["other"].unhealthy.len(), 1);
+    assert!(got["other"].serving.is_empty());
     assert!(!got.contains_key("envoy_admin"), "not a steered cluster");
-    assert!(ewma_lb::worker::health::unhealthy_hosts(b"", |_| true).is_empty());
+    assert!(ewma_lb::worker::health::listed_hosts("", |_| true).is_empty());
 }
 
 /// A host Envoy reports unhealthy leaves this worker's picks at once and comes back when Envoy
@@ -559,6 +576,67 @@ fn hosts_envoy_marks_unhealthy_leave_the_picks() {
     let later = run(&mut w, 70);
     assert!(later - (now + SEC) >= 5 * SEC);
     assert!(picked(&mut w, later).iter().any(|h| h == "10.0.0.2:80"));
+}
+
+/// A host `/clusters` lists that no request met yet (a scale-out's newcomer) enters the record
+/// through the VM's batch: every VM of the process has it in its table after a tick, the page's
+/// host count becomes the cluster's endpoint count, and nothing is left unknown to the fallback.
+/// A host marked unhealthy there does not enter.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn hosts_envoy_lists_enter_the_table_before_any_request_meets_them() {
+    let store = Shared::default();
+    let cfg = r#"{"envoy_health": {"admin_cluster": "envoy_admin"}}"#;
+    let mut w = Worker::new(config(cfg), 1);
+    let mut other = Worker::new(config(cfg), 2);
+    let mut t = 0;
+    for _ in 0..20 {
+        t += 100 * MS;
+        for host in ["10.0.0.1:80", "10.0.0.2:80"] {
+            served_in_50ms(&mut w, host, None);
+            served_in_50ms(&mut other, host, None);
+        }
+        w.tick(t, &mut store.clone());
+        other.tick(t, &mut store.clone());
+    }
+    let known = |w: &Worker| -> Vec<String> {
+        let status: serde_json::Value =
+            serde_json::from_str(&w.status_json(&store.clone())).unwrap();
+        status["clusters"][0]["hosts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| h["host"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(known(&w), ["10.0.0.1:80", "10.0.0.2:80"]);
+    w.envoy_health(
+        t,
+        b"backend::10.0.0.1:80::health_flags::healthy
+backend::10.0.0.2:80::health_flags::healthy
+backend::10.0.0.3:80::health_flags::/failed_active_hc/pending_active_hc
+backend::10.0.0.4:80::health_flags::/failed_active_hc
+",
+    );
+    for _ in 0..2 {
+        t += 100 * MS;
+        w.tick(t, &mut store.clone());
+        other.tick(t, &mut store.clone());
+    }
+    for vm in [&w, &other] {
+        assert_eq!(
+            known(vm),
+            ["10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80"],
+            "the listed newcomer is in every VM's table; the unhealthy host is not"
+        );
+        let status: serde_json::Value =
+            serde_json::from_str(&vm.status_json(&store.clone())).unwrap();
+        assert_eq!(status["clusters"][0]["endpoints"], 4, "{status}");
+        assert_eq!(
+            status["clusters"][0]["unknown_endpoints"], 1,
+            "the unhealthy host, which Envoy's own balancers skip too"
+        );
+    }
 }
 
 /// A cluster's load report header is read on every response once one carried a report, and

@@ -44,6 +44,9 @@ pub struct Accumulator {
     /// Requests the client left before the host answered; their waits are in `latency`. Neither
     /// a success nor a failure, and never held back from the score (`persistence`).
     pub abandoned: u32,
+    /// Envoy's admin page listed the host in the cluster, healthy (`worker::health`): a host the
+    /// record should know even without samples.
+    pub listed: bool,
 }
 
 impl Accumulator {
@@ -92,6 +95,7 @@ impl Accumulator {
         self.load_sum += later.load_sum;
         self.load_reports = self.load_reports.saturating_add(later.load_reports);
         self.abandoned = self.abandoned.saturating_add(later.abandoned);
+        self.listed |= later.listed;
         if later.zone.is_some() {
             self.zone.clone_from(&later.zone);
         }
@@ -99,7 +103,7 @@ impl Accumulator {
 
     /// Whether there is anything to merge.
     pub fn is_empty(&self) -> bool {
-        self.latency.count == 0 && self.not_honoured == 0
+        self.latency.count == 0 && self.not_honoured == 0 && !self.listed
     }
 
     /// Empties the batch, keeping what never changes (the zone), so the next batch of this host
@@ -385,8 +389,18 @@ impl ClusterState {
         let (mut removed, mut joined, mut rezoned) = (0, 0, false);
         for (address, acc) in hosts.filter(|(_, acc)| !acc.is_empty()) {
             if acc.latency.count == 0 {
-                // Only unhonoured picks: Envoy no longer has this host.
-                removed += usize::from(self.remove_absent(address));
+                if acc.not_honoured > 0 {
+                    // Only unhonoured picks: Envoy no longer has this host.
+                    removed += usize::from(self.remove_absent(address));
+                } else if self.index(address).is_err() {
+                    // Only listed: a host of the cluster no request met yet. It enters as a
+                    // host met by a request would, with no samples (scored at the median, and
+                    // ramped in once the record knew the cluster: `host_mut_or_insert`).
+                    joined += usize::from(
+                        self.host_mut_or_insert(address, now_ns, false, policy.max_hosts)
+                            .is_some(),
+                    );
+                }
                 continue;
             }
             let found = match self.index(address) {

@@ -8,9 +8,14 @@
 //! address, each VM asks `/clusters` every `poll_interval_ms` and leaves the hosts marked there
 //! out of its pick table until Envoy marks them healthy again.
 //!
+//! The same page lists every host of the cluster, so the answer also tells the record of the
+//! hosts no request has met yet: a scale-out's newcomers enter the table within a poll, where
+//! otherwise each proxy waits until Envoy's own policy happens to send one of its requests
+//! there (at a proxy's share of a large cluster's traffic, tens of seconds per host).
+//!
 //! `/clusters` prints one line per fact: `CLUSTER::ADDRESS::health_flags::FLAGS`, where FLAGS is
 //! `healthy` or a list such as `/failed_active_hc/active_hc_timeout`. Host-free: the text in,
-//! the unhealthy addresses of each cluster out.
+//! each cluster's hosts out.
 
 use crate::map::{Map, Set};
 
@@ -21,17 +26,41 @@ const UNHEALTHY_FLAGS: [&str; 3] = [
     "failed_outlier_check",
 ];
 
-const HEALTH_FLAGS: &str = "::health_flags::";
+/// What precedes a host's flags, after its address.
+const HEALTH_FLAGS: &str = "::health_flags";
 /// Envoy's flag of a host whose first active check has not answered yet.
 const PENDING_FIRST_CHECK: &str = "pending_active_hc";
 
-/// The hosts `/clusters` reports unhealthy, by cluster, for the clusters `wanted` accepts. Lines
-/// that are not health flags, or that do not parse, are skipped.
-pub fn unhealthy_hosts(text: &[u8], wanted: impl Fn(&str) -> bool) -> Map<String, Set<String>> {
-    let mut out: Map<String, Set<String>> = Map::default();
-    let text = String::from_utf8_lossy(text);
+/// What `/clusters` lists of one cluster's hosts, borrowing the page's addresses.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ListedHosts<'a> {
+    /// Hosts listed: the cluster's endpoints as Envoy holds them now.
+    pub count: u32,
+    /// The hosts listed and not marked unhealthy, in the page's order: in the cluster and taking
+    /// traffic from Envoy's own balancers, so the table may know them before any request has met
+    /// them (a scale-out's newcomers).
+    pub serving: Vec<&'a str>,
+    /// The hosts marked unhealthy.
+    pub unhealthy: Set<String>,
+}
+
+/// The hosts `/clusters` (the page's text, `String::from_utf8_lossy` of the answer) lists, by
+/// cluster, for the clusters `wanted` accepts. Lines that are not health flags, or that do not
+/// parse, are skipped.
+pub fn listed_hosts<'a>(
+    text: &'a str,
+    wanted: impl Fn(&str) -> bool,
+) -> Map<&'a str, ListedHosts<'a>> {
+    let mut out: Map<&str, ListedHosts> = Map::default();
+    // A page lists each cluster's lines together: ask `wanted` once per run of them.
+    let mut last: Option<(&str, bool)> = None;
     for line in text.lines() {
-        let Some((head, flags)) = line.rsplit_once(HEALTH_FLAGS) else {
+        // Cheap tests first (a page has a dozen lines per host, one of them its health): the
+        // flags are the text after the last `::`, which flags and stat values never contain.
+        let Some((head, flags)) = split_last_separator(line) else {
+            continue;
+        };
+        let Some(head) = head.strip_suffix(HEALTH_FLAGS) else {
             continue;
         };
         // Cluster names have no `::` (Envoy's own separator here); addresses may (IPv6, in
@@ -39,7 +68,18 @@ pub fn unhealthy_hosts(text: &[u8], wanted: impl Fn(&str) -> bool) -> Map<String
         let Some((cluster, address)) = head.split_once("::") else {
             continue;
         };
-        if cluster.is_empty() || address.is_empty() || !wanted(cluster) {
+        if cluster.is_empty() || address.is_empty() {
+            continue;
+        }
+        let steered = match last {
+            Some((name, steered)) if name == cluster => steered,
+            _ => {
+                let steered = wanted(cluster);
+                last = Some((cluster, steered));
+                steered
+            }
+        };
+        if !steered {
             continue;
         }
         // A host Envoy has not checked yet (just added by EDS) carries `failed_active_hc` beside
@@ -47,10 +87,20 @@ pub fn unhealthy_hosts(text: &[u8], wanted: impl Fn(&str) -> bool) -> Map<String
         let mut flags = flags.split('/').map(str::trim);
         let unhealthy = flags.clone().any(|flag| UNHEALTHY_FLAGS.contains(&flag))
             && !flags.any(|flag| flag == PENDING_FIRST_CHECK);
-        let hosts = out.entry(cluster.to_owned()).or_default();
+        let hosts = out.entry(cluster).or_default();
+        hosts.count = hosts.count.saturating_add(1);
         if unhealthy {
-            hosts.insert(address.to_owned());
+            hosts.unhealthy.insert(address.to_owned());
+        } else {
+            hosts.serving.push(address);
         }
     }
     out
+}
+
+/// `line` split at its last `::`, found by a byte search for `:` rather than a substring search.
+fn split_last_separator(line: &str) -> Option<(&str, &str)> {
+    let colon = line.rfind(':')?;
+    let head = line.get(..colon)?.strip_suffix(':')?;
+    Some((head, line.get(colon + 1..)?))
 }

@@ -4,6 +4,7 @@
 use crate::balance::pick::{PickAlgorithm, PickTable};
 use crate::balance::probe;
 use crate::config::Config;
+use crate::record::state::in_subset;
 use crate::record::sync::{
     self, sync_cluster, DecodeError, Keys, SharedStore, SyncContext, SyncError,
 };
@@ -209,16 +210,34 @@ impl Worker {
     }
 
     /// Takes in Envoy's answer to `/clusters`: each steered cluster's pick table leaves out the
-    /// hosts marked unhealthy there, and takes back the ones no longer marked.
+    /// hosts marked unhealthy there, and takes back the ones no longer marked. Listed hosts the
+    /// table does not know go to the record with the next batch (`Accumulator::listed`), and the
+    /// page's host count with them, as a request would report it (`upstream.num_endpoints`).
     pub fn envoy_health(&mut self, raw_now_ns: u64, clusters_text: &[u8]) {
         let now_ns = self.clock.now(raw_now_ns);
         self.health_answered_ns = now_ns;
-        let mut unhealthy =
-            crate::worker::health::unhealthy_hosts(clusters_text, |c| self.config.steers(c));
+        let max_hosts = self.config.policy().max_hosts;
+        let text = String::from_utf8_lossy(clusters_text);
+        let mut listed = crate::worker::health::listed_hosts(&text, |c| self.config.steers(c));
         for (name, local) in &mut self.clusters {
-            let hosts = unhealthy.remove(name).unwrap_or_default();
-            if hosts != local.unhealthy {
-                local.unhealthy = hosts;
+            let hosts = listed.remove(name.as_str()).unwrap_or_default();
+            if hosts.count > 0 {
+                local.batch.num_endpoints = Some(hosts.count);
+            }
+            for &address in &hosts.serving {
+                // Outside a large cluster's subset the record would not take it (`in_subset`).
+                if local.snapshot.host(address).is_some()
+                    || !in_subset(address, hosts.count, max_hosts)
+                {
+                    continue;
+                }
+                if let Some(acc) = local.host_batch(address) {
+                    acc.listed = true;
+                    local.unknown_sampled = true;
+                }
+            }
+            if hosts.unhealthy != local.unhealthy {
+                local.unhealthy = hosts.unhealthy;
                 let state = local.snapshot.clone();
                 adopt(local, &state, &self.config, now_ns);
             }

@@ -217,6 +217,8 @@ struct Engine<'a> {
     out: RunOutput,
     log: Option<Vec<LoggedRequest>>,
     decision_buf: String,
+    /// `/clusters` as Envoy would print it now; empty until asked and after a host joined.
+    clusters_page: String,
 }
 
 impl<'a> Engine<'a> {
@@ -310,6 +312,7 @@ impl<'a> Engine<'a> {
             },
             log: None,
             decision_buf: String::new(),
+            clusters_page: String::new(),
         };
         for (p, proxy) in engine.proxies.iter().enumerate() {
             for w in 0..proxy.workers.len() {
@@ -742,9 +745,20 @@ impl Engine<'_> {
     }
 
     fn tick(&mut self, proxy: u32, worker: u32) {
+        let now = self.now_ns + CLOCK_OFFSET_NS;
         let p = &mut self.proxies[proxy as usize];
         if let Some(w) = p.workers.get_mut(worker as usize) {
-            w.tick(self.now_ns + CLOCK_OFFSET_NS, &mut p.store);
+            // As the filter does: ask `/clusters` when due, take the answer in after the tick
+            // (it arrives between ticks). The page lists the hosts present, all healthy: the
+            // simulated Envoy runs no health checks of its own.
+            let ask = w.envoy_health_due(now);
+            w.tick(now, &mut p.store);
+            if ask {
+                if self.clusters_page.is_empty() {
+                    self.clusters_page = clusters_page(&self.hosts, &self.present);
+                }
+                w.envoy_health(now, self.clusters_page.as_bytes());
+            }
         }
         let next = self.now_ns + self.tick_ns;
         if next <= self.end_ns {
@@ -758,8 +772,23 @@ impl Engine<'_> {
             h.present = true;
             h.account(self.now_ns);
             self.present.push(host);
+            self.clusters_page.clear();
         }
     }
+}
+
+/// Envoy's admin `/clusters` for the cluster's `present` hosts, the lines the plugin reads.
+fn clusters_page(hosts: &[Host], present: &[u32]) -> String {
+    use std::fmt::Write as _;
+    let mut page = String::new();
+    for &i in present {
+        let _ = writeln!(
+            page,
+            "{CLUSTER}::{}::health_flags::healthy",
+            hosts[i as usize].addr
+        );
+    }
+    page
 }
 
 fn worker_seed(seed: u64, proxy: usize, worker: usize) -> u64 {

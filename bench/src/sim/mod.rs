@@ -645,6 +645,52 @@ mod tests {
         }
     }
 
+    /// The simulated `/clusters` poll (`engine::clusters_page`): hosts that join reach a
+    /// proxy's table through the page, where otherwise a proxy that rarely meets a given host
+    /// learns it late. 40 proxies, 100 hosts, 10 requests per proxy per second: a proxy sends a
+    /// given host a request every 10 s or so.
+    #[test]
+    fn hosts_that_join_are_learned_from_the_clusters_page() {
+        let mut hosts: Vec<HostSpec> = (0..100)
+            .map(|i| HostSpec {
+                group: "old".into(),
+                ..HostSpec::new(format!("old-{i}"), Latency::Fixed(20))
+            })
+            .collect();
+        hosts.extend((0..20).map(|i| HostSpec {
+            group: "new".into(),
+            join_s: 3.0,
+            ..HostSpec::new(format!("new-{i}"), Latency::Fixed(20))
+        }));
+        let variants = serde_json::json!({
+            "with_page": {"envoy_health": {"admin_cluster": "envoy_admin"}}
+        });
+        let variants = variants.as_object().unwrap();
+        let mut s = spec(hosts, 400.0, &[]);
+        s.proxies = 40;
+        s.duration = Duration::from_secs(10);
+        s.warmup = Duration::from_secs(3);
+        s.static_endpoints = true;
+        s.policies = ["ewma_lb", "with_page"]
+            .iter()
+            .map(|p| Policy::named(p, variants).unwrap())
+            .collect();
+        let r = run(&s);
+        let new = |i: usize| r[i].fleet[0].group_shares_pct["new"];
+        // Fair: 20 of 120 hosts over the 7 s after the join, 16.7 %.
+        eprintln!(
+            "newcomers: from the page {:.1} %, from traffic alone {:.1} %",
+            new(1),
+            new(0)
+        );
+        assert!(
+            new(1) > 10.0 && new(1) > 1.4 * new(0),
+            "from the page {:.1} %, from traffic alone {:.1} %",
+            new(1),
+            new(0)
+        );
+    }
+
     #[test]
     fn the_plugin_leaves_a_slow_host() {
         let hosts = vec![
