@@ -896,6 +896,56 @@ fn router() -> Value {
     json!({"name": "envoy.filters.http.router", "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}})
 }
 
+/// The clusters of `case` the variant's EnvoyFilter patches, as an Istio 1.27 sidecar gets them.
+fn patched_clusters(variant: &Variant, case: &Case, backends: &[Backend]) -> Vec<Value> {
+    clusters_of(
+        variant,
+        &variant.envoyfilter().clone(),
+        case,
+        "1.27.0",
+        backends,
+    )
+    .into_iter()
+    .filter(is_patched)
+    .collect()
+}
+
+/// The variant's WasmPlugin for sidecars (envoy-config/istio/wasmplugin.yaml).
+fn sidecar_plugin(variant: &Variant) -> Manifest {
+    of_kind(&variant.manifests, "WasmPlugin")
+        .into_iter()
+        .find(|m| m.file.ends_with("istio/wasmplugin.yaml"))
+        .unwrap()
+        .clone()
+}
+
+/// The HTTP filters Istio gives a sidecar of Istio 1.27 for `plugin` (the WasmPlugin manifest)
+/// with `plugin_config`, patched by the variant's EnvoyFilter, the router last.
+fn plugin_chain(variant: &Variant, plugin: &Manifest, plugin_config: &Value) -> Vec<Value> {
+    let wasm = json!({
+        "name": "extensions.istio.io/wasmplugin/default.ewma-lb",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+            "config": {
+                "name": "default.ewma-lb",
+                "root_id": plugin.spec()["pluginName"],
+                "failure_policy": "FAIL_OPEN",
+                "configuration": {"@type": "type.googleapis.com/google.protobuf.StringValue", "value": plugin_config.to_string()},
+                "vm_config": {"runtime": "envoy.wasm.runtime.v8", "code": {"local": {"filename": harness::plugin_wasm().unwrap_or_else(|e| panic!("{e}"))}}},
+            }
+        }
+    });
+    let mut chain = vec![wasm, router()];
+    apply_http_filter_patches(
+        variant.envoyfilter(),
+        variant.context,
+        "1.27.0",
+        9080,
+        &mut chain,
+    );
+    chain
+}
+
 /// A listener whose route `/c{i}/` goes to `clusters[i]`, under that cluster's own name.
 fn bootstrap(listen: u16, clusters: &[Value], http_filters: Vec<Value>) -> Value {
     let routes: Vec<Value> = clusters
@@ -1270,25 +1320,12 @@ fn the_plugin_steers_only_the_patched_cluster() {
         })
         .collect();
     let details = self::backends(3);
-    let plugin = of_kind(&variant.manifests, "WasmPlugin")
-        .into_iter()
-        .find(|m| m.file.ends_with("istio/wasmplugin.yaml"))
-        .unwrap()
-        .clone();
+    let plugin = sidecar_plugin(&variant);
     let mut plugin_config = plugin.spec()["pluginConfig"].clone();
     // The test client is on loopback, not in a pod network.
     plugin_config["management"]["allowed_cidrs"] = json!(["127.0.0.0/8"]);
     let case = &cases()[0];
-    let mut clusters: Vec<Value> = clusters_of(
-        &variant,
-        &variant.envoyfilter().clone(),
-        case,
-        "1.27.0",
-        &backends,
-    )
-    .into_iter()
-    .filter(is_patched)
-    .collect();
+    let mut clusters = patched_clusters(&variant, case, &backends);
     let steered = clusters[0]["name"].as_str().unwrap().to_string();
     let mut other = build_cluster(
         case,
@@ -1300,27 +1337,7 @@ fn the_plugin_steers_only_the_patched_cluster() {
     );
     other["name"] = json!("outbound|9080||details.default.svc.cluster.local");
     clusters.push(other);
-    let wasm = json!({
-        "name": "extensions.istio.io/wasmplugin/default.ewma-lb",
-        "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
-            "config": {
-                "name": "default.ewma-lb",
-                "root_id": plugin.spec()["pluginName"],
-                "failure_policy": "FAIL_OPEN",
-                "configuration": {"@type": "type.googleapis.com/google.protobuf.StringValue", "value": plugin_config.to_string()},
-                "vm_config": {"runtime": "envoy.wasm.runtime.v8", "code": {"local": {"filename": harness::plugin_wasm().unwrap_or_else(|e| panic!("{e}"))}}},
-            }
-        }
-    });
-    let mut chain = vec![wasm, router()];
-    apply_http_filter_patches(
-        variant.envoyfilter(),
-        variant.context,
-        "1.27.0",
-        9080,
-        &mut chain,
-    );
+    let chain = plugin_chain(&variant, &plugin, &plugin_config);
     let listen = free_port().unwrap();
     let mut config = bootstrap(listen, &clusters, chain);
     config["stats_config"] =
@@ -1379,6 +1396,79 @@ fn the_plugin_steers_only_the_patched_cluster() {
     assert_eq!(got.iter().sum::<u64>(), 150, "{got:?}");
     assert!(got[1] <= 15, "150 requests to the subset named the slow {named} by a forged header: {got:?}; least_request alone would give it a third, obeying the header all");
     assert_eq!(served(&details).iter().sum::<u64>(), 200);
+    drop(envoy);
+}
+
+/// What docs/istio.md offers for reading Envoy's `/clusters` in a sidecar: the one line of
+/// plugin configuration naming `prometheus_stats`, the static cluster every sidecar's bootstrap
+/// holds to its own admin port (istio/istio `tools/packaging/common/envoy_bootstrap.json`,
+/// 86c9f01: STATIC, ROUND_ROBIN, 0.25 s connect timeout, 127.0.0.1 and the proxy's admin port).
+/// Here the same cluster beside the patched one, in a real Envoy: the plugin's polls go through
+/// it and the admin answers them (Envoy's own counters of that cluster), and the steered cluster
+/// is still steered.
+#[test]
+fn the_documented_line_reads_envoys_admin_through_the_sidecars_prometheus_stats_cluster() {
+    let docs = read("docs/istio.md");
+    let snippet = "    envoy_health:\n      admin_cluster: prometheus_stats\n";
+    assert!(
+        docs.contains(snippet),
+        "docs/istio.md should give the line: {snippet}"
+    );
+    let variant = variants().into_iter().next().unwrap();
+    let backends = backends(3);
+    let plugin = sidecar_plugin(&variant);
+    let mut plugin_config = plugin.spec()["pluginConfig"].clone();
+    plugin_config["envoy_health"]["admin_cluster"] = json!("prometheus_stats");
+    let mut clusters = patched_clusters(&variant, &cases()[0], &backends);
+    let steered = clusters[0]["name"].as_str().unwrap().to_string();
+    let admin_port = free_port().unwrap();
+    clusters.push(json!({
+        "name": "prometheus_stats",
+        "type": "STATIC",
+        "connect_timeout": "0.250s",
+        "lb_policy": "ROUND_ROBIN",
+        "load_assignment": {
+            "cluster_name": "prometheus_stats",
+            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"socket_address": {
+                "protocol": "TCP", "address": "127.0.0.1", "port_value": admin_port
+            }}}}]}]
+        }
+    }));
+    let chain = plugin_chain(&variant, &plugin, &plugin_config);
+    let listen = free_port().unwrap();
+    let mut config = bootstrap(listen, &clusters, chain);
+    config["admin"]["address"]["socket_address"]["port_value"] = json!(admin_port);
+    config["stats_config"] =
+        harness::EnvoyConfig::shipped().unwrap().value()["stats_config"].clone();
+    let envoy = Envoy::start(EnvoyOptions::new(
+        serde_json::to_string_pretty(&config).unwrap(),
+    ))
+    .unwrap_or_else(|e| panic!("envoy: {e:#}"));
+    let counter = |name: &str| -> u64 {
+        let text = envoy.admin_get("/stats?filter=prometheus_stats").unwrap();
+        let prefix = format!("cluster.prometheus_stats.{name}: ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&prefix)?.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    // Requests give the VMs a table; a VM with one asks once a second.
+    let answered = harness::within(Duration::from_secs(10), || {
+        send(listen, 0, "x-client", "1", 20);
+        counter("upstream_rq_200") >= 2
+    });
+    assert!(
+        answered.is_some(),
+        "the admin answered {} of {} polls through prometheus_stats",
+        counter("upstream_rq_200"),
+        counter("upstream_rq_total")
+    );
+    // The backends echo the override header they received: the plugin still steers.
+    let url = format!("http://127.0.0.1:{listen}/c0/x");
+    let steering = harness::within(Duration::from_secs(5), || {
+        harness::http::get(&url, &[])
+            .is_ok_and(|r| r.status == 200 && r.header("x-seen-override").is_some())
+    });
+    assert!(steering.is_some(), "no request to {steered} was steered");
     drop(envoy);
 }
 
