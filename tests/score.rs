@@ -553,7 +553,7 @@ fn hosts_envoy_marks_unhealthy_leave_the_picks() {
     assert!(!w.envoy_health_due(now + 10 * MS), "once per interval");
     w.envoy_health(
         now,
-        b"backend::10.0.0.2:80::health_flags::/failed_active_hc\nbackend::10.0.0.1:80::health_flags::healthy\n",
+        b"backend::10.0.0.2:80::health_flags::/failed_active_hc\nbackend::10.0.0.1:80::health_flags::healthy\nbackend::10.0.0.3:80::health_flags::healthy\n",
     );
     let picks = picked(&mut w, now);
     assert!(picks.len() > 500, "{}", picks.len());
@@ -566,12 +566,15 @@ fn hosts_envoy_marks_unhealthy_leave_the_picks() {
         .as_bool()
         .unwrap());
     // Healthy again: back in the picks at once.
-    w.envoy_health(now + SEC, b"backend::10.0.0.2:80::health_flags::healthy\n");
+    w.envoy_health(
+        now + SEC,
+        b"backend::10.0.0.2:80::health_flags::healthy\nbackend::10.0.0.1:80::health_flags::healthy\nbackend::10.0.0.3:80::health_flags::healthy\n",
+    );
     assert!(picked(&mut w, now + SEC).iter().any(|h| h == "10.0.0.2:80"));
     // Unhealthy, then Envoy stops answering: after 5 intervals the table decides alone.
     w.envoy_health(
         now + SEC,
-        b"backend::10.0.0.2:80::health_flags::/failed_active_hc\n",
+        b"backend::10.0.0.2:80::health_flags::/failed_active_hc\nbackend::10.0.0.1:80::health_flags::healthy\nbackend::10.0.0.3:80::health_flags::healthy\n",
     );
     let later = run(&mut w, 70);
     assert!(later - (now + SEC) >= 5 * SEC);
@@ -581,10 +584,10 @@ fn hosts_envoy_marks_unhealthy_leave_the_picks() {
 /// A host `/clusters` lists that no request met yet (a scale-out's newcomer) enters the record
 /// through the VM's batch: every VM of the process has it in its table after a tick, the page's
 /// host count becomes the cluster's endpoint count, and nothing is left unknown to the fallback.
-/// A host marked unhealthy there does not enter.
+/// A host marked unhealthy there does not enter. A host the page stops listing leaves.
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
-fn hosts_envoy_lists_enter_the_table_before_any_request_meets_them() {
+fn hosts_envoy_lists_enter_the_table_and_hosts_it_stops_listing_leave() {
     let store = Shared::default();
     let cfg = r#"{"envoy_health": {"admin_cluster": "envoy_admin"}}"#;
     let mut w = Worker::new(config(cfg), 1);
@@ -610,6 +613,15 @@ fn hosts_envoy_lists_enter_the_table_before_any_request_meets_them() {
             .collect()
     };
     assert_eq!(known(&w), ["10.0.0.1:80", "10.0.0.2:80"]);
+    // Two ticks of both VMs: one to hand the page's hosts to the record, one to adopt the table.
+    let tick_both = |w: &mut Worker, other: &mut Worker, mut t: u64| {
+        for _ in 0..2 {
+            t += 100 * MS;
+            w.tick(t, &mut store.clone());
+            other.tick(t, &mut store.clone());
+        }
+        t
+    };
     w.envoy_health(
         t,
         b"backend::10.0.0.1:80::health_flags::healthy
@@ -618,11 +630,7 @@ backend::10.0.0.3:80::health_flags::/failed_active_hc/pending_active_hc
 backend::10.0.0.4:80::health_flags::/failed_active_hc
 ",
     );
-    for _ in 0..2 {
-        t += 100 * MS;
-        w.tick(t, &mut store.clone());
-        other.tick(t, &mut store.clone());
-    }
+    t = tick_both(&mut w, &mut other, t);
     for vm in [&w, &other] {
         assert_eq!(
             known(vm),
@@ -635,6 +643,21 @@ backend::10.0.0.4:80::health_flags::/failed_active_hc
         assert_eq!(
             status["clusters"][0]["unknown_endpoints"], 1,
             "the unhealthy host, which Envoy's own balancers skip too"
+        );
+    }
+    // 10.0.0.1 leaves the cluster: the page no longer lists it, and no request has said so.
+    w.envoy_health(
+        t,
+        b"backend::10.0.0.2:80::health_flags::healthy
+backend::10.0.0.3:80::health_flags::healthy
+",
+    );
+    tick_both(&mut w, &mut other, t);
+    for vm in [&w, &other] {
+        assert_eq!(
+            known(vm),
+            ["10.0.0.2:80", "10.0.0.3:80"],
+            "a host the page no longer lists leaves every VM's table"
         );
     }
 }

@@ -47,6 +47,8 @@ pub struct Accumulator {
     /// Envoy's admin page listed the host in the cluster, healthy (`worker::health`): a host the
     /// record should know even without samples.
     pub listed: bool,
+    /// Envoy's admin page no longer lists the host: it left the cluster.
+    pub unlisted: bool,
 }
 
 impl Accumulator {
@@ -95,7 +97,9 @@ impl Accumulator {
         self.load_sum += later.load_sum;
         self.load_reports = self.load_reports.saturating_add(later.load_reports);
         self.abandoned = self.abandoned.saturating_add(later.abandoned);
-        self.listed |= later.listed;
+        // The later page decides whether the host is in the cluster.
+        self.listed = later.listed || (self.listed && !later.unlisted);
+        self.unlisted = later.unlisted || (self.unlisted && !later.listed);
         if later.zone.is_some() {
             self.zone.clone_from(&later.zone);
         }
@@ -103,7 +107,7 @@ impl Accumulator {
 
     /// Whether there is anything to merge.
     pub fn is_empty(&self) -> bool {
-        self.latency.count == 0 && self.not_honoured == 0 && !self.listed
+        self.latency.count == 0 && self.not_honoured == 0 && !self.listed && !self.unlisted
     }
 
     /// Empties the batch, keeping what never changes (the zone), so the next batch of this host
@@ -389,8 +393,9 @@ impl ClusterState {
         let (mut removed, mut joined, mut rezoned) = (0, 0, false);
         for (address, acc) in hosts.filter(|(_, acc)| !acc.is_empty()) {
             if acc.latency.count == 0 {
-                if acc.not_honoured > 0 {
-                    // Only unhonoured picks: Envoy no longer has this host.
+                if acc.not_honoured > 0 || acc.unlisted {
+                    // Only unhonoured picks, or Envoy's page without it: Envoy no longer has
+                    // this host.
                     removed += usize::from(self.remove_absent(address));
                 } else if self.index(address).is_err() {
                     // Only listed: a host of the cluster no request met yet. It enters as a

@@ -234,10 +234,14 @@ impl Table {
     }
 
     pub fn host(&self, address: &str) -> Option<&TableHost> {
+        self.position(address).and_then(|i| self.hosts.get(i))
+    }
+
+    /// Where `address` is in `hosts`.
+    pub fn position(&self, address: &str) -> Option<usize> {
         self.hosts
             .binary_search_by(|h| (*h.address).cmp(address))
             .ok()
-            .and_then(|i| self.hosts.get(i))
     }
 
     /// Whether `newer` lacks a host this table lists (both are sorted by address). Hosts a table

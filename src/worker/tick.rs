@@ -211,8 +211,9 @@ impl Worker {
 
     /// Takes in Envoy's answer to `/clusters`: each steered cluster's pick table leaves out the
     /// hosts marked unhealthy there, and takes back the ones no longer marked. Listed hosts the
-    /// table does not know go to the record with the next batch (`Accumulator::listed`), and the
-    /// page's host count with them, as a request would report it (`upstream.num_endpoints`).
+    /// table does not know go to the record with the next batch (`Accumulator::listed`), the ones
+    /// it knows and the page does not list leave it (`Accumulator::unlisted`), and the page's
+    /// host count goes with them, as a request would report it (`upstream.num_endpoints`).
     pub fn envoy_health(&mut self, raw_now_ns: u64, clusters_text: &[u8]) {
         let now_ns = self.clock.now(raw_now_ns);
         self.health_answered_ns = now_ns;
@@ -221,18 +222,52 @@ impl Worker {
         let mut listed = crate::worker::health::listed_hosts(&text, |c| self.config.steers(c));
         for (name, local) in &mut self.clusters {
             let hosts = listed.remove(name.as_str()).unwrap_or_default();
+            // Which hosts of the table the page lists (the table is sorted by address), and the
+            // serving ones it lacks.
+            let table = &local.snapshot;
+            let find = |a: &str| table.position(a);
+            let mut on_page = vec![false; table.hosts.len()];
+            let mut joined = Vec::new();
+            for &address in &hosts.serving {
+                match find(address) {
+                    Some(i) => {
+                        if let Some(listed) = on_page.get_mut(i) {
+                            *listed = true;
+                        }
+                    }
+                    // Outside a large cluster's subset the record would not take it.
+                    None if in_subset(address, hosts.count, max_hosts) => joined.push(address),
+                    None => {}
+                }
+            }
+            for address in &hosts.unhealthy {
+                if let Some(listed) = find(address).and_then(|i| on_page.get_mut(i)) {
+                    *listed = true;
+                }
+            }
+            // Hosts of the table the page no longer lists have left the cluster: the table
+            // drops them now, not at the first pick Envoy does not honour.
+            let left: Vec<usize> = match hosts.count {
+                0 => Vec::new(),
+                _ => (0..table.hosts.len())
+                    .filter(|i| on_page.get(*i) == Some(&false))
+                    .collect(),
+            };
             if hosts.count > 0 {
                 local.batch.num_endpoints = Some(hosts.count);
             }
-            for &address in &hosts.serving {
-                // Outside a large cluster's subset the record would not take it (`in_subset`).
-                if local.snapshot.host(address).is_some()
-                    || !in_subset(address, hosts.count, max_hosts)
-                {
-                    continue;
-                }
+            for address in joined {
                 if let Some(acc) = local.host_batch(address) {
                     acc.listed = true;
+                    local.unknown_sampled = true;
+                }
+            }
+            for i in left {
+                let Some(address) = local.snapshot.hosts.get(i).map(|h| h.address.clone()) else {
+                    continue;
+                };
+                if let Some(acc) = local.host_batch(&address) {
+                    acc.unlisted = true;
                     local.unknown_sampled = true;
                 }
             }
