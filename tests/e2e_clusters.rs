@@ -31,6 +31,16 @@ fn equal(prefix: &str, n: usize, latency: &str) -> Vec<BackendSpec> {
         .collect()
 }
 
+/// An EDS stack without Envoy's active health checks, as Kubernetes runs (kubelet readiness, no
+/// checks in the proxy: Istio, Envoy Gateway without `healthCheck`).
+fn start_without_health_checks(specs: Vec<BackendSpec>) -> Stack {
+    Stack::start_eds(specs, |config| {
+        config.cluster(CLUSTER)?.remove("health_checks")?;
+        Ok(())
+    })
+    .unwrap()
+}
+
 /// Requests each backend served among those sent in `[from, to)` seconds of the run.
 fn served_between(records: &[Record], from: f64, to: f64) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
@@ -115,11 +125,7 @@ fn a_cold_start_with_fifty_endpoints_gives_each_its_fair_share() {
 #[test]
 fn endpoints_that_join_under_load_get_their_share_within_ten_seconds() {
     let _serial = one_at_a_time();
-    let mut stack = Stack::start_eds(equal("old", 20, "uniform:20-30"), |config| {
-        config.cluster(CLUSTER)?.remove("health_checks")?;
-        Ok(())
-    })
-    .unwrap();
+    let mut stack = start_without_health_checks(equal("old", 20, "uniform:20-30"));
     let started = std::time::Instant::now();
     let load = stack.load_in_background_from(started, 400.0, 17);
     std::thread::sleep(Duration::from_secs(6));
@@ -188,11 +194,7 @@ fn endpoints_that_join_under_load_get_their_share_within_ten_seconds() {
 #[test]
 fn endpoints_envoy_lists_are_steered_before_any_request_met_them() {
     let _serial = one_at_a_time();
-    let mut stack = Stack::start_eds(equal("old", 10, "uniform:5-10"), |config| {
-        config.cluster(CLUSTER)?.remove("health_checks")?;
-        Ok(())
-    })
-    .unwrap();
+    let mut stack = start_without_health_checks(equal("old", 10, "uniform:5-10"));
     // One connection per request, so both of Envoy's workers carry traffic and each VM has the
     // cluster's table before the pause (a VM's first request to a cluster it has no table of
     // goes to the fallback: another cause of unsteered requests, kept out of this test).

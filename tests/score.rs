@@ -500,7 +500,7 @@ garbage \xff\xfe::health_flags::
         ],
         "every host listed and not unhealthy serves"
     );
-    assert_eq!(got["backend"].count, 7, "one health line per host");
+    assert_eq!(got["backend"].count(), 7, "one health line per host");
     assert_eq!(got["other"].unhealthy.len(), 1);
     assert!(got["other"].serving.is_empty());
     assert!(!got.contains_key("envoy_admin"), "not a steered cluster");

@@ -34,14 +34,19 @@ const PENDING_FIRST_CHECK: &str = "pending_active_hc";
 /// What `/clusters` lists of one cluster's hosts, borrowing the page's addresses.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ListedHosts<'a> {
-    /// Hosts listed: the cluster's endpoints as Envoy holds them now.
-    pub count: u32,
     /// The hosts listed and not marked unhealthy, in the page's order: in the cluster and taking
     /// traffic from Envoy's own balancers, so the table may know them before any request has met
     /// them (a scale-out's newcomers).
     pub serving: Vec<&'a str>,
     /// The hosts marked unhealthy.
     pub unhealthy: Set<String>,
+}
+
+impl ListedHosts<'_> {
+    /// Hosts listed: the cluster's endpoints as Envoy holds them now.
+    pub fn count(&self) -> u32 {
+        u32::try_from(self.serving.len() + self.unhealthy.len()).unwrap_or(u32::MAX)
+    }
 }
 
 /// The hosts `/clusters` (the page's text, `String::from_utf8_lossy` of the answer) lists, by
@@ -88,7 +93,6 @@ pub fn listed_hosts<'a>(
         let unhealthy = flags.clone().any(|flag| UNHEALTHY_FLAGS.contains(&flag))
             && !flags.any(|flag| flag == PENDING_FIRST_CHECK);
         let hosts = out.entry(cluster).or_default();
-        hosts.count = hosts.count.saturating_add(1);
         if unhealthy {
             hosts.unhealthy.insert(address.to_owned());
         } else {

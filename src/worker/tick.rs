@@ -222,39 +222,42 @@ impl Worker {
         let mut listed = crate::worker::health::listed_hosts(&text, |c| self.config.steers(c));
         for (name, local) in &mut self.clusters {
             let hosts = listed.remove(name.as_str()).unwrap_or_default();
+            let count = hosts.count();
             // Which hosts of the table the page lists (the table is sorted by address), and the
             // serving ones it lacks.
             let table = &local.snapshot;
-            let find = |a: &str| table.position(a);
             let mut on_page = vec![false; table.hosts.len()];
             let mut joined = Vec::new();
             for &address in &hosts.serving {
-                match find(address) {
+                match table.position(address) {
                     Some(i) => {
                         if let Some(listed) = on_page.get_mut(i) {
                             *listed = true;
                         }
                     }
                     // Outside a large cluster's subset the record would not take it.
-                    None if in_subset(address, hosts.count, max_hosts) => joined.push(address),
+                    None if in_subset(address, count, max_hosts) => joined.push(address),
                     None => {}
                 }
             }
             for address in &hosts.unhealthy {
-                if let Some(listed) = find(address).and_then(|i| on_page.get_mut(i)) {
+                if let Some(listed) = table.position(address).and_then(|i| on_page.get_mut(i)) {
                     *listed = true;
                 }
             }
             // Hosts of the table the page no longer lists have left the cluster: the table
-            // drops them now, not at the first pick Envoy does not honour.
-            let left: Vec<usize> = match hosts.count {
-                0 => Vec::new(),
-                _ => (0..table.hosts.len())
-                    .filter(|i| on_page.get(*i) == Some(&false))
-                    .collect(),
-            };
-            if hosts.count > 0 {
-                local.batch.num_endpoints = Some(hosts.count);
+            // drops them now, not at the first pick Envoy does not honour. (A page without the
+            // cluster says nothing of it.)
+            let mut left = Vec::new();
+            if count > 0 {
+                local.batch.num_endpoints = Some(count);
+                left.extend(
+                    on_page
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, listed)| !**listed)
+                        .map(|(i, _)| i),
+                );
             }
             for address in joined {
                 if let Some(acc) = local.host_batch(address) {
