@@ -65,7 +65,9 @@ else
   out=$2
   cargo build --profile wasm --target "$target" --manifest-path "$crate_dir/Cargo.toml"
   lib=$(sed -n 's/^name = "\(.*\)"$/\1/p' "$crate_dir/Cargo.toml" | head -n 1 | tr - _)
-  built="$crate_dir/target/$target/wasm/$lib.wasm"
+  # Where cargo put it: its CARGO_TARGET_DIR when set (a shared target directory), else the
+  # crate's own.
+  built="${CARGO_TARGET_DIR:-$crate_dir/target}/$target/wasm/$lib.wasm"
 fi
 
 mkdir -p "$(dirname "$out")"

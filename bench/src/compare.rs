@@ -360,7 +360,7 @@ pub fn round_figures(
     let steady: Vec<String> = s
         .backends
         .iter()
-        .filter(|b| b.schedule.is_empty())
+        .filter(|b| b.schedule.is_empty() && b.fail_rate == 0.0)
         .map(|b| b.name.clone())
         .collect();
     share_figures(

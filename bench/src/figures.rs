@@ -26,8 +26,9 @@ pub struct RoundFigures {
     /// Flapping index over every backend and its noise floor (metrics.rs), pp.
     pub flap_pp: f64,
     pub flap_noise_pp: f64,
-    /// The same over the backends without a slowdown schedule (the equal hosts of `slowdown`);
-    /// `None` when every backend is steady.
+    /// The same over the backends that neither slow down nor fail (the equal hosts of `slowdown`
+    /// and of `failing-neighbour`: issue 16 judges flapping among equal hosts); `None` when every
+    /// backend is steady.
     pub steady_flap_pp: Option<f64>,
     pub steady_flap_noise_pp: Option<f64>,
     /// Scenarios with a slowdown: the slowed host's share during its slow phase, in %.

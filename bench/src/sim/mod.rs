@@ -691,6 +691,37 @@ mod tests {
         );
     }
 
+    /// Issue 16 judges flapping among equal hosts: a host that fails (or slows down) is left out
+    /// of the steady hosts' figure, which is then over the two equal ones alone.
+    #[test]
+    fn the_equal_hosts_flapping_leaves_out_a_failing_host() {
+        let lognormal = Latency::LogNormal {
+            median_ms: 20.0,
+            sigma: 0.3,
+        };
+        let failing = HostSpec {
+            failing: vec![FailPhase {
+                from_s: 0.0,
+                to_s: 6.0,
+                share: 0.5,
+            }],
+            ..HostSpec::new("f", lognormal.clone())
+        };
+        let hosts = vec![
+            HostSpec::new("a", lognormal.clone()),
+            HostSpec::new("b", lognormal),
+            failing,
+        ];
+        let r = run(&spec(hosts, 300.0, &["round_robin"]));
+        let round = &r[0].figures.rounds[0];
+        let steady = round.steady_flap_pp.expect("a steady hosts' figure");
+        // Round robin's two equal hosts: half each every second, give or take a request.
+        assert!(
+            steady < 0.5,
+            "round robin flaps {steady} pp among equal hosts"
+        );
+    }
+
     #[test]
     fn the_plugin_leaves_a_slow_host() {
         let hosts = vec![

@@ -150,7 +150,7 @@ pub fn summarise(
         let steady: Vec<String> = spec
             .hosts
             .iter()
-            .filter(|h| h.phases.is_empty())
+            .filter(|h| h.phases.is_empty() && h.failing.is_empty() && h.fail_rate == 0.0)
             .map(|h| h.name.clone())
             .collect();
         let slowdown = slowdown_of(
