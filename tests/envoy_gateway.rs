@@ -27,7 +27,7 @@
 mod shipped;
 
 use ewma_lb::config::Config;
-use harness::{free_port, Backend, BackendSpec, Envoy, EnvoyOptions, Latency};
+use harness::{Backend, BackendSpec, Envoy, EnvoyOptions, Latency};
 use serde_json::{json, Value};
 use shipped::{manifests, of_kind, Manifest};
 
@@ -138,12 +138,7 @@ fn cluster(name: &str, backends: &[Backend]) -> Value {
 
 /// The Gateway's listener and the route's cluster, with or without the ClientTrafficPolicy and
 /// the plugin (without it: the route as Envoy Gateway leaves it when the module failed open).
-fn gateway(
-    listen: u16,
-    backends: &[Backend],
-    with_client_policy: bool,
-    with_plugin: bool,
-) -> String {
+fn gateway(backends: &[Backend], with_client_policy: bool, with_plugin: bool) -> String {
     let (ns, name) = route();
     let cluster_name = format!("httproute/{ns}/{name}/rule/0");
     let mut filters = Vec::new();
@@ -169,13 +164,22 @@ fn gateway(
         "static_resources": {
             "listeners": [{
                 "name": "default/eg/http",
-                "address": {"socket_address": {"address": "127.0.0.1", "port_value": listen}},
+                "address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}},
                 "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": hcm}]}],
             }],
             "clusters": [cluster(&cluster_name, backends)],
         }
     });
     serde_json::to_string_pretty(&config).unwrap()
+}
+
+/// The port Envoy bound for the Gateway's listener (port 0 in the config: no port picked
+/// beforehand that another process could take first).
+fn listen_port(envoy: &Envoy) -> u16 {
+    envoy
+        .listener_addr("default/eg/http")
+        .unwrap_or_else(|e| panic!("{e:#}"))
+        .port()
 }
 
 fn served(backends: &[Backend]) -> Vec<u64> {
@@ -264,9 +268,9 @@ fn through_envoy_gateways_translation_the_plugin_steers_and_a_forged_header_does
                 .unwrap_or_else(|e| panic!("{e}"))
         })
         .collect();
-    let listen = free_port().unwrap();
-    let envoy = Envoy::start(EnvoyOptions::new(gateway(listen, &backends, true, true)))
+    let envoy = Envoy::start(EnvoyOptions::new(gateway(&backends, true, true)))
         .unwrap_or_else(|e| panic!("envoy: {e:#}"));
+    let listen = listen_port(&envoy);
     let header = "x-ewma-lb-host";
     let slow = backends[2].addr().to_string();
     forged_requests(listen, &backends, header, &slow, 60);
@@ -305,14 +309,13 @@ fn without_the_plugin_the_early_removal_still_keeps_clients_from_choosing_the_ho
         .collect();
     let named = backends[1].addr().to_string();
     for with_client_policy in [true, false] {
-        let listen = free_port().unwrap();
         let envoy = Envoy::start(EnvoyOptions::new(gateway(
-            listen,
             &backends,
             with_client_policy,
             false,
         )))
         .unwrap_or_else(|e| panic!("envoy: {e:#}"));
+        let listen = listen_port(&envoy);
         let got = forged_requests(listen, &backends, "x-ewma-lb-host", &named, 300);
         eprintln!("early removal {with_client_policy}: served of 300 forged to name b: {got:?}");
         drop(envoy);
@@ -339,8 +342,7 @@ fn the_translation_validates() {
         .map(|n| Backend::start_local(BackendSpec::new(*n, Latency::Fixed(0))).unwrap())
         .collect();
     for with_plugin in [true, false] {
-        Envoy::validate(&gateway(free_port().unwrap(), &backends, true, with_plugin))
-            .unwrap_or_else(|e| panic!("{e:#}"));
+        Envoy::validate(&gateway(&backends, true, with_plugin)).unwrap_or_else(|e| panic!("{e:#}"));
     }
 }
 

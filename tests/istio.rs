@@ -947,7 +947,9 @@ fn plugin_chain(variant: &Variant, plugin: &Manifest, plugin_config: &Value) -> 
 }
 
 /// A listener whose route `/c{i}/` goes to `clusters[i]`, under that cluster's own name.
-fn bootstrap(listen: u16, clusters: &[Value], http_filters: Vec<Value>) -> Value {
+/// The listener's port is left to Envoy ([`outbound_port`] reads it back), so no other process
+/// can take it between a pick and the bind.
+fn bootstrap(clusters: &[Value], http_filters: Vec<Value>) -> Value {
     let routes: Vec<Value> = clusters
         .iter()
         .enumerate()
@@ -958,7 +960,7 @@ fn bootstrap(listen: u16, clusters: &[Value], http_filters: Vec<Value>) -> Value
         "static_resources": {
             "listeners": [{
                 "name": "outbound",
-                "address": {"socket_address": {"address": "127.0.0.1", "port_value": listen}},
+                "address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}},
                 "filter_chains": [{"filters": [{
                     "name": "envoy.filters.network.http_connection_manager",
                     "typed_config": {
@@ -1041,10 +1043,16 @@ fn uniquely_named(case: usize, clusters: Vec<Value>) -> Vec<Value> {
 
 /// The verdict of `envoy --mode validate` on a listener in front of `clusters`.
 fn envoy_validates(clusters: &[Value]) -> Result<(), String> {
-    let config =
-        serde_json::to_string_pretty(&bootstrap(free_port().unwrap(), clusters, vec![router()]))
-            .unwrap();
+    let config = serde_json::to_string_pretty(&bootstrap(clusters, vec![router()])).unwrap();
     Envoy::validate(&config).map_err(|e| format!("{e:#}"))
+}
+
+/// The port Envoy bound for [`bootstrap`]'s listener.
+fn outbound_port(envoy: &Envoy) -> u16 {
+    envoy
+        .listener_addr("outbound")
+        .unwrap_or_else(|e| panic!("{e:#}"))
+        .port()
 }
 
 /// `/c{i}/x` with the header naming `target`, `n` times; every answer must be 200.
@@ -1165,11 +1173,10 @@ fn the_cluster_patch_leaves_a_cluster_envoy_accepts_whatever_the_mesh_sets() {
 
         // And on a running Envoy, each patched cluster obeys the header: every request naming a
         // host (a different one per cluster, so no cluster's count hides another's) reaches it.
-        let listen = free_port().unwrap();
-        let config =
-            serde_json::to_string_pretty(&bootstrap(listen, &accepted, vec![router()])).unwrap();
+        let config = serde_json::to_string_pretty(&bootstrap(&accepted, vec![router()])).unwrap();
         let envoy =
             Envoy::start(EnvoyOptions::new(config)).unwrap_or_else(|e| panic!("envoy: {e:#}"));
+        let listen = outbound_port(&envoy);
         for (n, route) in patched_routes.iter().enumerate() {
             let target = &backends[n % backends.len()];
             let before = served(&backends);
@@ -1250,10 +1257,10 @@ fn a_forged_header_is_removed_before_the_plugin_even_when_it_failed_open() {
             } else {
                 chain[1..].to_vec()
             };
-            let listen = free_port().unwrap();
-            let config = serde_json::to_string_pretty(&bootstrap(listen, &steered, chain)).unwrap();
+            let config = serde_json::to_string_pretty(&bootstrap(&steered, chain)).unwrap();
             let envoy =
                 Envoy::start(EnvoyOptions::new(config)).unwrap_or_else(|e| panic!("envoy: {e:#}"));
+            let listen = outbound_port(&envoy);
             let named = &backends[1];
             let before = served(&backends);
             send(
@@ -1338,14 +1345,14 @@ fn the_plugin_steers_only_the_patched_cluster() {
     other["name"] = json!("outbound|9080||details.default.svc.cluster.local");
     clusters.push(other);
     let chain = plugin_chain(&variant, &plugin, &plugin_config);
-    let listen = free_port().unwrap();
-    let mut config = bootstrap(listen, &clusters, chain);
+    let mut config = bootstrap(&clusters, chain);
     config["stats_config"] =
         harness::EnvoyConfig::shipped().unwrap().value()["stats_config"].clone();
     let envoy = Envoy::start(EnvoyOptions::new(
         serde_json::to_string_pretty(&config).unwrap(),
     ))
     .unwrap_or_else(|e| panic!("envoy: {e:#}"));
+    let listen = outbound_port(&envoy);
     let named = backends[1].addr().to_string();
     // Warm-up: the plugin learns the hosts and their latency.
     send(listen, 0, "x-ewma-lb-host", &named, 60);
@@ -1419,31 +1426,33 @@ fn the_documented_line_reads_envoys_admin_through_the_sidecars_prometheus_stats_
     let plugin = sidecar_plugin(&variant);
     let mut plugin_config = plugin.spec()["pluginConfig"].clone();
     plugin_config["envoy_health"]["admin_cluster"] = json!("prometheus_stats");
-    let mut clusters = patched_clusters(&variant, &cases()[0], &backends);
+    let clusters = patched_clusters(&variant, &cases()[0], &backends);
     let steered = clusters[0]["name"].as_str().unwrap().to_string();
-    let admin_port = free_port().unwrap();
-    clusters.push(json!({
-        "name": "prometheus_stats",
-        "type": "STATIC",
-        "connect_timeout": "0.250s",
-        "lb_policy": "ROUND_ROBIN",
-        "load_assignment": {
-            "cluster_name": "prometheus_stats",
-            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"socket_address": {
-                "protocol": "TCP", "address": "127.0.0.1", "port_value": admin_port
-            }}}}]}]
-        }
-    }));
     let chain = plugin_chain(&variant, &plugin, &plugin_config);
-    let listen = free_port().unwrap();
-    let mut config = bootstrap(listen, &clusters, chain);
-    config["admin"]["address"]["socket_address"]["port_value"] = json!(admin_port);
-    config["stats_config"] =
-        harness::EnvoyConfig::shipped().unwrap().value()["stats_config"].clone();
-    let envoy = Envoy::start(EnvoyOptions::new(
-        serde_json::to_string_pretty(&config).unwrap(),
-    ))
+    // The admin port is picked beforehand (the cluster names it): a start that finds it taken
+    // is tried again with another.
+    let envoy = Envoy::start_retrying_taken_ports(|| {
+        let admin_port = free_port()?;
+        let mut with_admin = clusters.clone();
+        with_admin.push(json!({
+            "name": "prometheus_stats",
+            "type": "STATIC",
+            "connect_timeout": "0.250s",
+            "lb_policy": "ROUND_ROBIN",
+            "load_assignment": {
+                "cluster_name": "prometheus_stats",
+                "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"socket_address": {
+                    "protocol": "TCP", "address": "127.0.0.1", "port_value": admin_port
+                }}}}]}]
+            }
+        }));
+        let mut config = bootstrap(&with_admin, chain.clone());
+        config["admin"]["address"]["socket_address"]["port_value"] = json!(admin_port);
+        config["stats_config"] = harness::EnvoyConfig::shipped()?.value()["stats_config"].clone();
+        Ok(EnvoyOptions::new(serde_json::to_string_pretty(&config)?))
+    })
     .unwrap_or_else(|e| panic!("envoy: {e:#}"));
+    let listen = outbound_port(&envoy);
     let counter = |name: &str| -> u64 {
         let text = envoy.admin_get("/stats?filter=prometheus_stats").unwrap();
         let prefix = format!("cluster.prometheus_stats.{name}: ");
@@ -1549,8 +1558,7 @@ fn the_management_guard_holds_when_the_plugin_failed_open() {
                 .filter(|f| with_guard || f["name"] != "ewma-lb.management-guard")
                 .cloned()
                 .collect();
-            let listen = free_port().unwrap();
-            let mut config = bootstrap(listen, &[], chain);
+            let mut config = bootstrap(&[], chain);
             config["static_resources"]["clusters"] = json!([cluster]);
             config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
                 ["typed_config"]["route_config"]["virtual_hosts"][0]["routes"] =
@@ -1559,6 +1567,7 @@ fn the_management_guard_holds_when_the_plugin_failed_open() {
                 serde_json::to_string_pretty(&config).unwrap(),
             ))
             .unwrap_or_else(|e| panic!("envoy: {e:#}"));
+            let listen = outbound_port(&envoy);
             let get = |path: &str| {
                 harness::http::get(&format!("http://127.0.0.1:{listen}{path}"), &[])
                     .unwrap()

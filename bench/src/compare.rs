@@ -255,18 +255,18 @@ fn run_policy(
             // Endpoints that join, leave or have zones: from a file, rewritten while the load runs.
             churn = Churn::prepare(&s.membership, &mut config, backends)?;
         }
-        let port = config.listener(LISTENER)?.port()?;
         let options = EnvoyOptions {
             concurrency: s.concurrency,
             log_level: "warn".into(),
             component_log_level: "wasm:info".into(),
             ..EnvoyOptions::new(config.to_yaml()?)
         };
-        envoys.push(
-            Envoy::start(options).with_context(|| format!("starting Envoy {i} for {policy}"))?,
-        );
+        let envoy =
+            Envoy::start(options).with_context(|| format!("starting Envoy {i} for {policy}"))?;
+        let listener = envoy.listener_addr(LISTENER)?;
+        envoys.push(envoy);
         specs.push(LoadSpec {
-            url: format!("http://127.0.0.1:{port}/"),
+            url: format!("http://{listener}/"),
             rate_per_s: s.rate / f64::from(s.envoys),
             duration: s.duration,
             max_in_flight: s.max_in_flight,

@@ -244,15 +244,14 @@ pub(crate) fn saturate(
     time: Duration,
     rate: Option<(f64, Duration)>,
 ) -> Result<(f64, u64, Option<Summary>)> {
-    let port = config.listener(LISTENER)?.port()?;
     let options = EnvoyOptions {
         concurrency,
         log_level: "warn".into(),
         component_log_level: "wasm:info".into(),
         ..EnvoyOptions::new(config.to_yaml()?)
     };
-    let _envoy = Envoy::start(options).with_context(|| format!("starting Envoy ({label})"))?;
-    let url = format!("http://127.0.0.1:{port}/");
+    let envoy = Envoy::start(options).with_context(|| format!("starting Envoy ({label})"))?;
+    let url = format!("http://{}/", envoy.listener_addr(LISTENER)?);
     let closed = |d: Duration| LoadSpec {
         closed_loop_workers: Some(workers),
         timeout: Duration::from_secs(5),
@@ -289,8 +288,7 @@ fn check_header_only_steers(m: &Modules, backends: &[Backend]) -> Result<()> {
         &m.header,
         &endpoints[0].to_string(),
     )?;
-    let port = config.listener(LISTENER)?.port()?;
-    let _envoy = Envoy::start(EnvoyOptions {
+    let envoy = Envoy::start(EnvoyOptions {
         concurrency: 1,
         log_level: "warn".into(),
         ..EnvoyOptions::new(config.to_yaml()?)
@@ -300,7 +298,7 @@ fn check_header_only_steers(m: &Modules, backends: &[Backend]) -> Result<()> {
     let records = load::run(&LoadSpec {
         timeout: Duration::from_secs(5),
         ..LoadSpec::new(
-            format!("http://127.0.0.1:{port}/"),
+            format!("http://{}/", envoy.listener_addr(LISTENER)?),
             100.0,
             Duration::from_millis(300),
         )

@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use harness::config::{EnvoyLb, CLUSTER, LISTENER};
 use harness::load::UPSTREAM_HOST_HEADER;
-use harness::{free_port, EnvoyConfig};
+use harness::EnvoyConfig;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -193,7 +193,8 @@ impl Policy {
         endpoints: &[SocketAddr],
         route_timeout: Duration,
     ) -> Result<EnvoyConfig> {
-        let mut config = EnvoyConfig::local(free_port()?, wasm)?;
+        // The listener's port is Envoy's choice: read it back with `Envoy::listener_addr`.
+        let mut config = EnvoyConfig::local(0, wasm)?;
         config.cluster(CLUSTER)?.set_endpoints(endpoints)?;
         if let Some(lb) = self.envoy_lb() {
             config.use_envoy_lb(CLUSTER, lb)?;

@@ -197,6 +197,14 @@ fn set_parent_death_signal(cmd: &mut Command) {
 #[cfg(not(target_os = "linux"))]
 fn set_parent_death_signal(_cmd: &mut Command) {}
 
+/// What Envoy logs when a port it was told to bind is in use.
+const PORT_TAKEN: &str = "Address already in use";
+
+struct FailedStart {
+    error: anyhow::Error,
+    port_taken: bool,
+}
+
 /// A running Envoy. Dropping it kills the process (by PID) and reaps it.
 pub struct Envoy {
     child: Child,
@@ -208,16 +216,43 @@ impl Envoy {
     /// Writes the config to a fresh temp dir, starts Envoy and waits until admin `/ready` answers
     /// LIVE. On early exit or timeout the error carries the tail of Envoy's log.
     pub fn start(opts: EnvoyOptions) -> Result<Envoy> {
-        check_loopback_only(&opts.config_yaml)?;
-        let bin = require_binary()?;
-        let dir = fresh_dir()?;
-        fs::write(dir.join("envoy.yaml"), &opts.config_yaml)?;
-        let mut child = spawn(&bin, &dir, &opts, &[])?;
+        Envoy::try_start(opts).map_err(|failed| failed.error)
+    }
+
+    /// [`Envoy::start`] for a config that binds ports picked beforehand (an admin port another
+    /// cluster points at, a listener's): between the pick and Envoy's bind, a connection made
+    /// elsewhere on the machine can take the port as its ephemeral one, and Envoy then exits
+    /// with "Address already in use". Such a start is tried again, up to three times, with the
+    /// options `make` builds with fresh ports; any other failure is returned at once.
+    pub fn start_retrying_taken_ports(
+        mut make: impl FnMut() -> Result<EnvoyOptions>,
+    ) -> Result<Envoy> {
+        let mut attempt = 1;
+        loop {
+            match Envoy::try_start(make()?) {
+                Ok(envoy) => return Ok(envoy),
+                Err(failed) if failed.port_taken && attempt < 3 => attempt += 1,
+                Err(failed) => return Err(failed.error),
+            }
+        }
+    }
+
+    fn try_start(opts: EnvoyOptions) -> std::result::Result<Envoy, FailedStart> {
+        let not_started = |error| FailedStart {
+            error,
+            port_taken: false,
+        };
+        check_loopback_only(&opts.config_yaml).map_err(not_started)?;
+        let bin = require_binary().map_err(not_started)?;
+        let dir = fresh_dir().map_err(not_started)?;
+        fs::write(dir.join("envoy.yaml"), &opts.config_yaml).map_err(|e| not_started(e.into()))?;
+        let mut child = spawn(&bin, &dir, &opts, &[]).map_err(not_started)?;
         match wait_live(&mut child, &dir) {
             Ok(admin) => Ok(Envoy { child, dir, admin }),
             Err(e) => {
                 let _ = child.kill();
                 let _ = child.wait();
+                let port_taken = read_lossy(&dir.join("envoy.log")).contains(PORT_TAKEN);
                 let report = failure_report(&dir);
                 let kept = if std::env::var_os(KEEP_ENV).is_some() {
                     format!(" (files kept in {})", dir.display())
@@ -225,7 +260,11 @@ impl Envoy {
                     let _ = fs::remove_dir_all(&dir);
                     String::new()
                 };
-                Err(e.context(format!("envoy did not become ready{kept}:\n{report}")))
+                // The cause first: a CI log cut short still shows it, above the log's tail.
+                Err(FailedStart {
+                    error: anyhow!("envoy did not become ready: {e:#}{kept}\n{report}"),
+                    port_taken,
+                })
             }
         }
     }
@@ -341,6 +380,30 @@ impl Envoy {
         Ok(r.body)
     }
 
+    /// Where the listener `name` listens: the port Envoy bound, for a listener configured on
+    /// port 0 (which no other process can take between a pick and the bind).
+    pub fn listener_addr(&self, name: &str) -> Result<SocketAddr> {
+        let listener = self.admin_status("listener", name)?;
+        socket_addr(&listener["local_address"])
+            .with_context(|| format!("/listeners: {name:?} has no IP address and port: {listener}"))
+    }
+
+    /// The entry named `name` in `/{kind}s?format=json` (`listener`, `cluster`).
+    fn admin_status(&self, kind: &str, name: &str) -> Result<serde_json::Value> {
+        let path = format!("/{kind}s?format=json");
+        let body = self.admin_get(&path)?;
+        let mut v: serde_json::Value =
+            serde_json::from_str(&body).with_context(|| format!("parsing {path}"))?;
+        match v[format!("{kind}_statuses")].as_array_mut() {
+            Some(all) => all
+                .iter_mut()
+                .find(|s| s["name"] == name)
+                .map(std::mem::take),
+            None => None,
+        }
+        .with_context(|| format!("no {kind} {name:?} in {path}"))
+    }
+
     /// All counters and gauges by name.
     pub fn stats(&self) -> Result<BTreeMap<String, u64>> {
         let body = self.admin_get("/stats?format=json")?;
@@ -371,27 +434,11 @@ impl Envoy {
     /// The hosts of `cluster` as Envoy has them now (admin `/clusters`): what an EDS update has
     /// really changed.
     pub fn cluster_hosts(&self, cluster: &str) -> Result<Vec<SocketAddr>> {
-        let body = self.admin_get("/clusters?format=json")?;
-        let v: serde_json::Value =
-            serde_json::from_str(&body).context("parsing /clusters?format=json")?;
-        let status = v["cluster_statuses"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|c| c["name"] == cluster)
-            .with_context(|| format!("no cluster {cluster:?} in /clusters"))?;
+        let status = self.admin_status("cluster", cluster)?;
         let mut hosts = Vec::new();
         for h in status["host_statuses"].as_array().into_iter().flatten() {
-            let s = &h["address"]["socket_address"];
-            let addr = s["address"]
-                .as_str()
-                .zip(s["port_value"].as_u64())
-                .and_then(|(ip, port)| {
-                    let ip: std::net::IpAddr = ip.parse().ok()?;
-                    Some(SocketAddr::new(ip, u16::try_from(port).ok()?))
-                });
             hosts.push(
-                addr.with_context(|| {
+                socket_addr(&h["address"]).with_context(|| {
                     format!("/clusters: host without an IP address and port: {h}")
                 })?,
             );
@@ -418,6 +465,16 @@ impl Drop for Envoy {
             let _ = fs::remove_dir_all(&self.dir);
         }
     }
+}
+
+/// An admin page's `{"socket_address": {"address", "port_value"}}`.
+fn socket_addr(v: &serde_json::Value) -> Option<SocketAddr> {
+    let s = &v["socket_address"];
+    let ip: std::net::IpAddr = s["address"].as_str()?.parse().ok()?;
+    Some(SocketAddr::new(
+        ip,
+        u16::try_from(s["port_value"].as_u64()?).ok()?,
+    ))
 }
 
 /// Polls until admin `/ready` says LIVE; bounded by [`READY_TIMEOUT`].

@@ -18,7 +18,7 @@ use crate::config::{EnvoyConfig, CLUSTER, LISTENER};
 use crate::eds::{EdsFile, Endpoint};
 use crate::envoy::{Envoy, EnvoyOptions};
 use crate::load::{self, LoadSpec, Record};
-use crate::{http, paths, poll, ports};
+use crate::{http, paths, poll};
 
 /// The plugin's status page (its default `status_path`).
 pub const STATUS_PATH: &str = "/ewma-lb/status";
@@ -70,7 +70,7 @@ impl Stack {
     ) -> Result<Stack> {
         let pool = BackendPool::new()?;
         let backends = pool.start_all(specs)?;
-        let mut config = EnvoyConfig::local(ports::free_port()?, &paths::plugin_wasm()?)?;
+        let mut config = EnvoyConfig::local(0, &paths::plugin_wasm()?)?;
         config
             .cluster(CLUSTER)?
             .set_endpoints(&backends.iter().map(Backend::addr).collect::<Vec<_>>())?;
@@ -103,7 +103,7 @@ impl Stack {
             }
         }
         let eds = EdsFile::create(CLUSTER, endpoints)?;
-        let mut config = EnvoyConfig::local(ports::free_port()?, &paths::plugin_wasm()?)?;
+        let mut config = EnvoyConfig::local(0, &paths::plugin_wasm()?)?;
         config.use_eds_file(CLUSTER, &eds)?;
         if let Some(zone) = local_zone {
             config.set_node_zone(zone)?;
@@ -119,18 +119,26 @@ impl Stack {
         eds: Option<EdsFile>,
         options: impl FnOnce(&mut EnvoyOptions),
     ) -> Result<Stack> {
-        let port = config.listener(LISTENER)?.port()?;
         // Flush Envoy's log often: some tests read what the plugin logged moments ago.
         let mut opts = EnvoyOptions {
             extra_args: vec!["--file-flush-interval-msec".into(), "100".into()],
             ..EnvoyOptions::new(config.to_yaml()?)
         };
         options(&mut opts);
-        let envoy = Envoy::start(opts)?;
+        let mut first = Some(opts.clone());
+        let envoy = Envoy::start_retrying_taken_ports(|| match first.take() {
+            Some(opts) => Ok(opts),
+            None => Ok(EnvoyOptions {
+                config_yaml: config.pick_admin_port()?.to_yaml()?,
+                ..opts.clone()
+            }),
+        })?;
+        // The listener's port: Envoy's choice when the config left it at 0.
+        let url = format!("http://{}", envoy.listener_addr(LISTENER)?);
         let stack = Stack {
             envoy,
             backends,
-            url: format!("http://127.0.0.1:{port}"),
+            url,
             pool,
             eds,
         };

@@ -9,19 +9,22 @@ use harness::http::get;
 use harness::{free_port, poll, Backend, BackendSpec, Envoy, EnvoyConfig, EnvoyOptions, Latency};
 
 /// The shipped config in front of one backend, balanced by Envoy alone (no plugin needed), on
-/// a free port.
-fn config(backend: &Backend) -> (EnvoyConfig, u16) {
-    let listen = free_port().unwrap();
+/// a port Envoy chooses ([`listen`] reads it back).
+fn config(backend: &Backend) -> EnvoyConfig {
     let mut config = EnvoyConfig::shipped().unwrap();
     config.set_admin_port(0).unwrap();
-    config.listener(LISTENER).unwrap().set_port(listen).unwrap();
+    config.listener(LISTENER).unwrap().set_port(0).unwrap();
     config
         .cluster(CLUSTER)
         .unwrap()
         .set_endpoints(&[backend.addr()])
         .unwrap();
     config.use_envoy_lb(CLUSTER, EnvoyLb::RoundRobin).unwrap();
-    (config, listen)
+    config
+}
+
+fn listen(envoy: &Envoy) -> u16 {
+    envoy.listener_addr(LISTENER).unwrap().port()
 }
 
 fn process_alive(pid: u32) -> bool {
@@ -41,10 +44,11 @@ fn every_100ms(limit_s: u64, check: impl FnMut() -> bool) -> bool {
 #[test]
 fn proxies_a_request_reports_stats_and_is_killed_on_drop() {
     let b = Backend::start_local(BackendSpec::new("only", Latency::Fixed(0))).unwrap();
-    let (config, listen) = config(&b);
-    let yaml = config.to_yaml().unwrap();
+    let yaml = config(&b).to_yaml().unwrap();
     Envoy::validate(&yaml).unwrap();
     let envoy = Envoy::start(EnvoyOptions::new(yaml)).unwrap();
+    let listen = listen(&envoy);
+    assert_ne!(listen, 0);
     let pid = envoy.pid();
     assert!(process_alive(pid));
 
@@ -70,13 +74,12 @@ fn proxies_a_request_reports_stats_and_is_killed_on_drop() {
 #[test]
 fn a_stopped_backend_gives_503_through_envoy() {
     let b = Backend::start_local(BackendSpec::new("gone", Latency::Fixed(0))).unwrap();
-    let (config, listen) = config(&b);
     let envoy = Envoy::start(EnvoyOptions {
         concurrency: 1,
-        ..EnvoyOptions::new(config.to_yaml().unwrap())
+        ..EnvoyOptions::new(config(&b).to_yaml().unwrap())
     })
     .unwrap();
-    let url = format!("http://127.0.0.1:{listen}/");
+    let url = format!("http://127.0.0.1:{}/", listen(&envoy));
     assert_eq!(get(&url, &[]).unwrap().status, 200);
     b.stop();
     let r = get(&url, &[]).unwrap();
@@ -102,7 +105,7 @@ fn bad_configs_are_refused_with_envoys_reason() {
     assert!(format!("{err:#}").contains("exited early"), "{err:#}");
 
     let b = Backend::start_local(BackendSpec::new("x", Latency::Fixed(0))).unwrap();
-    let (mut open, _) = config(&b);
+    let mut open = config(&b);
     open.listener(LISTENER)
         .unwrap()
         .set("address.socket_address.address", "0.0.0.0")
@@ -113,6 +116,51 @@ fn bad_configs_are_refused_with_envoys_reason() {
     assert!(format!("{err:#}").contains("all interfaces"), "{err:#}");
 }
 
+/// A port taken between its pick and Envoy's bind costs a second start, with fresh options; a
+/// config Envoy refuses for any other reason is not tried again.
+#[test]
+fn a_start_that_finds_its_port_taken_is_tried_again_and_no_other_is() {
+    let b = Backend::start_local(BackendSpec::new("x", Latency::Fixed(0))).unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut attempts = 0;
+    let envoy = Envoy::start_retrying_taken_ports(|| {
+        attempts += 1;
+        let port = if attempts == 1 {
+            taken.local_addr()?.port()
+        } else {
+            free_port()?
+        };
+        let mut c = config(&b);
+        c.set_admin_port(port)?;
+        Ok(EnvoyOptions::new(c.to_yaml()?))
+    })
+    .unwrap();
+    assert_eq!(attempts, 2, "the taken port's start is tried once more");
+    assert_eq!(
+        get(&format!("http://127.0.0.1:{}/", listen(&envoy)), &[])
+            .unwrap()
+            .status,
+        200
+    );
+    drop(envoy);
+
+    let mut attempts = 0;
+    let err = Envoy::start_retrying_taken_ports(|| {
+        attempts += 1;
+        Ok(EnvoyOptions::new(
+            "static_resources: { clusters: [ { name: x, type: NOPE } ] }",
+        ))
+    })
+    .err()
+    .unwrap();
+    assert_eq!(attempts, 1, "{err:#}");
+    let first_line = format!("{err:#}");
+    assert!(
+        first_line.lines().next().unwrap().contains("exited early"),
+        "the cause comes before the log: {err:#}"
+    );
+}
+
 #[test]
 fn endpoints_from_a_watched_file_change_while_envoy_runs_and_carry_their_zones() {
     use harness::{BackendPool, EdsFile, Endpoint};
@@ -120,7 +168,7 @@ fn endpoints_from_a_watched_file_change_while_envoy_runs_and_carry_their_zones()
     let backends = pool
         .start_all(["a", "b", "c"].map(|n| BackendSpec::new(n, Latency::Fixed(0))))
         .unwrap();
-    let (mut config, listen) = config(&backends[0]);
+    let mut config = config(&backends[0]);
     let mut eds = EdsFile::create(
         CLUSTER,
         vec![Endpoint::new(backends[0].addr(), Some("zone-a"))],
@@ -135,6 +183,7 @@ fn endpoints_from_a_watched_file_change_while_envoy_runs_and_carry_their_zones()
         ..EnvoyOptions::new(yaml)
     })
     .unwrap();
+    let listen = listen(&envoy);
     let hosts = |want: &[&Backend]| {
         let mut want: Vec<_> = want.iter().map(|b| b.addr()).collect();
         want.sort();

@@ -73,21 +73,29 @@ impl EnvoyConfig {
     /// (the runner reads it back), or a free one that the plugin's admin cluster
     /// ([`ADMIN_CLUSTER`]) points at when the config has one; the listener on `listen_port`, the
     /// plugin's module at `module` (the shipped path is relative to the repository root).
+    ///
+    /// A `listen_port` of 0 leaves the listener's port to Envoy too ([`crate::Envoy::listener_addr`]
+    /// reads it back).
     pub fn local(listen_port: u16, module: &Path) -> Result<EnvoyConfig> {
         let mut config = EnvoyConfig::shipped()?;
-        match config.cluster(ADMIN_CLUSTER) {
-            Ok(mut admin) => {
-                let port = crate::ports::free_port()?;
-                admin.set_endpoints(&[SocketAddr::from(([127, 0, 0, 1], port))])?;
-                config.set_admin_port(port)?;
-            }
-            Err(_) => {
-                config.set_admin_port(0)?;
-            }
-        }
+        config.pick_admin_port()?;
         config.listener(LISTENER)?.set_port(listen_port)?;
         config.plugin()?.set_module_file(module)?;
         Ok(config)
+    }
+
+    /// The admin port: left to Envoy (0), or, when the config has the plugin's admin cluster
+    /// ([`ADMIN_CLUSTER`]), which must name it beforehand, a free one it points at. Called
+    /// again, it picks another: a start that found the port taken tries again with it.
+    pub fn pick_admin_port(&mut self) -> Result<&mut Self> {
+        match self.cluster(ADMIN_CLUSTER) {
+            Ok(mut admin) => {
+                let port = crate::ports::free_port()?;
+                admin.set_endpoints(&[SocketAddr::from(([127, 0, 0, 1], port))])?;
+                self.set_admin_port(port)
+            }
+            Err(_) => self.set_admin_port(0),
+        }
     }
 
     /// Any bootstrap file.
