@@ -536,25 +536,23 @@ fn slow_uploads_and_stalled_bodies_move_no_hosts_share() {
         c.join().unwrap();
     }
     let records = load.join().unwrap().unwrap();
+    // Per 3 s window: who answered (200s by backend); what the others got, by status (0: no
+    // answer within the client's 10 s); and how many arrivals have a record at all (one still in
+    // flight when the load stopped waiting has none). A window short of answers is told apart
+    // from one whose shares moved.
     let mut windows: BTreeMap<u64, BTreeMap<String, u64>> = BTreeMap::new();
-    for r in records.iter().filter(|r| r.status == 200) {
-        let w = r.sent_at.as_secs() / 3;
-        *windows
-            .entry(w)
-            .or_default()
-            .entry(r.backend.clone().unwrap_or_default())
-            .or_default() += 1;
-    }
-    // What the others got, by window and status (0: no answer within the client's 10 s), and
-    // how many of each window's arrivals have a record at all (one still in flight when the load
-    // stopped waiting has none): a window short of answers is told apart from one whose shares
-    // moved.
     let mut unanswered: BTreeMap<u64, BTreeMap<u16, u64>> = BTreeMap::new();
     let mut recorded: BTreeMap<u64, u64> = BTreeMap::new();
     for r in &records {
         let w = r.sent_at.as_secs() / 3;
         *recorded.entry(w).or_default() += 1;
-        if r.status != 200 {
+        if r.status == 200 {
+            *windows
+                .entry(w)
+                .or_default()
+                .entry(r.backend.clone().unwrap_or_default())
+                .or_default() += 1;
+        } else {
             *unanswered
                 .entry(w)
                 .or_default()

@@ -122,16 +122,19 @@ impl Stack {
         // Flush Envoy's log often: some tests read what the plugin logged moments ago.
         let mut opts = EnvoyOptions {
             extra_args: vec!["--file-flush-interval-msec".into(), "100".into()],
-            ..EnvoyOptions::new(config.to_yaml()?)
+            ..EnvoyOptions::default()
         };
         options(&mut opts);
-        let mut first = Some(opts.clone());
-        let envoy = Envoy::start_retrying_taken_ports(|| match first.take() {
-            Some(opts) => Ok(opts),
-            None => Ok(EnvoyOptions {
-                config_yaml: config.pick_admin_port()?.to_yaml()?,
+        // The config as edited; a start that found its admin port taken picks another.
+        let mut retry = false;
+        let envoy = Envoy::start_retrying_taken_ports(|| {
+            if std::mem::replace(&mut retry, true) {
+                config.pick_admin_port()?;
+            }
+            Ok(EnvoyOptions {
+                config_yaml: config.to_yaml()?,
                 ..opts.clone()
-            }),
+            })
         })?;
         // The listener's port: Envoy's choice when the config left it at 0.
         let url = format!("http://{}", envoy.listener_addr(LISTENER)?);

@@ -154,9 +154,9 @@ fn a_start_that_finds_its_port_taken_is_tried_again_and_no_other_is() {
     .err()
     .unwrap();
     assert_eq!(attempts, 1, "{err:#}");
-    let first_line = format!("{err:#}");
+    let text = format!("{err:#}");
     assert!(
-        first_line.lines().next().unwrap().contains("exited early"),
+        text.lines().next().unwrap().contains("exited early"),
         "the cause comes before the log: {err:#}"
     );
 }
