@@ -42,11 +42,12 @@ pub struct TuneReport {
     pub logged: RoundFigures,
     /// Every candidate, the current settings first.
     pub outcomes: Vec<Outcome>,
-    /// Index of the recommended candidate in `outcomes`: the leader when it beat the current
-    /// settings on every seed, else 0 (keep them).
+    /// Index of the recommended candidate in `outcomes`: the leader when its gain's floor is
+    /// above zero, else 0 (keep the current settings).
     pub best: usize,
-    /// Index of the best candidate: the lowest median p99 of the first stage (the smoother), or
-    /// of the second (one more change on top of that) when it beats the first's by more than its
+    /// Index of the best candidate: of the first stage (the smoother), the one changing the
+    /// fewest settings among those within the replay's noise of the lowest median p99; or of
+    /// the second (one more change on top of that) when it beats the first's by more than its
     /// own spread over the seeds.
     pub leader: usize,
     /// The first stage's lowest median p99 and the smoother taken instead, a smaller change
@@ -191,8 +192,8 @@ pub fn tune(opts: &TuneOptions) -> Result<TuneReport> {
         100.0 * (base - outcomes[leader].spread(|r| r.p99_ms).median) / base.max(1e-9);
     let gain_floor_pct = gain_pct.min.min(against_log);
     // A change is recommended only when the model reproduces the log (the replay of the current
-    // settings is near the log's own p99) and the change beats the current settings on every
-    // seed: a gain within the replay's own noise is no reason to change.
+    // settings is near the log's own p99) and the gain's floor is above zero: a gain within the
+    // replay's noise or the log's is no reason to change.
     let replayed_p99 = outcomes[0].spread(|r| r.p99_ms).median;
     let fit_error = (replayed_p99 - logged.p99_ms).abs() / logged.p99_ms.max(1e-9);
     let fit_ok = fit_error <= MAX_FIT_ERROR;
