@@ -263,8 +263,8 @@ fn effective(config: &Value) -> Result<Value> {
     Ok(serde_json::to_value(parsed)?)
 }
 
-/// How many settings differ between two configurations: leaf values (an array is one), a
-/// setting present in one only counted once for each leaf it has.
+/// How many settings differ between two configurations: the leaf values that differ (an array
+/// is one), and every leaf of a setting only one of them has.
 fn settings_changed(a: &Value, b: &Value) -> usize {
     fn leaves(v: &Value) -> usize {
         match v {
