@@ -42,8 +42,8 @@ pub struct TuneReport {
     pub logged: RoundFigures,
     /// Every candidate, the current settings first.
     pub outcomes: Vec<Outcome>,
-    /// Index of the recommended candidate in `outcomes`: the leader when its gain's floor is
-    /// above zero, else 0 (keep the current settings).
+    /// Index of the recommended candidate in `outcomes`: the leader when it beat the current
+    /// settings on every seed, else 0 (keep them).
     pub best: usize,
     /// Index of the best candidate: of the first stage (the smoother), the one changing the
     /// fewest settings among those within the replay's noise of the lowest median p99; or of
@@ -192,12 +192,14 @@ pub fn tune(opts: &TuneOptions) -> Result<TuneReport> {
         100.0 * (base - outcomes[leader].spread(|r| r.p99_ms).median) / base.max(1e-9);
     let gain_floor_pct = gain_pct.min.min(against_log);
     // A change is recommended only when the model reproduces the log (the replay of the current
-    // settings is near the log's own p99) and the gain's floor is above zero: a gain within the
-    // replay's noise or the log's is no reason to change.
+    // settings is near the log's own p99) and the change beats the current settings on every
+    // seed: a gain within the replay's own noise is no reason to change. The floor is not a
+    // gate: over simulated logs it would have kept back 9 of 22 recommendations, each a real
+    // gain (bench/README.md, "The log's own luck in the floor").
     let replayed_p99 = outcomes[0].spread(|r| r.p99_ms).median;
     let fit_error = (replayed_p99 - logged.p99_ms).abs() / logged.p99_ms.max(1e-9);
     let fit_ok = fit_error <= MAX_FIT_ERROR;
-    let best = if fit_ok && gain_floor_pct > 0.0 {
+    let best = if fit_ok && gain_pct.min > 0.0 {
         leader
     } else {
         0
@@ -261,8 +263,8 @@ fn effective(config: &Value) -> Result<Value> {
     Ok(serde_json::to_value(parsed)?)
 }
 
-/// How many settings differ between two configurations: leaf values (an array is one), a
-/// setting present in one only counted once for each leaf it has.
+/// How many settings differ between two configurations: the leaf values that differ (an array
+/// is one), and every leaf of a setting only one of them has.
 fn settings_changed(a: &Value, b: &Value) -> usize {
     fn leaves(v: &Value) -> usize {
         match v {
@@ -453,18 +455,10 @@ fn markdown(r: &TuneReport, opts: &TuneOptions) -> String {
         match r.leader {
             0 => md.push_str("**Recommendation: keep the current settings**: no candidate had a lower median p99.\n"),
             _ => {
-                let why = if r.gain_pct.min <= 0.0 {
-                    "not on every seed: within the replay's noise".to_owned()
-                } else {
-                    format!(
-                        "but {:.1} % against the low end of the log's own p99 ({:.1} ms): within the log's noise",
-                        r.gain_floor_pct, r.logged_p99_low
-                    )
-                };
                 let _ = writeln!(
                     md,
                     "**Recommendation: keep the current settings**: the best candidate, {} (#{}), gained {} % \
-                     (median (min-max) over the seeds), {why}.",
+                     (median (min-max) over the seeds), not on every seed: within the replay's noise.",
                     leader.candidate.name,
                     r.leader,
                     r.gain_pct.show(1)
@@ -483,14 +477,24 @@ fn markdown(r: &TuneReport, opts: &TuneOptions) -> String {
             cur.spread(|f| f.p99_ms).show(1),
             r.gain_pct.show(1),
         );
-        let _ = writeln!(
-            md,
-            "**The gain to expect: at least {:.1} %**: the lower of the gain's worst seed and the gain against {:.1} ms, \
-             the low end of the log's own p99 (its 5th percentile over block resamples of the log: one log's p99 is \
-             partly luck). The best of many candidates also looks better on the seeds it was picked on than it will \
-             elsewhere.\n",
-            r.gain_floor_pct, r.logged_p99_low
-        );
+        if r.gain_floor_pct > 0.0 {
+            let _ = writeln!(
+                md,
+                "**The gain to expect: at least {:.1} %**: the lower of the gain's worst seed and the gain against \
+                 {:.1} ms, the low end of the log's own p99 (its 5th percentile over block resamples of the log: one \
+                 log's p99 is partly luck). The best of many candidates also looks better on the seeds it was picked on \
+                 than it will elsewhere.\n",
+                r.gain_floor_pct, r.logged_p99_low
+            );
+        } else {
+            let _ = writeln!(
+                md,
+                "**The gain to expect: none for certain**: against {:.1} ms, the low end of the log's own p99 (its 5th \
+                 percentile over block resamples of the log), the candidate's median replay gains {:.1} %. This log's \
+                 p99 is too much luck to promise a gain; a longer log would tell. Apply it on one proxy first.\n",
+                r.logged_p99_low, r.gain_floor_pct
+            );
+        }
     }
     if let Some((lowest, taken)) = r.passed_over {
         let (lowest, taken) = (&r.outcomes[lowest], &r.outcomes[taken]);
