@@ -378,10 +378,9 @@ pub fn logged(data: &Dataset, warmup: Duration) -> RoundFigures {
 
 /// How low the log's own p99 could have come out under the same settings: the 5th percentile of
 /// its p99 over 200 block bootstrap resamples (the window after `warmup` cut into 8 consecutive
-/// blocks, 8 drawn with replacement; a block keeps the hosts' changes within it together). One
-/// 40-s log of a world whose host is slow every other 2 s had a p99 23 % above the median of
-/// five later runs of the same settings (bench/README.md, "Tuning from the access log"): a gain
-/// measured from the log's one p99 inherits that luck. `None` for fewer than 100 requests.
+/// blocks, 8 drawn with replacement; a block keeps the hosts' changes within it together). A
+/// gain measured from the log's one p99 inherits that p99's luck (bench/README.md, "The log's
+/// own luck in the floor"). `None` for fewer than 100 requests.
 pub fn logged_p99_low(data: &Dataset, warmup: Duration) -> Option<f64> {
     const BLOCKS: usize = 8;
     const RESAMPLES: usize = 200;
