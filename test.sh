@@ -17,7 +17,9 @@ step "toolchain"
 for target in wasm32-wasip1 wasm32-unknown-unknown; do
   rustup target list --installed | grep -x "$target" >/dev/null || rustup target add "$target"
 done
-for component in rustfmt clippy; do
+# rust-src: most developers' toolchains have it (rust-analyzer needs it), and with it rustc names
+# std's sources by their path on the machine; tests/release.rs checks the module names none.
+for component in rustfmt clippy rust-src; do
   rustup component list --installed | grep "^$component" >/dev/null || rustup component add "$component"
 done
 # binaryen (wasm-opt, which wasm-build.sh requires for a reproducible module), docker-compose checks the compose file, DejaVu is the

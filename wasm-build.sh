@@ -14,8 +14,9 @@
 #   - wasm-opt from Debian's binaryen BINARYEN_VERSION, always (installed here when missing): a
 #     build with and one without it would differ, and so would two wasm-opt versions;
 #   - Cargo.lock as it is (--locked);
-#   - no absolute paths: the cargo home (dependency sources) is remapped to /cargo; the
-#     workspace's own paths are relative already;
+#   - no absolute paths: the cargo home (dependency sources) is remapped to /cargo, std's
+#     sources to /rustc/COMMIT whether or not rust-src is installed; the workspace's own paths
+#     are relative already;
 #   - the git commit (EWMA_LB_GIT_COMMIT, from git when unset; "-dirty" when tracked files have
 #     uncommitted changes), compiled in for the status page, the startup log line and the
 #     ewma_lb_build_info metric.
@@ -55,7 +56,13 @@ if [ -z "${EWMA_LB_GIT_COMMIT:-}" ]; then
 fi
 
 cargo_home=${CARGO_HOME:-$HOME/.cargo}
-export CARGO_TARGET_WASM32_WASIP1_RUSTFLAGS="--remap-path-prefix=$cargo_home=/cargo"
+# std's sources: rustc names them /rustc/COMMIT in the std it ships, but where the rust-src
+# component is installed (rust-analyzer needs it) it names them by their path on this machine,
+# and the panic locations of std's generic code built into the module carry that path: 17 of
+# them, 656 bytes more, and another sha256. Mapped back, the module is the same either way.
+rustc_commit=$(rustc -vV | sed -n 's/^commit-hash: //p')
+rust_src="$(rustc --print sysroot)/lib/rustlib/src/rust"
+export CARGO_TARGET_WASM32_WASIP1_RUSTFLAGS="--remap-path-prefix=$cargo_home=/cargo --remap-path-prefix=$rust_src=/rustc/$rustc_commit"
 if [ $# -eq 0 ]; then
   cargo build --locked --profile wasm --target "$target" -p ewma-lb
   built="${CARGO_TARGET_DIR:-target}/$target/wasm/ewma_lb.wasm"

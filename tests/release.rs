@@ -129,6 +129,35 @@ fn a_fresh_copy_of_the_tree_builds_the_same_module() {
     );
 }
 
+/// The module names no path of the machine that built it: not the toolchain's (where the
+/// rust-src component is installed, as test.sh installs it and rust-analyzer needs it, rustc names
+/// std's sources by their path there), not the cargo home's, not the tree's. Such a path would
+/// make the sha256 depend on the machine and tell every Envoy that loads the module where it was
+/// built.
+#[test]
+fn the_module_names_no_path_of_the_build_machine() {
+    let module = std::fs::read(harness::plugin_wasm().unwrap_or_else(|e| panic!("{e}"))).unwrap();
+    let sysroot = run(
+        "rustc --print sysroot",
+        Command::new("rustc").args(["--print", "sysroot"]),
+    );
+    let sysroot = String::from_utf8_lossy(&sysroot).trim().to_string();
+    let cargo_home = std::env::var("CARGO_HOME")
+        .unwrap_or_else(|_| format!("{}/.cargo", std::env::var("HOME").unwrap_or_default()));
+    let tree = repo_root().display().to_string();
+    for (what, path) in [
+        ("toolchain", sysroot),
+        ("cargo home", cargo_home),
+        ("tree", tree),
+    ] {
+        assert!(path.len() > 1, "no {what} path to look for");
+        assert!(
+            !module.windows(path.len()).any(|w| w == path.as_bytes()),
+            "dist/ewma_lb.wasm names the {what}'s path {path}"
+        );
+    }
+}
+
 /// The Dockerfile's instructions, per stage: `(FROM line words, [instruction words])`.
 fn dockerfile_stages() -> Vec<(Vec<String>, Vec<Vec<String>>)> {
     let text = read("Dockerfile").replace("\\\n", " ");
