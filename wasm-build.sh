@@ -58,8 +58,8 @@ fi
 cargo_home=${CARGO_HOME:-$HOME/.cargo}
 # std's sources: rustc names them /rustc/COMMIT in the std it ships, but where the rust-src
 # component is installed (rust-analyzer needs it) it names them by their path on this machine,
-# and the panic locations of std's generic code built into the module carry that path: 17 of
-# them, 656 bytes more, and another sha256. Mapped back, the module is the same either way.
+# and the panic locations of std's generic code built into the module carry that path, so the
+# sha256 would depend on the machine (CHANGELOG). Mapped back, the module is the same either way.
 rustc_commit=$(rustc -vV | sed -n 's/^commit-hash: //p')
 rust_src="$(rustc --print sysroot)/lib/rustlib/src/rust"
 export CARGO_TARGET_WASM32_WASIP1_RUSTFLAGS="--remap-path-prefix=$cargo_home=/cargo --remap-path-prefix=$rust_src=/rustc/$rustc_commit"
