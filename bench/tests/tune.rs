@@ -96,14 +96,14 @@ fn smoothing(report: &TuneReport) -> &Value {
     &report.recommended["smoothing"]
 }
 
-/// The p99 `config` gets on the true world (not a replay), median over seeds 1 and 2.
-fn true_p99(spec: &SimSpec, config: &Value) -> f64 {
+/// The p99 `config` gets on the true world (not a replay), median over `seeds`.
+fn true_p99(spec: &SimSpec, config: &Value, seeds: &[u64]) -> f64 {
     let s = SimSpec {
         policies: vec![Policy::variant("truth", config.clone()).unwrap()],
         warmup: Duration::from_secs(3),
         ..spec.clone()
     };
-    let r = ewma_bench::sim::run_all(&s, &[1, 2], 2, false).unwrap();
+    let r = ewma_bench::sim::run_all(&s, seeds, 2, false).unwrap();
     r[0].figures.median(|f| Some(f.p99_ms)).unwrap()
 }
 
@@ -164,8 +164,8 @@ fn finds_the_better_setting(
     );
     assert!(report.gain_pct.min > 0.0, "{}", report.markdown);
     let (now, then) = (
-        true_p99(spec, &current),
-        true_p99(spec, &report.recommended),
+        true_p99(spec, &current, &[1, 2]),
+        true_p99(spec, &report.recommended, &[1, 2]),
     );
     assert!(
         then <= now * (1.0 - margin),
@@ -176,20 +176,42 @@ fn finds_the_better_setting(
     report
 }
 
+/// The known-answer worlds, each with the settings its log is written under.
+fn alternating_every_2_s() -> (SimSpec, Value) {
+    let slow = Latency::Uniform {
+        lo_ms: 150,
+        hi_ms: 250,
+    };
+    (
+        alternating_world(4.0, slow, 800.0),
+        json!({"smoothing": {"algorithm": "peak_ewma", "tau_ms": 250}}),
+    )
+}
+
+fn slow_every_other_4_s() -> (SimSpec, Value) {
+    let slow = Latency::Uniform {
+        lo_ms: 40,
+        hi_ms: 60,
+    };
+    (
+        alternating_world(8.0, slow, 850.0),
+        json!({"smoothing": {"algorithm": "peak_ewma", "tau_ms": 500}}),
+    )
+}
+
+fn spikes_under_a_long_peak() -> (SimSpec, Value) {
+    (
+        spikes_world(),
+        json!({"smoothing": {"algorithm": "peak_ewma", "tau_ms": 10000}}),
+    )
+}
+
 #[test]
 fn a_host_alternating_every_2_s_is_not_followed_with_a_time_constant_of_250_ms() {
     // On the true world a 250 ms time constant chases every phase (p99 118 ms against 92-100
     // for 0.5-2 s and 111 for 10 s; before the pick took its first candidate in turn, 147
     // against 95-105): the tool must see that from the log written under it.
-    let spec = alternating_world(
-        4.0,
-        Latency::Uniform {
-            lo_ms: 150,
-            hi_ms: 250,
-        },
-        800.0,
-    );
-    let current = json!({"smoothing": {"algorithm": "peak_ewma", "tau_ms": 250}});
+    let (spec, current) = alternating_every_2_s();
     let report = finds_the_better_setting("alternating", &spec, current, HALF_S, 0.1);
     let tau = smoothing(&report)["tau_ms"].as_f64().unwrap();
     assert!(tau >= 500.0, "{}", report.markdown);
@@ -201,15 +223,7 @@ fn a_host_slow_every_other_4_s_is_held_down_by_a_longer_time_constant() {
     // in at each fast phase and pays for it at the next slow one (p99 88.5 ms; 10 s: 66.1). The
     // model fitted before service times were taken out of the queue exactly did not see this
     // gain and kept the current settings.
-    let spec = alternating_world(
-        8.0,
-        Latency::Uniform {
-            lo_ms: 40,
-            hi_ms: 60,
-        },
-        850.0,
-    );
-    let current = json!({"smoothing": {"algorithm": "peak_ewma", "tau_ms": 500}});
+    let (spec, current) = slow_every_other_4_s();
     let report = finds_the_better_setting("period-8", &spec, current, HALF_S, 0.1);
     let tau = smoothing(&report)["tau_ms"].as_f64().unwrap();
     assert!(tau >= 2000.0, "{}", report.markdown);
@@ -245,8 +259,7 @@ fn rare_spikes_held_by_a_long_peak_are_let_go() {
     // true world p99 170 ms, against 42-43 without the peak or with a short time constant. With
     // buckets shorter than the gaps between spikes the model sees them, and the tool must
     // recommend letting them go: no peak, or a peak that decays within a second.
-    let spec = spikes_world();
-    let current = json!({"smoothing": {"algorithm": "peak_ewma", "tau_ms": 10000}});
+    let (spec, current) = spikes_under_a_long_peak();
     let report =
         finds_the_better_setting("long-peak", &spec, current, Duration::from_millis(250), 0.5);
     let s = smoothing(&report);
@@ -379,50 +392,17 @@ fn bad_lines_among_good_ones_are_counted_with_their_numbers_and_gzip_reads_the_s
 #[ignore = "a minute in release; run by hand"]
 fn the_gain_to_expect_holds_over_twenty_logs_of_each_world() {
     let worlds = [
-        (
-            "alternating every 2 s",
-            alternating_world(
-                4.0,
-                Latency::Uniform {
-                    lo_ms: 150,
-                    hi_ms: 250,
-                },
-                800.0,
-            ),
-            json!({"smoothing": {"algorithm": "peak_ewma", "tau_ms": 250}}),
-            HALF_S,
-        ),
-        (
-            "slow every other 4 s",
-            alternating_world(
-                8.0,
-                Latency::Uniform {
-                    lo_ms: 40,
-                    hi_ms: 60,
-                },
-                850.0,
-            ),
-            json!({"smoothing": {"algorithm": "peak_ewma", "tau_ms": 500}}),
-            HALF_S,
-        ),
+        ("alternating every 2 s", alternating_every_2_s(), HALF_S),
+        ("slow every other 4 s", slow_every_other_4_s(), HALF_S),
         (
             "isolated stalls",
-            spikes_world(),
-            json!({"smoothing": {"algorithm": "peak_ewma", "tau_ms": 10000}}),
+            spikes_under_a_long_peak(),
             Duration::from_millis(250),
         ),
     ];
-    let truth = |spec: &SimSpec, config: &Value| -> f64 {
-        let s = SimSpec {
-            policies: vec![Policy::variant("truth", config.clone()).unwrap()],
-            warmup: Duration::from_secs(3),
-            ..spec.clone()
-        };
-        let r = ewma_bench::sim::run_all(&s, &[1, 2, 3, 4, 5, 6], 2, false).unwrap();
-        r[0].figures.median(|f| Some(f.p99_ms)).unwrap()
-    };
+    let truth = |spec: &SimSpec, config: &Value| true_p99(spec, config, &[1, 2, 3, 4, 5, 6]);
     let mut failures = Vec::new();
-    for (name, spec, current, bucket) in worlds {
+    for (name, (spec, current), bucket) in worlds {
         let now = truth(&spec, &current);
         let (mut recommended, mut held, mut worst_seed_held) = (0, 0, 0);
         println!("{name}: true p99 under the current settings {now:.1} ms");

@@ -477,22 +477,34 @@ fn markdown(r: &TuneReport, opts: &TuneOptions) -> String {
             cur.spread(|f| f.p99_ms).show(1),
             r.gain_pct.show(1),
         );
+        // What the floor's second end is measured against (`tune`): the log's low end, or the
+        // replay of the current settings when that is lower.
+        let base = cur.spread(|f| f.p99_ms).median.min(r.logged_p99_low);
+        let base_is = if base < r.logged_p99_low {
+            format!(
+                "the replay of the current settings, below {:.1} ms, the low end of the log's own p99",
+                r.logged_p99_low
+            )
+        } else {
+            "the low end of the log's own p99 (its 5th percentile over block resamples of the log: one log's p99 \
+             is partly luck)"
+                .to_owned()
+        };
         if r.gain_floor_pct > 0.0 {
             let _ = writeln!(
                 md,
                 "**The gain to expect: at least {:.1} %**: the lower of the gain's worst seed and the gain against \
-                 {:.1} ms, the low end of the log's own p99 (its 5th percentile over block resamples of the log: one \
-                 log's p99 is partly luck). The best of many candidates also looks better on the seeds it was picked on \
+                 {base:.1} ms, {base_is}. The best of many candidates also looks better on the seeds it was picked on \
                  than it will elsewhere.\n",
-                r.gain_floor_pct, r.logged_p99_low
+                r.gain_floor_pct
             );
         } else {
             let _ = writeln!(
                 md,
-                "**The gain to expect: none for certain**: against {:.1} ms, the low end of the log's own p99 (its 5th \
-                 percentile over block resamples of the log), the candidate's median replay gains {:.1} %. This log's \
-                 p99 is too much luck to promise a gain; a longer log would tell. Apply it on one proxy first.\n",
-                r.logged_p99_low, r.gain_floor_pct
+                "**The gain to expect: none for certain**: against {base:.1} ms, {base_is}, the candidate's median \
+                 replay gains {:.1} %. This log's p99 is too much luck to promise a gain; a longer log would tell. \
+                 Apply it on one proxy first.\n",
+                r.gain_floor_pct
             );
         }
     }
