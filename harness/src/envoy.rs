@@ -458,8 +458,17 @@ impl Envoy {
 
 impl Drop for Envoy {
     fn drop(&mut self) {
+        let keep = std::env::var_os(KEEP_ENV).is_some();
+        if keep {
+            // Envoy writes access logs through a buffer it flushes when full or on a timer
+            // (`--file-flush-interval-msec`), and a killed Envoy never flushes: the kept log
+            // would lack its last lines (of a 3-s run, all but the first). Reopening the logs flushes them, on Envoy's flush
+            // thread: hence the wait.
+            let _ = self.admin_post("/reopen_logs");
+            std::thread::sleep(Duration::from_millis(200));
+        }
         self.kill();
-        if std::thread::panicking() || std::env::var_os(KEEP_ENV).is_some() {
+        if std::thread::panicking() || keep {
             eprintln!("envoy files kept in {}", self.dir.display());
         } else {
             let _ = fs::remove_dir_all(&self.dir);
