@@ -97,3 +97,6 @@ cargo run --quiet -p ewma-bench -- simulate bench/scenarios/fleet/fleet.toml --s
 step "ewma-lb-tune smoke (a real Envoy's access log, bench/tune/; measures nothing)"
 cargo run --quiet -p ewma-bench --bin ewma-lb-tune -- bench/tune/sample-access.log.gz --quick --seeds 1 \
   --warmup 3 --no-progress --out target/tune-smoke.json --report target/tune-smoke.md --plot target/tune-smoke >/dev/null
+
+step "tuning cycle smoke (log, tune, run back: bench/tune-cycle.sh; measures nothing)"
+bench/tune-cycle.sh --smoke >/dev/null

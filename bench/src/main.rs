@@ -115,6 +115,11 @@ struct CompareArgs {
     /// one policy with two modules (`--wasm`) back to back.
     #[arg(long, value_delimiter = ',')]
     policies: Vec<String>,
+    /// A plugin variant `NAME=JSON` (or `NAME=@FILE`, such as ewma-lb-tune's output), merged over
+    /// the scenario's `plugin_config` as a `[variants.NAME]` table is; it replaces the file's
+    /// variant of that name or joins the policies. Repeatable.
+    #[arg(long = "variant")]
+    variants: Vec<String>,
 }
 
 #[derive(Args)]
@@ -382,6 +387,17 @@ fn compare(args: CompareArgs) -> Result<()> {
     } else {
         Scenario::load(&args.scenario)?
     };
+    for v in &args.variants {
+        let variant = Policy::from_arg(v)?;
+        match scenario
+            .policies
+            .iter_mut()
+            .find(|p| p.name() == variant.name())
+        {
+            Some(p) => *p = variant,
+            None => scenario.policies.push(variant),
+        }
+    }
     if !args.policies.is_empty() {
         scenario.policies = Policy::select(&scenario.policies, &args.policies)?;
     }

@@ -129,6 +129,27 @@ impl Policy {
         }
     }
 
+    /// A variant given on the command line as `NAME=JSON` or `NAME=@FILE` (a JSON object of
+    /// settings, such as ewma-lb-tune writes).
+    pub fn from_arg(arg: &str) -> Result<Policy> {
+        let Some((name, value)) = arg.split_once('=') else {
+            bail!("--variant {arg:?}: expected NAME=JSON or NAME=@FILE");
+        };
+        let name = name.trim();
+        if name.is_empty() || Policy::builtin(name).is_some() {
+            bail!("--variant {arg:?}: the name must be new, not empty nor a built-in policy's");
+        }
+        let text = match value.strip_prefix('@') {
+            Some(file) => std::fs::read_to_string(file)
+                .with_context(|| format!("--variant {name}: reading {file}"))?,
+            None => value.to_owned(),
+        };
+        let overrides: Value =
+            serde_json::from_str(&text).with_context(|| format!("--variant {name}: not JSON"))?;
+        Policy::variant(name, overrides)
+            .with_context(|| format!("--variant {name}: must be a JSON object"))
+    }
+
     /// The policies named in `names`, each the one of that name in `known` (a scenario's list,
     /// which holds its variants) or else a built-in one; an error names a policy that is neither.
     pub fn select(known: &[Policy], names: &[String]) -> Result<Vec<Policy>> {
@@ -408,5 +429,27 @@ mod tests {
                 .plugin_config(&scenario),
             None
         );
+    }
+
+    #[test]
+    fn a_command_line_variant_is_a_named_json_object() {
+        let p = Policy::from_arg(r#"tuned={"smoothing": {"tau_ms": 5000}}"#).unwrap();
+        assert_eq!(p.name(), "tuned");
+        assert_eq!(p.overrides(), &json!({"smoothing": {"tau_ms": 5000}}));
+        let file = std::env::temp_dir().join(format!("variant-{}.json", std::process::id()));
+        std::fs::write(&file, r#"{"pick": "weighted_random"}"#).unwrap();
+        let p = Policy::from_arg(&format!("from_file=@{}", file.display())).unwrap();
+        let _ = std::fs::remove_file(&file);
+        assert_eq!(p.overrides(), &json!({"pick": "weighted_random"}));
+        for bad in [
+            "tuned",
+            "=",
+            "ewma_lb={}",
+            "least_request={}",
+            "tuned=[1]",
+            "tuned={",
+        ] {
+            assert!(Policy::from_arg(bad).is_err(), "{bad} accepted");
+        }
     }
 }

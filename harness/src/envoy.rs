@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 
@@ -458,8 +458,28 @@ impl Envoy {
 
 impl Drop for Envoy {
     fn drop(&mut self) {
+        let keep = std::env::var_os(KEEP_ENV).is_some();
+        if keep {
+            // Envoy writes access logs through a buffer it flushes when full or on a timer
+            // (`--file-flush-interval-msec`), and a killed Envoy never flushes: the kept log
+            // would lack its last lines (of a 3-s run, all but the first). Reopening the logs
+            // flushes them, on Envoy's flush thread: hence the wait for its buffered bytes to
+            // reach 0.
+            if self.admin_post("/reopen_logs").is_ok() {
+                let deadline = Instant::now() + Duration::from_secs(3);
+                while self
+                    .stat("filesystem.write_total_buffered")
+                    .is_some_and(|bytes| bytes > 0)
+                    && Instant::now() < deadline
+                {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                // The gauge falls when the flush thread takes the buffer, just before it writes.
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
         self.kill();
-        if std::thread::panicking() || std::env::var_os(KEEP_ENV).is_some() {
+        if std::thread::panicking() || keep {
             eprintln!("envoy files kept in {}", self.dir.display());
         } else {
             let _ = fs::remove_dir_all(&self.dir);
