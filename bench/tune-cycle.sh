@@ -12,8 +12,8 @@
 #   bench/tune-cycle.sh --smoke        every step in seconds (checks the script, measures nothing)
 #
 # Defaults: 1 cycle, 5 rounds, bench/scenarios/tuning/alternating.toml, bench/out/tune-cycle.
-# A cycle takes about 8 minutes on 2 cores with the defaults; like every latency figure here it
-# wants a quiet machine.
+# A cycle takes about 6.5 minutes on 2 cores with the defaults; like every latency figure here
+# it wants a quiet machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,7 +31,7 @@ while [ $# -gt 0 ]; do
     --out) out="$2"; shift 2 ;;
     --smoke)
       smoke=(--smoke)
-      # A 2-s log: no warm-up to leave out, one seed, the smoother alone.
+      # A 3-s log (the scenario's [smoke]): no warm-up to leave out, one seed, the smoother alone.
       tune_smoke=(--quick --seeds 1 --warmup 0)
       rounds=1
       out=target/tune-cycle-smoke
