@@ -94,19 +94,19 @@ for (( n = first; n < first + cycles; n++ )); do
   "$tune" "$dir/access.log.gz" --config "$config" --no-progress "${tune_smoke[@]}" \
     --workers "$(jq -r '.settings.envoy_concurrency' "$results")" \
     --route-timeout "$(jq -r '.settings.route_timeout_s' "$results")" \
-    --out "$dir/tuned.json" --report "$dir/report.md" > "$dir/tune.txt"
-  recommendation=$(jq -c . "$dir/tuned.json")
-  predicted=$(sed -n 's/^\*\*Recommendation: .*, a gain of \(.*\) % (median .*/\1/p' "$dir/report.md")
-  floor=$(sed -n 's/^\*\*The gain to expect: at least \([0-9.-]*\) %.*/\1/p' "$dir/report.md")
-  if [ -z "$predicted" ] && [ ${#smoke[@]} -eq 0 ]; then
+    --out "$dir/tuned.json" --report "$dir/report.md" --summary "$dir/tune-summary.json" > "$dir/tune.txt"
+  s="$dir/tune-summary.json"
+  recommendation=$(jq -c .recommended "$s")
+  if [ "$(jq .changed "$s")" != true ] && [ ${#smoke[@]} -eq 0 ]; then
     # No change recommended (or the model does not reproduce the log): nothing to run back. The
     # smoke runs step 3 anyway (with the settings the tool wrote), to check it.
     verdict=$(grep -m1 -o '^\*\*\(No recommendation\|Recommendation\)[^*]*\*\*' "$dir/report.md" | tr -d '*')
     echo "| $n | $log_p99 | $verdict | - | - | - | - | - | - | - |" >> "$summary"
     continue
   fi
-  [ -n "$predicted" ] || predicted="-"
-  [ -n "$floor" ] || floor="none"
+  predicted=$(jq -r 'if .gain_pct then (.gain_pct | "\(.median * 10 | round / 10) (\(.min * 10 | round / 10)-\(.max * 10 | round / 10))") else "-" end' "$s")
+  # The report states no floor when it is not above zero ("none for certain").
+  floor=$(jq -r 'if (.gain_floor_pct // 0) > 0 then (.gain_floor_pct * 10 | round / 10) else "none" end' "$s")
 
   # 3. The recommendation against the settings that wrote the log, in alternating order.
   echo "== cycle $n: ewma_lb against the recommendation, $rounds rounds"

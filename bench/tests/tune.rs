@@ -163,6 +163,12 @@ fn finds_the_better_setting(
         report.markdown
     );
     assert!(report.gain_pct.min > 0.0, "{}", report.markdown);
+    // What bench/tune-cycle.sh reads: the same recommendation and promises as the report.
+    let summary = report.summary();
+    assert_eq!(summary["changed"], true);
+    assert_eq!(summary["recommended"], report.recommended);
+    assert_eq!(summary["gain_pct"]["min"], report.gain_pct.min);
+    assert_eq!(summary["gain_floor_pct"], report.gain_floor_pct);
     let (now, then) = (
         true_p99(spec, &current, &[1, 2]),
         true_p99(spec, &report.recommended, &[1, 2]),
@@ -288,6 +294,10 @@ fn where_the_model_misses_the_tail_nothing_is_recommended() {
     );
     assert_eq!(report.best, 0, "{}", report.markdown);
     assert_eq!(report.recommended, current);
+    let summary = report.summary();
+    assert_eq!(summary["changed"], false);
+    assert_eq!(summary["recommended"], current);
+    assert!(summary["gain_floor_pct"].is_null());
     assert!(report
         .markdown
         .contains("No recommendation: the model does not reproduce this log"));

@@ -54,6 +54,10 @@ struct Cli {
     /// Also write the report (markdown) here.
     #[arg(long)]
     report: Option<PathBuf>,
+    /// Also write a summary for scripts here (JSON: the recommendation, whether it changes
+    /// anything, its predicted gain and the gain to expect).
+    #[arg(long)]
+    summary: Option<PathBuf>,
     /// Also draw each candidate's p50, p99 and p99.9 into this directory
     /// (tune-percentiles.svg and .png; needs a TrueType font, bench/README.md).
     #[arg(long)]
@@ -109,6 +113,11 @@ fn main() -> Result<()> {
     }
     if let Some(path) = cli.report {
         std::fs::write(&path, &report.markdown)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = cli.summary {
+        let json = serde_json::to_string_pretty(&report.summary())?;
+        std::fs::write(&path, format!("{json}\n"))
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())

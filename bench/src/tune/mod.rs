@@ -65,6 +65,9 @@ pub struct TuneReport {
     pub gain_floor_pct: f64,
     /// The low end of the log's own p99, ms.
     pub logged_p99_low: f64,
+    /// What the floor's second end is measured against, ms: `logged_p99_low`, or the current
+    /// settings' replayed median p99 when that is lower.
+    pub floor_base_p99: f64,
     /// The configuration to apply, accepted by the plugin's parser.
     pub recommended: Value,
     /// The report, markdown.
@@ -188,9 +191,9 @@ pub fn tune(opts: &TuneOptions) -> Result<TuneReport> {
     let logged_p99_low = replay::logged_p99_low(&data, opts.replay.warmup)
         .unwrap_or(logged.p99_ms)
         .min(logged.p99_ms);
-    let base = replayed_p99.min(logged_p99_low);
-    let against_log =
-        100.0 * (base - outcomes[leader].spread(|r| r.p99_ms).median) / base.max(1e-9);
+    let floor_base_p99 = replayed_p99.min(logged_p99_low);
+    let against_log = 100.0 * (floor_base_p99 - outcomes[leader].spread(|r| r.p99_ms).median)
+        / floor_base_p99.max(1e-9);
     let gain_floor_pct = gain_pct.min.min(against_log);
     // A change is recommended only when the model reproduces the log (the replay of the current
     // settings is near the log's own p99) and the change beats the current settings on every
@@ -219,11 +222,30 @@ pub fn tune(opts: &TuneOptions) -> Result<TuneReport> {
         gain_pct,
         gain_floor_pct,
         logged_p99_low,
+        floor_base_p99,
         recommended,
         markdown: String::new(),
     };
     report.markdown = markdown(&report, opts);
     Ok(report)
+}
+
+impl TuneReport {
+    /// What a script needs of the report (bench/tune-cycle.sh; `ewma-lb-tune --summary`):
+    /// whether a change is recommended, which, and the gains it is promised, as JSON.
+    pub fn summary(&self) -> Value {
+        let changed = self.best != 0;
+        serde_json::json!({
+            "recommended": self.recommended,
+            "changed": changed,
+            "candidate": self.outcomes[self.best].candidate.name,
+            "logged_p99_ms": self.logged.p99_ms,
+            "fit_error": self.fit_error,
+            "gain_pct": changed.then_some(self.gain_pct),
+            "gain_floor_pct": changed.then_some(self.gain_floor_pct),
+            "floor_base_p99_ms": self.floor_base_p99,
+        })
+    }
 }
 
 /// Whether `a` beats `b` by more than its own spread: its worst seed's p99 is below `b`'s median.
@@ -477,9 +499,7 @@ fn markdown(r: &TuneReport, opts: &TuneOptions) -> String {
             cur.spread(|f| f.p99_ms).show(1),
             r.gain_pct.show(1),
         );
-        // What the floor's second end is measured against (`tune`): the log's low end, or the
-        // replay of the current settings when that is lower.
-        let base = cur.spread(|f| f.p99_ms).median.min(r.logged_p99_low);
+        let base = r.floor_base_p99;
         let base_is = if base < r.logged_p99_low {
             format!(
                 "the replay of the current settings, below {:.1} ms, the low end of the log's own p99",
