@@ -28,8 +28,10 @@ fn traffic_leaves_the_slow_backend_but_keeps_probing_it() {
     let stack = Stack::start(seed_backends()).unwrap();
     stack.load(100.0, 5).unwrap(); // warm-up: the table forms from the first seconds of traffic
     stack.reset_counts();
-    // 3,000 requests: the floor (0.2 %) and exploration (0.2 %, a third of it to the slow host)
-    // make about 8 probes expected; none at all would be a 1-in-3,000 event.
+    // 3,000 requests. A host this much slower than the rest is probed by time, every 3 probe
+    // intervals per worker VM: 3 to 5 probes in 15 s, none would mean probing stopped. A probe
+    // is cut at a few times the others' latency and served elsewhere, so the slow backend
+    // receives it without answering it.
     let records = stack.load(200.0, 15).unwrap();
     let counts = stack.served();
     let slow = share(&counts, "slow");
@@ -37,12 +39,64 @@ fn traffic_leaves_the_slow_backend_but_keeps_probing_it() {
         slow <= 0.05,
         "at least 95 % must reach the fast two, served: {counts:?}"
     );
+    let probes = stack.backend("slow").unwrap().received();
     assert!(
-        counts.iter().any(|(n, c)| n == "slow" && *c > 0),
+        probes > 0,
         "the slow backend must still be probed: {counts:?}"
     );
     let errors = records.iter().filter(|r| r.is_error()).count();
     assert_eq!(errors, 0, "no request may fail");
+}
+
+/// A probe of a host that answers in 3 s is cut at a few times the others' latency and served by
+/// another host: the slow backend receives probes (it never answers them), and no client waits
+/// for it. Without the cut each probe would come back from the slow backend after 3 s.
+#[test]
+fn a_probe_waits_a_few_times_the_others_latency_not_the_slow_hosts() {
+    let stack = Stack::start(vec![
+        BackendSpec::new("fast1", "uniform:5-15".parse().unwrap()),
+        BackendSpec::new("fast2", "uniform:5-15".parse().unwrap()),
+        BackendSpec::new("slow", "fixed:3000".parse().unwrap()),
+    ])
+    .unwrap();
+    // Warm-up: the slow backend's first answers come back after 3 s and put it at the floor.
+    stack.load(100.0, 8).unwrap();
+    let slow = stack.backend("slow").unwrap();
+    std::thread::sleep(Duration::from_secs(3)); // the warm-up's requests to it end
+    stack.reset_counts();
+    let cut_before = stack
+        .envoy
+        .stat("cluster.backend.upstream_rq_per_try_timeout");
+    // 15 s: a host far slower than the rest is probed every 3 probe intervals per worker VM
+    // (`probe_interval_ms` 1 s, two VMs), 3 to 5 probes in all; fewer than 2 would mean probing
+    // stopped.
+    let records = stack.load(100.0, 15).unwrap();
+    let received = slow.received();
+    assert!(received >= 2, "the slow backend was not probed: {received}");
+    let from_slow: Vec<_> = records
+        .iter()
+        .filter(|r| r.backend.as_deref() == Some("slow"))
+        .collect();
+    assert!(
+        from_slow.is_empty(),
+        "answered by the slow backend: {from_slow:?}"
+    );
+    let errors = records.iter().filter(|r| r.is_error()).count();
+    assert_eq!(errors, 0, "no request may fail");
+    let longest = records.iter().map(|r| r.latency).max().unwrap_or_default();
+    assert!(
+        longest < Duration::from_millis(1500),
+        "a request waited {longest:?} (the slow backend answers in 3 s)"
+    );
+    // Envoy's own count: each probe the slow backend received was cut by its per-try timeout.
+    let cut = stack
+        .envoy
+        .stat("cluster.backend.upstream_rq_per_try_timeout");
+    let cut = cut.unwrap_or(0) - cut_before.unwrap_or(0);
+    assert!(
+        cut >= received,
+        "{cut} per-try timeouts for {received} probes"
+    );
 }
 
 #[test]

@@ -39,6 +39,17 @@
 //! the first doubles the wait for its next probe, up to [`MAX_BACKOFF`] times; any request it
 //! serves ends the backoff. One failure among successes changes nothing; a host that only
 //! answers slowly is never backed off (its probes are served).
+//!
+//! A probe need not cost its request the host's whole latency, nor the request itself. Where the
+//! request can be sent twice (a safe method, no body: the adapter decides), the probe waits for
+//! its host at most [`timeout_ms`], `probe_timeout_factor` times the latency the table's traffic
+//! gets, and Envoy then retries it on the pick's alternative (a per-try timeout and a retry on
+//! reset, set by request header). A host that has recovered answers within that: a healthy
+//! host's latency is rarely more than four times its mean (an exponential service's 98th
+//! percentile, a lognormal's of spread 0.3 far beyond its 99.9th). A probe cut there says only
+//! that the host is at least that slow: its sample is the cut or what the table already holds
+//! of the host, whichever is longer, and it neither fails the host nor backs its probes off
+//! (`worker::finish`).
 
 use std::rc::Rc;
 
@@ -84,6 +95,14 @@ pub fn interval_ns(base_ns: u64, score_ms: Option<f64>, reference_ms: Option<f64
     (base_ns as f64 * factor) as u64
 }
 
+/// How long a probe waits for its host before Envoy retries it on another (the module's doc):
+/// `factor` times `reference_ms`, the latency the table's traffic gets. `None` when the factor
+/// is 0 (off) or the reference is unknown.
+pub fn timeout_ms(factor: f64, reference_ms: Option<f64>) -> Option<f64> {
+    let t = factor * reference_ms?;
+    (factor > 0.0 && t.is_finite() && t > 0.0).then_some(t)
+}
+
 /// One worker's probe schedule for one cluster, index for index with its pick table.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Probes {
@@ -102,6 +121,8 @@ pub struct Probes {
     /// Worker VMs that serve the cluster: each waits that many intervals, so the cluster's
     /// probes do not grow with Envoy's `--concurrency`.
     workers: u32,
+    /// How long a probe may wait for its host ([`timeout_ms`]).
+    timeout_ms: Option<f64>,
 }
 
 impl Probes {
@@ -142,6 +163,7 @@ impl Probes {
             workers: self.workers,
             requests: self.requests,
             spacing: self.spacing,
+            timeout_ms: self.timeout_ms,
         }
     }
 
@@ -179,6 +201,15 @@ impl Probes {
         } else {
             0
         };
+    }
+
+    /// How long a probe may wait for its host ([`timeout_ms`]).
+    pub fn set_timeout_ms(&mut self, timeout_ms: Option<f64>) {
+        self.timeout_ms = timeout_ms;
+    }
+
+    pub fn timeout_ms(&self) -> Option<f64> {
+        self.timeout_ms
     }
 
     /// How many worker VMs share the cluster's probes.
