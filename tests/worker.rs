@@ -1218,18 +1218,18 @@ fn late_requests_with(
     (late, store)
 }
 
-/// A probe Envoy cut at its wait and retried on the alternative tells that the host is at least
-/// that slow: no failure, no backoff (a hung host is probed as often as a slow one, since its
-/// probes cost no request), and no sample below what the table holds of it (a hung host does not
-/// drift towards the wait). The wait is `probe_timeout_factor` times the table's average.
+/// A probe the alternative answered first, after the probe's wait, tells that the host is at
+/// least that slow: no failure, no backoff (a hung host is probed as often as a slow one, since
+/// its probes cost no request), and no sample below what the table holds of it (a hung host does
+/// not drift towards the wait). The wait is `probe_timeout_factor` times the table's average.
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
-fn a_probe_cut_at_its_wait_is_a_slow_answer_not_a_failure() {
+fn a_probe_answered_elsewhere_after_its_wait_is_a_slow_answer_not_a_failure() {
     let cfg = r#"{"exploration_share": 0, "persistence_ms": 0, "weights": {"slow_start_ms": 0}, "clusters": {"backend": {"endpoints": ["10.0.0.1:80", "10.0.0.2:80"]}}}"#;
     let hung = "10.0.0.2:80";
     let waits = std::cell::RefCell::new(Vec::new());
     // The hung host's requests: those the pick sent wait until the client gives up (1 s); its
-    // probes are cut at their wait, and the alternative serves them in 4 ms more.
+    // probes go to the alternative as well after their wait, and it answers 4 ms later.
     let end = |w: &mut Worker, pick: &Pick| match pick.probe_timeout_ms {
         Some(wait) => {
             waits.borrow_mut().push(wait);
@@ -1262,16 +1262,16 @@ fn a_probe_cut_at_its_wait_is_a_slow_answer_not_a_failure() {
     let h = record.host(hung).unwrap();
     assert!(h.latency.value_ms().unwrap() >= 900.0, "{h:?}");
     assert_eq!(h.health.consecutive_failures, 0, "{h:?}");
-    // The host that served the retries kept its own latency.
+    // The alternative kept its own latency.
     let other = record.host("10.0.0.1:80").unwrap();
     assert!(other.latency.value_ms().unwrap() < 5.0, "{other:?}");
 }
 
-/// Envoy is told to cut a probe and retry it only where the request may be sent twice, and the
-/// request's own retry conditions are kept.
+/// Envoy is told to hedge a probe only where the request may be sent twice, and the request's
+/// own retry conditions are kept.
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
-fn a_probe_is_cut_and_retried_only_where_a_request_may_be_sent_twice() {
+fn a_probe_is_hedged_only_where_a_request_may_be_sent_twice() {
     let pick = |wait: Option<u32>| Pick {
         host: "10.0.0.2:80".into(),
         alternative: Some("10.0.0.1:80".into()),
@@ -1279,29 +1279,33 @@ fn a_probe_is_cut_and_retried_only_where_a_request_may_be_sent_twice() {
         probe_timeout_ms: wait,
         table_version: 1,
     };
-    let cut = |wait: &str, on: &str| Some((wait.to_owned(), on.to_owned()));
+    let hedged = |wait: &str, on: &str| Some((wait.to_owned(), on.to_owned()));
     // A request: its method, whether it has a body, its own x-envoy-retry-on, whether it sets
     // its own per-try timeout.
     type Request = (&'static str, bool, Option<&'static str>, bool);
     type Headers = Option<(String, String)>;
     let get: Request = ("GET", false, None, false);
     let cases: [(Option<u32>, Request, Headers); 9] = [
-        (Some(20), get, cut("20", "reset")),
-        (Some(20), ("HEAD", false, None, false), cut("20", "reset")),
+        (Some(20), get, hedged("20", "reset")),
+        (
+            Some(20),
+            ("HEAD", false, None, false),
+            hedged("20", "reset"),
+        ),
         (
             Some(20),
             ("OPTIONS", false, None, false),
-            cut("20", "reset"),
+            hedged("20", "reset"),
         ),
         (
             Some(7),
             ("GET", false, Some("5xx"), false),
-            cut("7", "5xx,reset"),
+            hedged("7", "5xx,reset"),
         ),
         (
             Some(20),
             ("GET", false, Some(" "), false),
-            cut("20", "reset"),
+            hedged("20", "reset"),
         ),
         (None, get, None),
         (Some(20), ("POST", false, None, false), None),

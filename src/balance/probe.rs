@@ -42,13 +42,15 @@
 //!
 //! A probe need not cost its request the host's whole latency, nor the request itself. Where the
 //! request can be sent twice (a safe method, no body: the adapter decides), the probe waits for
-//! its host at most [`timeout_ms`], `probe_timeout_factor` times the latency the table's traffic
-//! gets, and Envoy then retries it on the pick's alternative (a per-try timeout and a retry on
-//! reset, set by request header). A host that has recovered answers within that: a healthy
-//! host's latency is rarely more than four times its mean (an exponential service's 98th
-//! percentile, a lognormal's of spread 0.3 far beyond its 99.9th). A probe cut there says only
-//! that the host is at least that slow: its sample is the cut or what the table already holds
-//! of the host, whichever is longer, and it neither fails the host nor backs its probes off
+//! its host alone at most [`timeout_ms`], `probe_timeout_factor` times the latency the table's
+//! traffic gets; then Envoy sends it to the pick's alternative as well and the first answer wins
+//! (a per-try timeout with hedging, set by request header). Hedged, not retried: a retry would
+//! give the second attempt the same short wait, and fail a request that is slow wherever it
+//! goes. A host that has recovered answers within the wait: a healthy host's latency is rarely
+//! more than four times its mean (an exponential service's 98th percentile, a lognormal's of
+//! spread 0.3 far beyond its 99.9th). A probe the alternative answered first says only that the
+//! host is at least that slow: its sample is the wait or what the table already holds of the
+//! host, whichever is longer, and it neither fails the host nor backs its probes off
 //! (`worker::finish`).
 
 use std::rc::Rc;
@@ -95,7 +97,8 @@ pub fn interval_ns(base_ns: u64, score_ms: Option<f64>, reference_ms: Option<f64
     (base_ns as f64 * factor) as u64
 }
 
-/// How long a probe waits for its host before Envoy retries it on another (the module's doc):
+/// How long a probe waits for its host alone before Envoy sends it to another as well (the
+/// module's doc):
 /// `factor` times `reference_ms`, the latency the table's traffic gets. `None` when the factor
 /// is 0 (off) or the reference is unknown.
 pub fn timeout_ms(factor: f64, reference_ms: Option<f64>) -> Option<f64> {

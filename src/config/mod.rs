@@ -62,8 +62,8 @@ pub struct PluginConfig {
     /// How long each worker lets a host go without a request before it probes it, for a host
     /// as fast as the table's traffic; slower hosts wait longer (`probe`).
     pub probe_interval_ms: u64,
-    /// How long a probe may wait for its host before Envoy retries it on another, as a
-    /// multiple of the latency the table's traffic gets; 0: probes wait like any request.
+    /// How long a probe may wait for its host alone before Envoy sends it to another as well,
+    /// as a multiple of the latency the table's traffic gets; 0: probes wait like any request.
     pub probe_timeout_factor: f64,
     pub pick: PickAlgorithm,
     /// Share of requests left to the cluster's fallback policy, which finds endpoints the table
@@ -237,8 +237,8 @@ impl Config {
         self.pick
     }
 
-    /// How long a probe waits for its host, as a multiple of the table's average latency, before
-    /// Envoy retries it elsewhere (`probe::timeout_ms`); 0: off.
+    /// How long a probe waits for its host alone, as a multiple of the table's average latency,
+    /// before Envoy sends it to another host as well (`probe::timeout_ms`); 0: off.
     pub fn probe_timeout_factor(&self) -> f64 {
         self.probe_timeout_factor
     }
@@ -400,8 +400,8 @@ impl PluginConfig {
         )?;
         let persistence_ms = in_range("persistence_ms", self.persistence_ms, 0, 60_000)?;
         let probe_interval_ms = in_range("probe_interval_ms", self.probe_interval_ms, 10, 60_000)?;
-        // Below 1 a host as fast as the rest would have its probes cut, and a recovery would
-        // never be seen.
+        // Below 1 a host as fast as the rest would lose most of its probes to the alternative,
+        // and a recovery would be seen late.
         let probe_timeout_factor = match self.probe_timeout_factor {
             0.0 => 0.0,
             f => in_range("probe_timeout_factor", f, 1.0, 100.0)

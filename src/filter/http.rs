@@ -13,7 +13,9 @@ use super::vm::Vm;
 use crate::balance::outcome::{GrpcResponse, Outcome};
 use crate::balance::score::{LoadReportWatch, LOAD_REPORT_HEADER};
 use crate::units::ns_to_ms;
-use crate::worker::{Decision, Finished, Request, PER_TRY_TIMEOUT_HEADER, RETRY_ON_HEADER};
+use crate::worker::{
+    Decision, Finished, Request, HEDGE_HEADER, PER_TRY_TIMEOUT_HEADER, RETRY_ON_HEADER,
+};
 
 pub struct Http {
     vm: Rc<RefCell<Vm>>,
@@ -40,7 +42,7 @@ pub struct Http {
     request_body: bool,
     /// The response's end passed through this filter: Envoy's router had it all.
     response_ended: bool,
-    /// A probe's wait, when Envoy was told to cut it there and retry elsewhere.
+    /// A probe's wait, when Envoy was told to hedge it on the alternative after it.
     probe_timeout_ms: Option<u32>,
 }
 
@@ -155,9 +157,12 @@ impl HttpContext for Http {
                         ),
                         _ => None,
                     };
-                    // The retry first: a per-try timeout without it would fail the request.
+                    // The timeout last: without the retry it would fail the request, and
+                    // without hedging it would cancel the probe's attempt, so the second
+                    // attempt would have the same short wait.
                     if let Some((per_try, retry_on)) = retry {
                         if host::set_request_header(RETRY_ON_HEADER, Some(&retry_on))
+                            && host::set_request_header(HEDGE_HEADER, Some("true"))
                             && host::set_request_header(PER_TRY_TIMEOUT_HEADER, Some(&per_try))
                         {
                             self.probe_timeout_ms = pick.probe_timeout_ms;

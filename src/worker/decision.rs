@@ -27,9 +27,9 @@ pub struct Pick {
     pub alternative: Option<Rc<str>>,
     /// The host was due a probe (`probe`), not drawn by weight.
     pub probe: bool,
-    /// For a probe with an alternative: how long it may wait for its host before Envoy retries
-    /// it there, where the request can be sent twice (`probe::timeout_ms`; the adapter
-    /// decides, and tells `finish`).
+    /// For a probe with an alternative: how long it may wait for its host alone before Envoy
+    /// sends it there as well, where the request can be sent twice (`probe::timeout_ms`; the
+    /// adapter decides, and tells `finish`).
     pub probe_timeout_ms: Option<u32>,
     /// The version of the pick table it came from.
     pub table_version: u64,
@@ -52,13 +52,17 @@ impl Pick {
 pub const PER_TRY_TIMEOUT_HEADER: &str = "x-envoy-upstream-rq-per-try-timeout-ms";
 /// Envoy's request header that adds retry conditions to the route's.
 pub const RETRY_ON_HEADER: &str = "x-envoy-retry-on";
+/// Envoy's request header that makes a per-try timeout start a second attempt beside the first
+/// instead of cancelling it (hedging): the first answer wins.
+pub const HEDGE_HEADER: &str = "x-envoy-hedge-on-per-try-timeout";
 
 impl Pick {
-    /// The values of [`PER_TRY_TIMEOUT_HEADER`] and [`RETRY_ON_HEADER`] that have Envoy cut a
-    /// probe at its wait and retry it on the alternative (`probe`), for a request that may be
-    /// sent twice: a safe method (RFC 9110, 9.2.1) and no body. `retry_on` is the request's
-    /// own value, kept; a request with its own per-try timeout (`own_per_try`) keeps that and is
-    /// not cut. A per-try timeout Envoy ignores (one not below the route's timeout) leaves the
+    /// The values of [`PER_TRY_TIMEOUT_HEADER`] and [`RETRY_ON_HEADER`] (with [`HEDGE_HEADER`]
+    /// `true`) that have Envoy send a probe to the alternative as well once it has waited its
+    /// wait for its host (`probe`), the first answer winning, for a request that may be sent
+    /// twice: a safe method (RFC 9110, 9.2.1) and no body. `retry_on` is the request's own value,
+    /// kept; a request with its own per-try timeout (`own_per_try`) keeps that and is probed as
+    /// before. A per-try timeout Envoy ignores (one not below the route's timeout) leaves the
     /// probe as it was.
     pub fn probe_retry(
         &self,
@@ -72,7 +76,8 @@ impl Pick {
         if !safe || body || own_per_try {
             return None;
         }
-        // `reset` covers a per-try timeout: Envoy resets the attempt, then retries it.
+        // A route without a retry policy retries nothing: any condition gives it one retry,
+        // which hedging spends on the second attempt.
         let retry_on = match retry_on.and_then(|v| std::str::from_utf8(v).ok()) {
             Some(v) if !v.trim().is_empty() => format!("{v},reset"),
             _ => "reset".to_owned(),

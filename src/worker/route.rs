@@ -252,14 +252,14 @@ impl Worker {
         if let (Some(picked), Some(served_by)) = (done.picked, done.served_by) {
             let honoured = served_by == picked || done.attempts > 1;
             local.honour.record(honoured);
-            // A probe Envoy cut at its wait and retried elsewhere: the host is at least that
-            // slow, which is no failure, and no reason to probe it less often (`probe`). What
-            // the table holds of it stands if it is slower; the host that served the retry
-            // answered after the wait, so its time is not a sample.
-            let cut = done.probe_timeout_ms.filter(|t| {
+            // A probe the alternative answered first, after the probe's wait: the host is at
+            // least that slow, which is no failure, and no reason to probe it less often
+            // (`probe`). What the table holds of it stands if it is slower; the alternative
+            // started after the wait, so the request's time is not its sample.
+            let hedged = done.probe_timeout_ms.filter(|t| {
                 served_by != picked && done.attempts > 1 && done.latency_ms >= f64::from(*t)
             });
-            if let Some(wait) = cut {
+            if let Some(wait) = hedged {
                 let known = local.snapshot.host(picked).and_then(|h| h.latency_ms);
                 let sample = known.map_or(f64::from(wait), |k| k.max(f64::from(wait)));
                 if let Some(acc) = local.host_batch(picked) {
