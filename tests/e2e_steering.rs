@@ -49,9 +49,9 @@ fn traffic_leaves_the_slow_backend_but_keeps_probing_it() {
 }
 
 /// A probe of a host that answers in 3 s goes to another host as well after a few times the
-/// others' latency, and that host's answer wins: the slow backend receives probes (it never
-/// answers them), and no client waits for it. Without that each probe would come back from the
-/// slow backend after 3 s.
+/// others' latency (hedged: its own attempt keeps running), and that host's answer wins: the
+/// slow backend receives probes (it never answers them), and no client waits for it. Without
+/// that each probe would come back from the slow backend after 3 s.
 #[test]
 fn a_probe_waits_a_few_times_the_others_latency_not_the_slow_hosts() {
     let stack = Stack::start(vec![
@@ -65,7 +65,16 @@ fn a_probe_waits_a_few_times_the_others_latency_not_the_slow_hosts() {
     let slow = stack.backend("slow").unwrap();
     std::thread::sleep(Duration::from_secs(3)); // the warm-up's requests to it end
     stack.reset_counts();
-    let sent_on_before = stack.envoy.stat("cluster.backend.upstream_rq_retry");
+    let stat = |name: &str| {
+        stack
+            .envoy
+            .stat(&format!("cluster.backend.{name}"))
+            .unwrap_or(0)
+    };
+    let (sent_on_before, cancelled_before) = (
+        stat("upstream_rq_retry"),
+        stat("upstream_rq_per_try_timeout"),
+    );
     // 15 s: a host far slower than the rest is probed every 3 probe intervals per worker VM
     // (`probe_interval_ms` 1 s, two VMs), 3 to 5 probes in all; fewer than 2 would mean probing
     // stopped.
@@ -87,13 +96,16 @@ fn a_probe_waits_a_few_times_the_others_latency_not_the_slow_hosts() {
         longest < Duration::from_millis(1500),
         "a request waited {longest:?} (the slow backend answers in 3 s)"
     );
-    // Envoy's own count: each probe the slow backend received was sent on to another host.
-    let sent_on = stack.envoy.stat("cluster.backend.upstream_rq_retry");
-    let sent_on = sent_on.unwrap_or(0) - sent_on_before.unwrap_or(0);
+    // Envoy's own counts: each probe the slow backend received was sent on to another host,
+    // and hedged: Envoy counts a per-try timeout only when it cancels the attempt, which would
+    // give the second attempt the same short wait.
+    let sent_on = stat("upstream_rq_retry") - sent_on_before;
     assert!(
         sent_on >= received,
         "{sent_on} probes sent on to another host for {received} probes"
     );
+    let cancelled = stat("upstream_rq_per_try_timeout") - cancelled_before;
+    assert_eq!(cancelled, 0, "probes whose own attempt was cancelled");
 }
 
 #[test]

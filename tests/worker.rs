@@ -1313,7 +1313,7 @@ fn a_probe_is_hedged_only_where_a_request_may_be_sent_twice() {
         (Some(20), ("GET", false, None, true), None),
     ];
     for (wait, (method, body, retry_on, own), want) in cases {
-        let got = pick(wait).probe_retry(method.as_bytes(), body, retry_on.map(str::as_bytes), own);
+        let got = pick(wait).probe_hedge(method.as_bytes(), body, retry_on.map(str::as_bytes), own);
         assert_eq!(
             got, want,
             "{wait:?} {method} body={body} {retry_on:?} own={own}"

@@ -38,7 +38,8 @@
 //! likely to stay down a while longer. So each request in a row that a host did not serve beyond
 //! the first doubles the wait for its next probe, up to [`MAX_BACKOFF`] times; any request it
 //! serves ends the backoff. One failure among successes changes nothing; a host that only
-//! answers slowly is never backed off (its probes are served).
+//! answers slowly is never backed off (its probes are served), nor one whose probes the
+//! alternative answered after their wait (below): those cost their requests no error.
 //!
 //! A probe need not cost its request the host's whole latency, nor the request itself. Where the
 //! request can be sent twice (a safe method, no body: the adapter decides), the probe waits for
@@ -65,9 +66,10 @@ use crate::units::clamp;
 const MAX_INTERVAL_FACTOR: f64 = 3.0;
 
 /// The longest a host that serves nothing waits for a probe, as a multiple of the interval its
-/// latency sets: with the defaults, a hung host is probed once every 12 s per cluster (3 x 4 x
-/// `probe_interval`), so its recovery is seen within that, well inside the 30 s that Envoy's
-/// outlier detection ejects a host for at first (`base_ejection_time`).
+/// latency sets: with the defaults, a hung host whose probes cannot be hedged (requests with a
+/// body) is probed once every 12 s per cluster (3 x 4 x `probe_interval`), so its recovery is
+/// seen within that, well inside the 30 s that Envoy's outlier detection ejects a host for at
+/// first (`base_ejection_time`).
 pub const MAX_BACKOFF: u64 = 4;
 
 /// What a worker knows of a host when the schedule asks.
@@ -98,9 +100,8 @@ pub fn interval_ns(base_ns: u64, score_ms: Option<f64>, reference_ms: Option<f64
 }
 
 /// How long a probe waits for its host alone before Envoy sends it to another as well (the
-/// module's doc):
-/// `factor` times `reference_ms`, the latency the table's traffic gets. `None` when the factor
-/// is 0 (off) or the reference is unknown.
+/// module's doc): `factor` times `reference_ms`, the latency the table's traffic gets. `None`
+/// when the factor is 0 (off) or the reference is unknown.
 pub fn timeout_ms(factor: f64, reference_ms: Option<f64>) -> Option<f64> {
     let t = factor * reference_ms?;
     (factor > 0.0 && t.is_finite() && t > 0.0).then_some(t)

@@ -149,7 +149,7 @@ impl HttpContext for Http {
                     self.in_flight = end_of_stream;
                     // Three header reads, for probes only.
                     let retry = match pick.probe_timeout_ms {
-                        Some(_) if end_of_stream => pick.probe_retry(
+                        Some(_) if end_of_stream => pick.probe_hedge(
                             &host::request_header_bytes(":method").unwrap_or_default(),
                             !end_of_stream,
                             host::request_header_bytes(RETRY_ON_HEADER).as_deref(),

@@ -17,13 +17,21 @@ pub enum Decision {
     Status,
 }
 
+/// Envoy's request header for a per-try timeout, in milliseconds.
+pub const PER_TRY_TIMEOUT_HEADER: &str = "x-envoy-upstream-rq-per-try-timeout-ms";
+/// Envoy's request header that adds retry conditions to the route's.
+pub const RETRY_ON_HEADER: &str = "x-envoy-retry-on";
+/// Envoy's request header that makes a per-try timeout start a second attempt beside the first
+/// instead of cancelling it (hedging): the first answer wins.
+pub const HEDGE_HEADER: &str = "x-envoy-hedge-on-per-try-timeout";
+
 /// A host chosen for a request. The addresses are the pick table's own, shared, so a pick
 /// allocates nothing.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Pick {
     pub host: Rc<str>,
-    /// A different host for the retry of a failed connection: Envoy tries the addresses of the
-    /// header in order.
+    /// A different host for the retry of a failed connection, or a probe's hedge: Envoy tries
+    /// the addresses of the header in order.
     pub alternative: Option<Rc<str>>,
     /// The host was due a probe (`probe`), not drawn by weight.
     pub probe: bool,
@@ -46,17 +54,7 @@ impl Pick {
             out.push_str(alternative);
         }
     }
-}
 
-/// Envoy's request header for a per-try timeout, in milliseconds.
-pub const PER_TRY_TIMEOUT_HEADER: &str = "x-envoy-upstream-rq-per-try-timeout-ms";
-/// Envoy's request header that adds retry conditions to the route's.
-pub const RETRY_ON_HEADER: &str = "x-envoy-retry-on";
-/// Envoy's request header that makes a per-try timeout start a second attempt beside the first
-/// instead of cancelling it (hedging): the first answer wins.
-pub const HEDGE_HEADER: &str = "x-envoy-hedge-on-per-try-timeout";
-
-impl Pick {
     /// The values of [`PER_TRY_TIMEOUT_HEADER`] and [`RETRY_ON_HEADER`] (with [`HEDGE_HEADER`]
     /// `true`) that have Envoy send a probe to the alternative as well once it has waited its
     /// wait for its host (`probe`), the first answer winning, for a request that may be sent
@@ -64,7 +62,7 @@ impl Pick {
     /// kept; a request with its own per-try timeout (`own_per_try`) keeps that and is probed as
     /// before. A per-try timeout Envoy ignores (one not below the route's timeout) leaves the
     /// probe as it was.
-    pub fn probe_retry(
+    pub fn probe_hedge(
         &self,
         method: &[u8],
         body: bool,
