@@ -576,6 +576,7 @@ fn hosts_learn_their_zone_and_the_local_zone_keeps_the_traffic() {
                     in_flight: false,
                     grpc_status: None,
                     load_report: None,
+                    probe_timeout_ms: None,
                 },
             );
         }

@@ -110,7 +110,7 @@ fn invalid_configurations_name_the_field_and_the_value() {
     let cases: &[(&str, &str)] = &[
         (r#"{"weights": {"min_share": 0.9}}"#, "weights.min_share: must be in [0, 0.5], got 0.9"),
         (r#"{"weights": {"min_shares": 0.1}}"#, "weights.min_shares: unknown field `min_shares`, expected one of `exponent`, `min_share`, `min_fair_share`, `max_step_ratio`, `noise_band`, `noise_gain`, `slow_start_ms`, `slow_start_min_factor`"),
-        (r#"{"refresh_interval": 5}"#, "refresh_interval: unknown field `refresh_interval`, expected one of `override_header`, `tick_period_ms`, `refresh_interval_ms`, `smoothing`, `weights`, `failure_penalty_ms`, `latency_ceiling_ms`, `persistence_ms`, `probe_interval_ms`, `pick`, `exploration_share`, `host_ttl_ms`, `max_hosts_per_cluster`, `outlier_detection`, `score`, `envoy_health`, `locality`, `steered_clusters`, `grpc_failure_status_codes`, `clusters`, `health_paths`, `management`, `excluded_paths`, `status_path`, `shadow`"),
+        (r#"{"refresh_interval": 5}"#, "refresh_interval: unknown field `refresh_interval`, expected one of `override_header`, `tick_period_ms`, `refresh_interval_ms`, `smoothing`, `weights`, `failure_penalty_ms`, `latency_ceiling_ms`, `persistence_ms`, `probe_interval_ms`, `probe_timeout_factor`, `pick`, `exploration_share`, `host_ttl_ms`, `max_hosts_per_cluster`, `outlier_detection`, `score`, `envoy_health`, `locality`, `steered_clusters`, `grpc_failure_status_codes`, `clusters`, `health_paths`, `management`, `excluded_paths`, `status_path`, `shadow`"),
         (r#"{"weights": {"exponent": "two"}}"#, "weights.exponent: invalid type: string \"two\", expected f64"),
         (r#"{"smoothing": {"algorithm": "ewma", "alpha": 1.5}}"#, "smoothing.alpha: must be in (0, 1], got 1.5"),
         (r#"{"smoothing": {"algorithm": "peak_ewma", "tau_ms": 0}}"#, "smoothing.tau_ms: must be in [1, 600000], got 0"),
@@ -135,6 +135,8 @@ fn invalid_configurations_name_the_field_and_the_value() {
         (r#"{"tick_period_ms": 5}"#, "tick_period_ms: must be in [10, 60000], got 5"),
         (r#"{"persistence_ms": 70000}"#, "persistence_ms: must be in [0, 60000], got 70000"),
         (r#"{"probe_interval_ms": 5}"#, "probe_interval_ms: must be in [10, 60000], got 5"),
+        (r#"{"probe_timeout_factor": 0.5}"#, "probe_timeout_factor: must be in [1, 100], got 0.5 (or 0: off)"),
+        (r#"{"probe_timeout_factor": -1}"#, "probe_timeout_factor: must be in [1, 100], got -1 (or 0: off)"),
         (r#"{"failure_penalty_ms": 2000, "latency_ceiling_ms": 1500}"#, "latency_ceiling_ms: must be in [2000, 3600000], got 1500"),
         (r#"{"tick_period_ms": 500, "refresh_interval_ms": 100}"#, "refresh_interval_ms: must be in [500, 600000], got 100"),
         (r#"{"exploration_share": 0.6}"#, "exploration_share: must be in [0, 0.5], got 0.6"),

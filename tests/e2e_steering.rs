@@ -28,8 +28,10 @@ fn traffic_leaves_the_slow_backend_but_keeps_probing_it() {
     let stack = Stack::start(seed_backends()).unwrap();
     stack.load(100.0, 5).unwrap(); // warm-up: the table forms from the first seconds of traffic
     stack.reset_counts();
-    // 3,000 requests: the floor (0.2 %) and exploration (0.2 %, a third of it to the slow host)
-    // make about 8 probes expected; none at all would be a 1-in-3,000 event.
+    // 3,000 requests. A host this much slower than the rest is probed by time, every 3 probe
+    // intervals per worker VM: 3 to 5 probes in 15 s, none would mean probing stopped. After a
+    // few times the others' latency a probe goes to a fast host as well, which answers first,
+    // so the slow backend receives it without answering it.
     let records = stack.load(200.0, 15).unwrap();
     let counts = stack.served();
     let slow = share(&counts, "slow");
@@ -37,12 +39,73 @@ fn traffic_leaves_the_slow_backend_but_keeps_probing_it() {
         slow <= 0.05,
         "at least 95 % must reach the fast two, served: {counts:?}"
     );
+    let probes = stack.backend("slow").unwrap().received();
     assert!(
-        counts.iter().any(|(n, c)| n == "slow" && *c > 0),
+        probes > 0,
         "the slow backend must still be probed: {counts:?}"
     );
     let errors = records.iter().filter(|r| r.is_error()).count();
     assert_eq!(errors, 0, "no request may fail");
+}
+
+/// A probe of a host that answers in 3 s goes to another host as well after a few times the
+/// others' latency (hedged: its own attempt keeps running), and that host's answer wins: the
+/// slow backend receives probes (it never answers them), and no client waits for it. Without
+/// that each probe would come back from the slow backend after 3 s.
+#[test]
+fn a_probe_waits_a_few_times_the_others_latency_not_the_slow_hosts() {
+    let stack = Stack::start(vec![
+        BackendSpec::new("fast1", "uniform:5-15".parse().unwrap()),
+        BackendSpec::new("fast2", "uniform:5-15".parse().unwrap()),
+        BackendSpec::new("slow", "fixed:3000".parse().unwrap()),
+    ])
+    .unwrap();
+    // Warm-up: the slow backend's first answers come back after 3 s and put it at the floor.
+    stack.load(100.0, 8).unwrap();
+    let slow = stack.backend("slow").unwrap();
+    std::thread::sleep(Duration::from_secs(3)); // the warm-up's requests to it end
+    stack.reset_counts();
+    let stat = |name: &str| {
+        stack
+            .envoy
+            .stat(&format!("cluster.backend.{name}"))
+            .unwrap_or(0)
+    };
+    let (sent_on_before, cancelled_before) = (
+        stat("upstream_rq_retry"),
+        stat("upstream_rq_per_try_timeout"),
+    );
+    // 15 s: a host far slower than the rest is probed every 3 probe intervals per worker VM
+    // (`probe_interval_ms` 1 s, two VMs), 3 to 5 probes in all; fewer than 2 would mean probing
+    // stopped.
+    let records = stack.load(100.0, 15).unwrap();
+    let received = slow.received();
+    assert!(received >= 2, "the slow backend was not probed: {received}");
+    let from_slow: Vec<_> = records
+        .iter()
+        .filter(|r| r.backend.as_deref() == Some("slow"))
+        .collect();
+    assert!(
+        from_slow.is_empty(),
+        "answered by the slow backend: {from_slow:?}"
+    );
+    let errors = records.iter().filter(|r| r.is_error()).count();
+    assert_eq!(errors, 0, "no request may fail");
+    let longest = records.iter().map(|r| r.latency).max().unwrap_or_default();
+    assert!(
+        longest < Duration::from_millis(1500),
+        "a request waited {longest:?} (the slow backend answers in 3 s)"
+    );
+    // Envoy's own counts: each probe the slow backend received was sent on to another host,
+    // and hedged: Envoy counts a per-try timeout only when it cancels the attempt, which would
+    // give the second attempt the same short wait.
+    let sent_on = stat("upstream_rq_retry") - sent_on_before;
+    assert!(
+        sent_on >= received,
+        "{sent_on} probes sent on to another host for {received} probes"
+    );
+    let cancelled = stat("upstream_rq_per_try_timeout") - cancelled_before;
+    assert_eq!(cancelled, 0, "probes whose own attempt was cancelled");
 }
 
 #[test]
@@ -91,10 +154,11 @@ fn a_recovered_backend_earns_its_share_back() {
 /// the slow backend (or Envoy's admin port) twice, `A,A`: Envoy would obey it like any list, but
 /// the plugin never writes it (its second address is always another host), so a backend seeing
 /// it can only mean the client's header got through. Envoy's override_host sends a request to
-/// the first address of the header it sees, so "every request was served by the first address of
-/// the header that reached the backend, and that header was never the client's" holds only if the
-/// header Envoy obeyed was the plugin's, whatever its table says (even when it names the host the
-/// client named). Requests the plugin leaves to the fallback (before its first table,
+/// the first address of the header it sees (a hedged probe of the slow backend also to the
+/// second, which answers first), so "every request was served by the first address of the
+/// header that reached the backend, or a probe of the slow one by the second, and that header was
+/// never the client's" holds only if the header Envoy obeyed was the plugin's, whatever its table
+/// says (even when it names the host the client named). Requests the plugin leaves to the fallback (before its first table,
 /// exploration) reach a backend with no header at all: the client's copy was removed.
 #[test]
 fn a_client_supplied_override_header_never_decides_the_host() {
@@ -123,9 +187,13 @@ fn a_client_supplied_override_header_never_decides_the_host() {
             seen, value,
             "the client's value reached {backend} unchanged"
         );
-        let first = seen.split(',').next().unwrap_or_default();
-        assert_eq!(
-            first, address_of[&backend],
+        // Envoy sends a request to the first address; a probe of the slow backend also goes to
+        // the second once it has waited its wait (hedging), and that one answers first.
+        let mut addresses = seen.split(',');
+        let (first, second) = (addresses.next().unwrap_or_default(), addresses.next());
+        let served = address_of[&backend].as_str();
+        assert!(
+            first == served || (first == address_of["slow"] && second == Some(served)),
             "{backend} served a request whose header named {seen}"
         );
         true

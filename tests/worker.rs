@@ -1168,6 +1168,21 @@ fn late_requests_ending(
     latency: [f64; 2],
     outcome: Outcome,
 ) -> Vec<usize> {
+    late_requests_with(cfg, seed, per_tick, slow, latency[0], |w, _| {
+        end_picked_after(w, slow, latency[1], outcome);
+    })
+    .0
+}
+
+/// [`late_requests`], each request to `slow` ended by `end`; also returns the shared store.
+fn late_requests_with(
+    cfg: &str,
+    seed: u64,
+    per_tick: u64,
+    slow: &str,
+    latency_ms: f64,
+    end: impl Fn(&mut Worker, &Pick),
+) -> (Vec<usize>, Shared) {
     let store = Shared::default();
     let mut workers: Vec<Worker> = (0..2).map(|i| Worker::new(config(cfg), seed + i)).collect();
     let mut late = vec![0usize; 2];
@@ -1192,15 +1207,118 @@ fn late_requests_ending(
                     late[k] += 1;
                 }
                 if is_slow {
-                    end_picked_after(w, slow, latency[1], outcome);
+                    end(w, &pick);
                 } else {
-                    finish_pick(w, &pick.host, latency[0]);
+                    finish_pick(w, &pick.host, latency_ms);
                 }
             }
             w.tick(t0 + 100 * MS, &mut store.clone());
         }
     }
-    late
+    (late, store)
+}
+
+/// A probe the alternative answered first, after the probe's wait, tells that the host is at
+/// least that slow: no failure, no backoff (a hung host is probed as often as a slow one, since
+/// its probes cost no request), and no sample below what the table holds of it (a hung host does
+/// not drift towards the wait). The wait is `probe_timeout_factor` times the table's average.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_probe_answered_elsewhere_after_its_wait_is_a_slow_answer_not_a_failure() {
+    let cfg = r#"{"exploration_share": 0, "persistence_ms": 0, "weights": {"slow_start_ms": 0}, "clusters": {"backend": {"endpoints": ["10.0.0.1:80", "10.0.0.2:80"]}}}"#;
+    let hung = "10.0.0.2:80";
+    let waits = std::cell::RefCell::new(Vec::new());
+    // The hung host's requests: those the pick sent wait until the client gives up (1 s); its
+    // probes go to the alternative as well after their wait, and it answers 4 ms later.
+    let end = |w: &mut Worker, pick: &Pick| match pick.probe_timeout_ms {
+        Some(wait) => {
+            waits.borrow_mut().push(wait);
+            let done = Finished {
+                picked: Some(hung),
+                in_flight: true,
+                served_by: pick.alternative.as_deref(),
+                attempts: 2,
+                latency_ms: f64::from(wait) + 4.0,
+                outcome: Some(Outcome::Success),
+                num_endpoints: Some(2),
+                probe_timeout_ms: Some(wait),
+                ..Finished::default()
+            };
+            w.finish(CLUSTER, &done);
+        }
+        None => end_picked_after(w, hung, 1_000.0, Outcome::Abandoned),
+    };
+    let (late, store) = late_requests_with(cfg, 40, 100, hung, 4.0, end);
+    // Probed as often as a host whose probes are served (the test above: about 13 over the
+    // last 40 s), not a quarter as often.
+    let total: usize = late.iter().sum();
+    assert!((10..=16).contains(&total), "{late:?}");
+    // Each wait: 4 times the table's average, the other host's 4 ms and the floor's share of
+    // the hung host's second.
+    let waits = waits.into_inner();
+    assert!(waits.len() >= total, "{waits:?}");
+    assert!(waits.iter().all(|w| (16..=30).contains(w)), "{waits:?}");
+    let record = store.record_of(CLUSTER);
+    let h = record.host(hung).unwrap();
+    assert!(h.latency.value_ms().unwrap() >= 900.0, "{h:?}");
+    assert_eq!(h.health.consecutive_failures, 0, "{h:?}");
+    // The alternative kept its own latency.
+    let other = record.host("10.0.0.1:80").unwrap();
+    assert!(other.latency.value_ms().unwrap() < 5.0, "{other:?}");
+}
+
+/// Envoy is told to hedge a probe only where the request may be sent twice, and the request's
+/// own retry conditions are kept.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_probe_is_hedged_only_where_a_request_may_be_sent_twice() {
+    let pick = |wait: Option<u32>| Pick {
+        host: "10.0.0.2:80".into(),
+        alternative: Some("10.0.0.1:80".into()),
+        probe: true,
+        probe_timeout_ms: wait,
+        table_version: 1,
+    };
+    let hedged = |wait: &str, on: &str| Some((wait.to_owned(), on.to_owned()));
+    // A request: its method, whether it has a body, its own x-envoy-retry-on, whether it sets
+    // its own per-try timeout.
+    type Request = (&'static str, bool, Option<&'static str>, bool);
+    type Headers = Option<(String, String)>;
+    let get: Request = ("GET", false, None, false);
+    let cases: [(Option<u32>, Request, Headers); 9] = [
+        (Some(20), get, hedged("20", "reset")),
+        (
+            Some(20),
+            ("HEAD", false, None, false),
+            hedged("20", "reset"),
+        ),
+        (
+            Some(20),
+            ("OPTIONS", false, None, false),
+            hedged("20", "reset"),
+        ),
+        (
+            Some(7),
+            ("GET", false, Some("5xx"), false),
+            hedged("7", "5xx,reset"),
+        ),
+        (
+            Some(20),
+            ("GET", false, Some(" "), false),
+            hedged("20", "reset"),
+        ),
+        (None, get, None),
+        (Some(20), ("POST", false, None, false), None),
+        (Some(20), ("GET", true, None, false), None),
+        (Some(20), ("GET", false, None, true), None),
+    ];
+    for (wait, (method, body, retry_on, own), want) in cases {
+        let got = pick(wait).probe_hedge(method.as_bytes(), body, retry_on.map(str::as_bytes), own);
+        assert_eq!(
+            got, want,
+            "{wait:?} {method} body={body} {retry_on:?} own={own}"
+        );
+    }
 }
 
 const HOST: &str = "10.0.0.1:80";

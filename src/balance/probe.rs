@@ -38,7 +38,21 @@
 //! likely to stay down a while longer. So each request in a row that a host did not serve beyond
 //! the first doubles the wait for its next probe, up to [`MAX_BACKOFF`] times; any request it
 //! serves ends the backoff. One failure among successes changes nothing; a host that only
-//! answers slowly is never backed off (its probes are served).
+//! answers slowly is never backed off (its probes are served), nor one whose probes the
+//! alternative answered after their wait (below): those cost their requests no error.
+//!
+//! A probe need not cost its request the host's whole latency, nor the request itself. Where the
+//! request can be sent twice (a safe method, no body: the adapter decides), the probe waits for
+//! its host alone at most [`timeout_ms`], `probe_timeout_factor` times the latency the table's
+//! traffic gets; then Envoy sends it to the pick's alternative as well and the first answer wins
+//! (a per-try timeout with hedging, set by request header). Hedged, not retried: a retry would
+//! give the second attempt the same short wait, and fail a request that is slow wherever it
+//! goes. A host that has recovered answers within the wait: a healthy host's latency is rarely
+//! more than four times its mean (an exponential service's 98th percentile, a lognormal's of
+//! spread 0.3 far beyond its 99.9th). A probe the alternative answered first says only that the
+//! host is at least that slow: its sample is the wait or what the table already holds of the
+//! host, whichever is longer, and it neither fails the host nor backs its probes off
+//! (`worker::finish`).
 
 use std::rc::Rc;
 
@@ -52,9 +66,10 @@ use crate::units::clamp;
 const MAX_INTERVAL_FACTOR: f64 = 3.0;
 
 /// The longest a host that serves nothing waits for a probe, as a multiple of the interval its
-/// latency sets: with the defaults, a hung host is probed once every 12 s per cluster (3 x 4 x
-/// `probe_interval`), so its recovery is seen within that, well inside the 30 s that Envoy's
-/// outlier detection ejects a host for at first (`base_ejection_time`).
+/// latency sets: with the defaults, a hung host whose probes cannot be hedged (requests with a
+/// body) is probed once every 12 s per cluster (3 x 4 x `probe_interval`), so its recovery is
+/// seen within that, well inside the 30 s that Envoy's outlier detection ejects a host for at
+/// first (`base_ejection_time`).
 pub const MAX_BACKOFF: u64 = 4;
 
 /// What a worker knows of a host when the schedule asks.
@@ -84,6 +99,14 @@ pub fn interval_ns(base_ns: u64, score_ms: Option<f64>, reference_ms: Option<f64
     (base_ns as f64 * factor) as u64
 }
 
+/// How long a probe waits for its host alone before Envoy sends it to another as well (the
+/// module's doc): `factor` times `reference_ms`, the latency the table's traffic gets. `None`
+/// when the factor is 0 (off) or the reference is unknown.
+pub fn timeout_ms(factor: f64, reference_ms: Option<f64>) -> Option<f64> {
+    let t = factor * reference_ms?;
+    (factor > 0.0 && t.is_finite() && t > 0.0).then_some(t)
+}
+
 /// One worker's probe schedule for one cluster, index for index with its pick table.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Probes {
@@ -102,6 +125,8 @@ pub struct Probes {
     /// Worker VMs that serve the cluster: each waits that many intervals, so the cluster's
     /// probes do not grow with Envoy's `--concurrency`.
     workers: u32,
+    /// How long a probe may wait for its host ([`timeout_ms`]).
+    timeout_ms: Option<f64>,
 }
 
 impl Probes {
@@ -142,6 +167,7 @@ impl Probes {
             workers: self.workers,
             requests: self.requests,
             spacing: self.spacing,
+            timeout_ms: self.timeout_ms,
         }
     }
 
@@ -179,6 +205,15 @@ impl Probes {
         } else {
             0
         };
+    }
+
+    /// How long a probe may wait for its host ([`timeout_ms`]).
+    pub fn set_timeout_ms(&mut self, timeout_ms: Option<f64>) {
+        self.timeout_ms = timeout_ms;
+    }
+
+    pub fn timeout_ms(&self) -> Option<f64> {
+        self.timeout_ms
     }
 
     /// How many worker VMs share the cluster's probes.

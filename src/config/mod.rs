@@ -62,6 +62,9 @@ pub struct PluginConfig {
     /// How long each worker lets a host go without a request before it probes it, for a host
     /// as fast as the table's traffic; slower hosts wait longer (`probe`).
     pub probe_interval_ms: u64,
+    /// How long a probe may wait for its host alone before Envoy sends it to another as well,
+    /// as a multiple of the latency the table's traffic gets; 0: probes wait like any request.
+    pub probe_timeout_factor: f64,
     pub pick: PickAlgorithm,
     /// Share of requests left to the cluster's fallback policy, which finds endpoints the table
     /// does not know yet (EDS, Kubernetes).
@@ -109,6 +112,7 @@ impl Default for PluginConfig {
             latency_ceiling_ms: 10_000,
             persistence_ms: 1_000,
             probe_interval_ms: 1_000,
+            probe_timeout_factor: 4.0,
             pick: PickAlgorithm::default(),
             exploration_share: 0.002,
             host_ttl_ms: 60_000,
@@ -142,6 +146,7 @@ json_struct!(PluginConfig {
     latency_ceiling_ms,
     persistence_ms,
     probe_interval_ms,
+    probe_timeout_factor,
     pick,
     exploration_share,
     host_ttl_ms,
@@ -179,6 +184,7 @@ pub struct Config {
     latency_ceiling_ms: f64,
     grpc_failures: GrpcCodes,
     pick: PickAlgorithm,
+    probe_timeout_factor: f64,
     exploration_share: f64,
     rules: Rules,
     steered: SteeredClusters,
@@ -229,6 +235,12 @@ impl Config {
 
     pub fn pick(&self) -> PickAlgorithm {
         self.pick
+    }
+
+    /// How long a probe waits for its host alone, as a multiple of the table's average latency,
+    /// before Envoy sends it to another host as well (`probe::timeout_ms`); 0: off.
+    pub fn probe_timeout_factor(&self) -> f64 {
+        self.probe_timeout_factor
     }
 
     pub fn exploration_share(&self) -> f64 {
@@ -388,6 +400,13 @@ impl PluginConfig {
         )?;
         let persistence_ms = in_range("persistence_ms", self.persistence_ms, 0, 60_000)?;
         let probe_interval_ms = in_range("probe_interval_ms", self.probe_interval_ms, 10, 60_000)?;
+        // Below 1 a host as fast as the rest would lose most of its probes to the alternative,
+        // and a recovery would be seen late.
+        let probe_timeout_factor = match self.probe_timeout_factor {
+            0.0 => 0.0,
+            f => in_range("probe_timeout_factor", f, 1.0, 100.0)
+                .map_err(|e| err(e.field, format!("{} (or 0: off)", e.message)))?,
+        };
         let grpc_failures = compile_grpc_codes(&self.grpc_failure_status_codes)?;
         let exploration_share = in_range("exploration_share", self.exploration_share, 0.0, 0.5)?;
         let host_ttl_ms = in_range(
@@ -448,6 +467,7 @@ impl PluginConfig {
             latency_ceiling_ms: latency_ceiling_ms as f64,
             grpc_failures,
             pick: self.pick,
+            probe_timeout_factor,
             exploration_share,
             rules,
             steered,

@@ -13,7 +13,9 @@ use super::vm::Vm;
 use crate::balance::outcome::{GrpcResponse, Outcome};
 use crate::balance::score::{LoadReportWatch, LOAD_REPORT_HEADER};
 use crate::units::ns_to_ms;
-use crate::worker::{Decision, Finished, Request};
+use crate::worker::{
+    Decision, Finished, Request, HEDGE_HEADER, PER_TRY_TIMEOUT_HEADER, RETRY_ON_HEADER,
+};
 
 pub struct Http {
     vm: Rc<RefCell<Vm>>,
@@ -40,6 +42,8 @@ pub struct Http {
     request_body: bool,
     /// The response's end passed through this filter: Envoy's router had it all.
     response_ended: bool,
+    /// A probe's wait, when Envoy was told to hedge it on the alternative after it.
+    probe_timeout_ms: Option<u32>,
 }
 
 impl Http {
@@ -56,6 +60,7 @@ impl Http {
             load_report: None,
             request_body: false,
             response_ended: false,
+            probe_timeout_ms: None,
         }
     }
 }
@@ -142,6 +147,27 @@ impl HttpContext for Http {
                 if host::set_request_header(header, Some(header_value)) {
                     self.picked = Some(pick.host.clone());
                     self.in_flight = end_of_stream;
+                    // Three header reads, for probes only.
+                    let retry = match pick.probe_timeout_ms {
+                        Some(_) if end_of_stream => pick.probe_hedge(
+                            &host::request_header_bytes(":method").unwrap_or_default(),
+                            !end_of_stream,
+                            host::request_header_bytes(RETRY_ON_HEADER).as_deref(),
+                            host::request_header_bytes(PER_TRY_TIMEOUT_HEADER).is_some(),
+                        ),
+                        _ => None,
+                    };
+                    // The timeout last: without the retry it would fail the request, and
+                    // without hedging it would cancel the probe's attempt, so the second
+                    // attempt would have the same short wait.
+                    if let Some((per_try, retry_on)) = retry {
+                        if host::set_request_header(RETRY_ON_HEADER, Some(&retry_on))
+                            && host::set_request_header(HEDGE_HEADER, Some("true"))
+                            && host::set_request_header(PER_TRY_TIMEOUT_HEADER, Some(&per_try))
+                        {
+                            self.probe_timeout_ms = pick.probe_timeout_ms;
+                        }
+                    }
                 } else if let Some(c) = cluster.as_deref() {
                     // The host refused the header, so Envoy's fallback decides.
                     worker.cancel(c, pick, end_of_stream);
@@ -291,6 +317,7 @@ impl HttpContext for Http {
                 in_flight: self.in_flight,
                 served_by: served_by.as_deref(),
                 attempts: u32::try_from(attempts).unwrap_or(1),
+                probe_timeout_ms: self.probe_timeout_ms,
                 latency_ms: ns_to_ms(latency_ns),
                 outcome,
                 grpc_status: self.grpc.code(),

@@ -17,16 +17,28 @@ pub enum Decision {
     Status,
 }
 
+/// Envoy's request header for a per-try timeout, in milliseconds.
+pub const PER_TRY_TIMEOUT_HEADER: &str = "x-envoy-upstream-rq-per-try-timeout-ms";
+/// Envoy's request header that adds retry conditions to the route's.
+pub const RETRY_ON_HEADER: &str = "x-envoy-retry-on";
+/// Envoy's request header that makes a per-try timeout start a second attempt beside the first
+/// instead of cancelling it (hedging): the first answer wins.
+pub const HEDGE_HEADER: &str = "x-envoy-hedge-on-per-try-timeout";
+
 /// A host chosen for a request. The addresses are the pick table's own, shared, so a pick
 /// allocates nothing.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Pick {
     pub host: Rc<str>,
-    /// A different host for the retry of a failed connection: Envoy tries the addresses of the
-    /// header in order.
+    /// A different host for the retry of a failed connection, or a probe's hedge: Envoy tries
+    /// the addresses of the header in order.
     pub alternative: Option<Rc<str>>,
     /// The host was due a probe (`probe`), not drawn by weight.
     pub probe: bool,
+    /// For a probe with an alternative: how long it may wait for its host alone before Envoy
+    /// sends it there as well, where the request can be sent twice (`probe::timeout_ms`; the
+    /// adapter decides, and tells `finish`).
+    pub probe_timeout_ms: Option<u32>,
     /// The version of the pick table it came from.
     pub table_version: u64,
 }
@@ -41,6 +53,34 @@ impl Pick {
             out.push(',');
             out.push_str(alternative);
         }
+    }
+
+    /// The values of [`PER_TRY_TIMEOUT_HEADER`] and [`RETRY_ON_HEADER`] (with [`HEDGE_HEADER`]
+    /// `true`) that have Envoy send a probe to the alternative as well once it has waited its
+    /// wait for its host (`probe`), the first answer winning, for a request that may be sent
+    /// twice: a safe method (RFC 9110, 9.2.1) and no body. `retry_on` is the request's own value,
+    /// kept; a request with its own per-try timeout (`own_per_try`) keeps that and is probed as
+    /// before. A per-try timeout Envoy ignores (one not below the route's timeout) leaves the
+    /// probe as it was.
+    pub fn probe_hedge(
+        &self,
+        method: &[u8],
+        body: bool,
+        retry_on: Option<&[u8]>,
+        own_per_try: bool,
+    ) -> Option<(String, String)> {
+        let wait = self.probe_timeout_ms?;
+        let safe = matches!(method, b"GET" | b"HEAD" | b"OPTIONS" | b"TRACE");
+        if !safe || body || own_per_try {
+            return None;
+        }
+        // A route without a retry policy retries nothing: any condition gives it one retry,
+        // which hedging spends on the second attempt.
+        let retry_on = match retry_on.and_then(|v| std::str::from_utf8(v).ok()) {
+            Some(v) if !v.trim().is_empty() => format!("{v},reset"),
+            _ => "reset".to_owned(),
+        };
+        Some((wait.to_string(), retry_on))
     }
 }
 

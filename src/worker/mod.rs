@@ -18,7 +18,9 @@ pub mod status;
 pub mod telemetry;
 mod tick;
 
-pub use decision::{Decision, FallbackReason, Pick};
+pub use decision::{
+    Decision, FallbackReason, Pick, HEDGE_HEADER, PER_TRY_TIMEOUT_HEADER, RETRY_ON_HEADER,
+};
 pub use request::{Finished, Request};
 pub use tick::TickReport;
 

@@ -30,6 +30,9 @@ pub struct Finished<'a> {
     pub served_by: Option<&'a str>,
     /// `upstream.request_attempt_count`.
     pub attempts: u32,
+    /// The probe's wait for the picked host, when the adapter had Envoy hedge it on the
+    /// alternative after that wait (`Pick::probe_timeout_ms`).
+    pub probe_timeout_ms: Option<u32>,
     pub latency_ms: f64,
     /// What the status code and response flags say ([`Outcome::classify`]).
     pub outcome: Option<Outcome>,

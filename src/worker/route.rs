@@ -7,6 +7,7 @@ use crate::balance::outcome::Outcome;
 use crate::balance::probe::Pending;
 use crate::balance::score::{parse_load_report, LoadMetric};
 use crate::rules::{normalize_bytes, PathClass};
+use crate::units::clamp;
 use crate::worker::cluster::{counts_entry, local_entry, Ending, InFlight, LocalCluster};
 use crate::worker::decision::{Decision, FallbackReason, Pick};
 use crate::worker::request::{Finished, Request};
@@ -133,10 +134,17 @@ impl Worker {
             .weighted_except(rng, first)
             .and_then(|i| local.table.host(i))
             .cloned();
+        let probe_timeout_ms = local
+            .probes
+            .timeout_ms()
+            .filter(|_| probe && alternative.is_some())
+            // Whole milliseconds, as Envoy's header takes them, rounded up.
+            .map(|t| clamp(t.ceil(), 1.0, f64::from(u32::MAX)) as u32);
         Decision::Override(Pick {
             host,
             alternative,
             probe,
+            probe_timeout_ms,
             table_version: local.snapshot.table_version,
         })
     }
@@ -244,6 +252,25 @@ impl Worker {
         if let (Some(picked), Some(served_by)) = (done.picked, done.served_by) {
             let honoured = served_by == picked || done.attempts > 1;
             local.honour.record(honoured);
+            // A probe the alternative answered first, after the probe's wait: the host is at
+            // least that slow, which is no failure, and no reason to probe it less often
+            // (`probe`). What the table holds of it stands if it is slower; the alternative
+            // started after the wait, so the request's time is not its sample.
+            let hedged = done.probe_timeout_ms.filter(|t| {
+                served_by != picked && done.attempts > 1 && done.latency_ms >= f64::from(*t)
+            });
+            if let Some(wait) = hedged {
+                let known = local.snapshot.host(picked).and_then(|h| h.latency_ms);
+                let sample = known.map_or(f64::from(wait), |k| k.max(f64::from(wait)));
+                if let Some(acc) = local.host_batch(picked) {
+                    acc.record(
+                        sample.min(self.config.latency_ceiling_ms()),
+                        false,
+                        penalty_ms,
+                    );
+                }
+                return;
+            }
             if served_by != picked {
                 // The route retries only failed connections and resets before the request: a
                 // retried request that ended elsewhere means our pick failed, though Envoy

@@ -351,6 +351,10 @@ fn adopt(local: &mut LocalCluster, state: &Table, config: &Config, now_ns: u64) 
         now_ns,
     );
     local.probes.set_floor(floor);
+    local.probes.set_timeout_ms(probe::timeout_ms(
+        config.probe_timeout_factor(),
+        reference_ms,
+    ));
     // The fallback picks among exactly the table's hosts when Envoy counts as many endpoints as
     // the table holds live hosts (none unknown, ejected or unhealthy), and favours none of them
     // when they share one zone (a zone-aware fallback would favour some).

@@ -61,6 +61,8 @@ pub fn is_health_path(path: &str) -> bool {
 
 #[derive(Default)]
 struct Counts {
+    /// HTTP business requests that arrived, answered or not (a request Envoy gave up on never is).
+    received: AtomicU64,
     served: AtomicU64,
     failed: AtomicU64,
     health: AtomicU64,
@@ -285,6 +287,12 @@ impl Backend {
         &self.shared.name
     }
 
+    /// HTTP business requests that arrived, whether or not they were answered: a request Envoy
+    /// stopped waiting for is received and never served.
+    pub fn received(&self) -> u64 {
+        self.shared.counts.received.load(Ordering::Relaxed)
+    }
+
     /// Business requests answered (200 or 503, gRPC `Work` calls whatever their status), health
     /// probes and gRPC streams excluded.
     pub fn served(&self) -> u64 {
@@ -341,6 +349,7 @@ impl Backend {
     /// Zeroes all counters.
     pub fn reset_counts(&self) {
         let c = &self.shared.counts;
+        c.received.store(0, Ordering::Relaxed);
         c.served.store(0, Ordering::Relaxed);
         c.failed.store(0, Ordering::Relaxed);
         c.health.store(0, Ordering::Relaxed);
@@ -502,6 +511,7 @@ async fn handle_http(req: Request<Incoming>, sh: Arc<Shared>) -> Response<Full<B
         StatusCode::from_u16(sh.health_status.load(Ordering::Relaxed))
             .unwrap_or(StatusCode::SERVICE_UNAVAILABLE)
     } else {
+        sh.counts.received.fetch_add(1, Ordering::Relaxed);
         let in_flight = sh.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
         // The load as the request arrived: what a host reports with its answer is the state it
         // was in, and a report taken after the request left would always miss that request.
