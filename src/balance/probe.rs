@@ -100,11 +100,13 @@ pub fn interval_ns(base_ns: u64, score_ms: Option<f64>, reference_ms: Option<f64
 }
 
 /// How long a probe waits for its host alone before Envoy sends it to another as well (the
-/// module's doc): `factor` times `reference_ms`, the latency the table's traffic gets. `None`
-/// when the factor is 0 (off) or the reference is unknown.
-pub fn timeout_ms(factor: f64, reference_ms: Option<f64>) -> Option<f64> {
+/// module's doc): `factor` times `reference_ms`, the latency the table's traffic gets, in whole
+/// milliseconds as Envoy's header takes them, rounded up. `None` when the factor is 0 (off) or
+/// the reference is unknown.
+pub fn timeout_ms(factor: f64, reference_ms: Option<f64>) -> Option<u32> {
     let t = factor * reference_ms?;
-    (factor > 0.0 && t.is_finite() && t > 0.0).then_some(t)
+    (factor > 0.0 && t.is_finite() && t > 0.0)
+        .then(|| clamp(t.ceil(), 1.0, f64::from(u32::MAX)) as u32)
 }
 
 /// One worker's probe schedule for one cluster, index for index with its pick table.
@@ -126,7 +128,7 @@ pub struct Probes {
     /// probes do not grow with Envoy's `--concurrency`.
     workers: u32,
     /// How long a probe may wait for its host ([`timeout_ms`]).
-    timeout_ms: Option<f64>,
+    timeout_ms: Option<u32>,
 }
 
 impl Probes {
@@ -208,11 +210,11 @@ impl Probes {
     }
 
     /// How long a probe may wait for its host ([`timeout_ms`]).
-    pub fn set_timeout_ms(&mut self, timeout_ms: Option<f64>) {
+    pub fn set_timeout_ms(&mut self, timeout_ms: Option<u32>) {
         self.timeout_ms = timeout_ms;
     }
 
-    pub fn timeout_ms(&self) -> Option<f64> {
+    pub fn timeout_ms(&self) -> Option<u32> {
         self.timeout_ms
     }
 

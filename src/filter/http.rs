@@ -148,7 +148,7 @@ impl HttpContext for Http {
                     self.picked = Some(pick.host.clone());
                     self.in_flight = end_of_stream;
                     // Three header reads, for probes only.
-                    let retry = match pick.probe_timeout_ms {
+                    let hedge = match pick.probe_timeout_ms {
                         Some(_) if end_of_stream => pick.probe_hedge(
                             &host::request_header_bytes(":method").unwrap_or_default(),
                             !end_of_stream,
@@ -160,7 +160,7 @@ impl HttpContext for Http {
                     // The timeout last: without the retry it would fail the request, and
                     // without hedging it would cancel the probe's attempt, so the second
                     // attempt would have the same short wait.
-                    if let Some((per_try, retry_on)) = retry {
+                    if let Some((per_try, retry_on)) = hedge {
                         if host::set_request_header(RETRY_ON_HEADER, Some(&retry_on))
                             && host::set_request_header(HEDGE_HEADER, Some("true"))
                             && host::set_request_header(PER_TRY_TIMEOUT_HEADER, Some(&per_try))

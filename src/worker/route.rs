@@ -7,7 +7,6 @@ use crate::balance::outcome::Outcome;
 use crate::balance::probe::Pending;
 use crate::balance::score::{parse_load_report, LoadMetric};
 use crate::rules::{normalize_bytes, PathClass};
-use crate::units::clamp;
 use crate::worker::cluster::{counts_entry, local_entry, Ending, InFlight, LocalCluster};
 use crate::worker::decision::{Decision, FallbackReason, Pick};
 use crate::worker::request::{Finished, Request};
@@ -137,9 +136,7 @@ impl Worker {
         let probe_timeout_ms = local
             .probes
             .timeout_ms()
-            .filter(|_| probe && alternative.is_some())
-            // Whole milliseconds, as Envoy's header takes them, rounded up.
-            .map(|t| clamp(t.ceil(), 1.0, f64::from(u32::MAX)) as u32);
+            .filter(|_| probe && alternative.is_some());
         Decision::Override(Pick {
             host,
             alternative,
@@ -261,7 +258,7 @@ impl Worker {
             });
             if let Some(wait) = hedged {
                 let known = local.snapshot.host(picked).and_then(|h| h.latency_ms);
-                let sample = known.map_or(f64::from(wait), |k| k.max(f64::from(wait)));
+                let sample = f64::from(wait).max(known.unwrap_or(0.0));
                 if let Some(acc) = local.host_batch(picked) {
                     acc.record(
                         sample.min(self.config.latency_ceiling_ms()),
