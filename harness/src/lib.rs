@@ -1,8 +1,9 @@
 //! One way to run ewma-lb outside a unit test, shared by the end-to-end tests and the benchmark:
 //! the shipped envoy-config/envoy.yaml with typed, checked edits ([`config`]), a real Envoy
 //! process ([`envoy`]), in-process backends ([`backend`]) with latency profiles ([`latency`]),
-//! load ([`load`], [`summary`]), a tiny HTTP client ([`http`]), free ports, bounded polling, and
-//! a [`Stack`] of all of them. Everything talks to 127.0.0.1 only.
+//! load ([`load`], [`summary`]), waits that end when due for both ([`timer`]), a tiny HTTP
+//! client ([`http`]), free ports, bounded polling, and a [`Stack`] of all of them. Everything
+//! talks to 127.0.0.1 only.
 
 pub mod backend;
 pub mod config;
@@ -18,6 +19,7 @@ pub mod poll;
 pub mod ports;
 pub mod stack;
 pub mod summary;
+pub mod timer;
 
 pub use backend::{Backend, BackendPool, BackendSpec, GrpcStatusIn, Orca, Phase};
 pub use config::EnvoyConfig;

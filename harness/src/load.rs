@@ -248,7 +248,7 @@ where
         // Due times come from the schedule, never from earlier answers: a slow target cannot
         // slow the arrivals down and hide its own tail.
         let due = start + period.mul_f64(i as f64);
-        tokio::time::sleep_until(due).await;
+        crate::timer::sleep_until(due.into_std()).await;
         while let Some(done) = inflight.try_join_next() {
             if let Ok(r) = done {
                 sink.push(r);

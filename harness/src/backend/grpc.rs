@@ -137,7 +137,7 @@ impl ServerStreamingService<WatchRequest> for Watch {
             tokio::spawn(async move {
                 for seq in 0..messages {
                     let delay = sh.current_latency().sample(&mut rand::rng());
-                    tokio::time::sleep(delay).await;
+                    crate::timer::sleep(delay).await;
                     if tx
                         .send(Ok(WorkReply {
                             backend: sh.name.clone(),

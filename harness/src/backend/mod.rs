@@ -119,7 +119,7 @@ impl Shared {
             None => None,
         };
         let delay = self.current_latency().sample(&mut rand::rng());
-        tokio::time::sleep(delay).await;
+        crate::timer::sleep(delay).await;
         let fail = self.fail_rate > 0.0 && rand::rng().random_bool(self.fail_rate.clamp(0.0, 1.0));
         self.counts.served.fetch_add(1, Ordering::Relaxed);
         if fail {
@@ -502,7 +502,7 @@ async fn handle_http(req: Request<Incoming>, sh: Arc<Shared>) -> Response<Full<B
     let mut report = None;
     let status = if health {
         let delay = sh.health_latency.sample(&mut rand::rng());
-        tokio::time::sleep(delay).await;
+        crate::timer::sleep(delay).await;
         let count = match active_check {
             true => &sh.counts.active_checks,
             false => &sh.counts.health,
