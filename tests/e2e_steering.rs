@@ -149,16 +149,16 @@ fn a_recovered_backend_earns_its_share_back() {
     );
 }
 
-/// What it observes: for every request carrying a forged override header, the override header
-/// the serving backend received (it echoes it) and which backend that was. The forged value names
-/// the slow backend (or Envoy's admin port) twice, `A,A`: Envoy would obey it like any list, but
-/// the plugin never writes it (its second address is always another host), so a backend seeing
-/// it can only mean the client's header got through. Envoy's override_host sends a request to
-/// the first address of the header it sees (a hedged probe of the slow backend also to the
-/// second, which answers first), so "every request was served by the first address of the
-/// header that reached the backend, or a probe of the slow one by the second, and that header was
-/// never the client's" holds only if the header Envoy obeyed was the plugin's, whatever its table
-/// says (even when it names the host the client named). Requests the plugin leaves to the fallback (before its first table,
+/// What it observes: for every request carrying a forged override header, the override header the
+/// serving backend received (it echoes it) and which backend that was. The forged value names the
+/// slow backend (or Envoy's admin port) twice, `A,A`: Envoy would obey it like any list, but the
+/// plugin never writes it (its second address is always another host), so a backend seeing it can
+/// only mean the client's header got through. Envoy's override_host sends a request to the first
+/// address of the header it sees (a hedged probe of the slow backend also to the second, which
+/// answers first), so "every request was served by the first address of the header that reached the
+/// backend, or a probe of the slow one by the second, and that header was never the client's" holds
+/// only if the header Envoy obeyed was the plugin's, whatever its table says (even when it names
+/// the host the client named). Requests the plugin leaves to the fallback (before its first table,
 /// exploration) reach a backend with no header at all: the client's copy was removed.
 #[test]
 fn a_client_supplied_override_header_never_decides_the_host() {

@@ -147,9 +147,9 @@ impl HttpContext for Http {
                 if host::set_request_header(header, Some(header_value)) {
                     self.picked = Some(pick.host.clone());
                     self.in_flight = end_of_stream;
-                    // Three header reads, for probes only.
+                    // Three header reads, for probes with a wait only.
                     let hedge = match pick.probe_timeout_ms {
-                        Some(_) if end_of_stream => pick.probe_hedge(
+                        Some(_) => pick.probe_hedge(
                             &host::request_header_bytes(":method").unwrap_or_default(),
                             !end_of_stream,
                             host::request_header_bytes(RETRY_ON_HEADER).as_deref(),
