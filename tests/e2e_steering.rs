@@ -61,7 +61,11 @@ fn a_probe_waits_a_few_times_the_others_latency_not_the_slow_hosts() {
     ])
     .unwrap();
     // Warm-up: the slow backend's first answers come back after 3 s and put it at the floor.
+    // Then every worker gets a table: a connection of the run landing on a worker the warm-up
+    // missed would meet that worker's first tick without one, and Envoy's own balancer (the
+    // fallback) may send a request of that tick to the slow backend, which is not a probe.
     stack.load(100.0, 8).unwrap();
+    stack.warm_every_worker().unwrap();
     let slow = stack.backend("slow").unwrap();
     std::thread::sleep(Duration::from_secs(3)); // the warm-up's requests to it end
     stack.reset_counts();

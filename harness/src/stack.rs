@@ -6,6 +6,7 @@
 //! ([`Stack::start_eds`], [`Stack::start_zoned`]): then backends join, leave and are replaced
 //! while load runs, as pods do in a rollout, and each may have a zone.
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::thread;
 use std::time::Duration;
@@ -37,6 +38,8 @@ pub struct Stack {
     pool: BackendPool,
     /// The endpoints' file, when the cluster reads them from one.
     eds: Option<EdsFile>,
+    /// Envoy's worker threads (`--concurrency`).
+    workers: u32,
 }
 
 impl Stack {
@@ -144,6 +147,7 @@ impl Stack {
             url,
             pool,
             eds,
+            workers: opts.concurrency,
         };
         // Every backend answers its health checks when it starts; one whose first check still
         // failed (Envoy's main thread compiling the module on a loaded machine while the check
@@ -249,6 +253,46 @@ impl Stack {
     /// Open-loop load on `/work` at `rate` requests/s for `secs`, on this thread.
     pub fn load(&self, rate: f64, secs: u64) -> Result<Vec<Record>> {
         load::run(&self.load_spec(rate, secs))
+    }
+
+    /// Sends bursts of concurrent requests until every Envoy worker has adopted a pick table for
+    /// the cluster (the plugin's debug line `adopted table v...`, which carries the worker's
+    /// thread), within 10 s. Envoy hands each connection to one worker; a worker that meets the
+    /// cluster for the first time has no table until its next tick, and leaves that tick's
+    /// requests to Envoy's own balancer (`fallback:table_not_ready` in the access log). A test
+    /// that judges where the plugin sends requests calls this first, so that a later connection
+    /// landing on a worker the warm-up missed cannot pass that fallback off as the plugin's pick.
+    pub fn warm_every_worker(&self) -> Result<()> {
+        let cluster = format!("for cluster {CLUSTER}:");
+        let adopting = || {
+            let log = self.envoy.log();
+            let threads: BTreeSet<&str> = log
+                .lines()
+                .filter(|l| l.contains("adopted table v") && l.contains(&cluster))
+                .filter_map(|l| l.split('[').nth(2)?.split(']').next())
+                .collect();
+            threads.len()
+        };
+        let workers = self.workers as usize;
+        for _ in 0..20 {
+            if adopting() >= workers {
+                return Ok(());
+            }
+            // Sixteen connections at once: each lands on a worker of the kernel's or Envoy's
+            // choosing, so every worker gets some, whichever way it chooses.
+            load::run(&LoadSpec {
+                closed_loop_workers: Some(16),
+                duration: Duration::from_millis(300),
+                ..self.load_spec(0.0, 0)
+            })?;
+            // A tick or more (100 ms) for each worker to adopt the table, and Envoy's log
+            // flush (100 ms) for the line to be read.
+            thread::sleep(Duration::from_millis(300));
+        }
+        bail!(
+            "{} of {workers} workers adopted a table for {CLUSTER} after 20 bursts",
+            adopting()
+        )
     }
 
     /// The same load on a background thread; join it to get the records.
