@@ -334,7 +334,7 @@ fn rolling_restart(
     rate: f64,
     warm_s: u64,
     every: Duration,
-) -> Vec<Record> {
+) -> (Vec<Record>, Queued) {
     let named = |prefix: &str, i: usize| BackendSpec {
         name: format!("{prefix}{i:02}"),
         ..spec.clone()
@@ -349,6 +349,8 @@ fn rolling_restart(
     let secs = warm_s + (every * n as u32).as_secs() + 3;
     let load = stack.load_in_background(rate, secs);
     std::thread::sleep(Duration::from_secs(warm_s));
+    stack.reset_counts();
+    let mut queued = Queued::default();
     for i in 0..n {
         let step = std::time::Instant::now();
         let old = stack
@@ -357,31 +359,62 @@ fn rolling_restart(
         stack.wait_for_endpoints(Duration::from_secs(5)).unwrap();
         harness::within(Duration::from_secs(2), || old.open_connections() == 0);
         old.stop();
+        queued.add(&old);
         std::thread::sleep(every.saturating_sub(step.elapsed()));
     }
-    load.join().unwrap().unwrap()
+    let records = load.join().unwrap().unwrap();
+    stack.backends.iter().for_each(|b| queued.add(b));
+    (records, queued)
+}
+
+/// What the backends of a run served after its warm-up, and how many of those requests waited
+/// for a worker, and how long in all.
+#[derive(Default, Debug)]
+struct Queued {
+    served: u64,
+    waited: u64,
+    wait: Duration,
+}
+
+impl Queued {
+    fn add(&mut self, b: &harness::Backend) {
+        let (n, wait) = b.queued();
+        self.served += b.served();
+        self.waited += n;
+        self.wait += wait;
+    }
+
+    /// Milliseconds waited per request served.
+    fn per_request_ms(&self) -> f64 {
+        self.wait.as_secs_f64() * 1e3 / self.served.max(1) as f64
+    }
 }
 
 /// (d) A rolling restart under load: ten endpoints, each replaced in turn every 1.5 s by a new
 /// backend at a new address, the old one stopped once Envoy let go of it (a pod that drains).
 /// The plugin and least_request run it side by side, at the same time, each with its own Envoy
 /// and backends of the same spec on the same schedule: whatever else the machine does then
-/// slows both alike, which two runs one after the other would not guarantee. Observes the error
-/// rate and p99 over the restarts, which must be within 10 % of least_request's, plus 0.1 point
-/// of errors and 5 ms of p99 for timer noise (the backends answer in 50-70 ms; runs on an idle
-/// machine differ by about 1 ms, but the plugin's Envoy needs more CPU than least_request's, so
-/// a busy machine slows it a little more).
+/// slows both alike, which two runs one after the other would not guarantee.
 ///
 /// Each backend serves 8 requests at a time (about 130 req/s) and gets 30 req/s at a fair share:
 /// a plugin that starved the newcomers (never learning them, or ramping them in too slowly)
-/// would pile the traffic on the old endpoints left, whose queues (a 60 ms wait each) would show
-/// in the p99; one that kept steering to stopped hosts would show in errors and retries.
+/// would pile the traffic on the old endpoints left, and their requests would wait for a worker
+/// (the backends count those waits); one that kept steering to stopped hosts would show in
+/// errors and retries. So the run observes, over the restarts:
+/// - the share of requests that waited at a backend, at most least_request's plus 0.5 point (a
+///   fair split of this load makes none wait; a pile-up makes several per cent wait);
+/// - the error rate, within 10 % of least_request's plus 0.1 point;
+/// - the clients' p99, at most 1.5 x least_request's: a pile-up's queues grow without bound.
+///   Not closer: the two Envoys share two cores, and the plugin's needs more CPU, so a busy
+///   machine once put its p99 15 ms above least_request's (97.9 against 82.6 ms, in ./test.sh)
+///   with no backend queue to explain it; judged at the backends, such a delay cannot pass for
+///   a split that piles requests up.
 #[test]
-fn a_rolling_restart_costs_no_more_errors_nor_tail_than_least_request() {
+fn a_rolling_restart_queues_and_fails_no_more_than_least_request() {
     let _serial = one_at_a_time();
     let spec = BackendSpec::new("x", "uniform:50-70".parse().unwrap()).capacity(8);
     let (n, rate, warm_s, every) = (10, 300.0, 4, Duration::from_millis(1500));
-    let (ewma, lr) = std::thread::scope(|scope| {
+    let ((ewma, ewma_queued), (lr, lr_queued)) = std::thread::scope(|scope| {
         let ewma = scope.spawn(|| rolling_restart(None, &spec, n, rate, warm_s, every));
         let lr = scope
             .spawn(|| rolling_restart(Some(EnvoyLb::LeastRequest), &spec, n, rate, warm_s, every));
@@ -397,8 +430,8 @@ fn a_rolling_restart_costs_no_more_errors_nor_tail_than_least_request() {
     };
     let (e, l) = (during(&ewma), during(&lr));
     eprintln!(
-        "rolling restart: ewma_lb {} requests, {} errors, p99 {:.1} ms; least_request {} requests, {} errors, p99 {:.1} ms",
-        e.count, e.errors, e.p99_ms, l.count, l.errors, l.p99_ms
+        "rolling restart: ewma_lb {} requests, {} errors, p99 {:.1} ms, queued {:?} ({:.2} ms a request); least_request {} requests, {} errors, p99 {:.1} ms, queued {:?} ({:.2} ms a request)",
+        e.count, e.errors, e.p99_ms, ewma_queued, ewma_queued.per_request_ms(), l.count, l.errors, l.p99_ms, lr_queued, lr_queued.per_request_ms()
     );
     assert!(
         e.count > 4000 && l.count > 4000,
@@ -414,8 +447,13 @@ fn a_rolling_restart_costs_no_more_errors_nor_tail_than_least_request() {
         l.errors,
         l.count
     );
+    let waited = |q: &Queued| q.waited as f64 / q.served.max(1) as f64;
     assert!(
-        e.p99_ms <= 1.1 * l.p99_ms + 5.0,
+        waited(&ewma_queued) <= waited(&lr_queued) + 0.005,
+        "requests that waited at a backend: ewma_lb {ewma_queued:?}, least_request {lr_queued:?}"
+    );
+    assert!(
+        e.p99_ms <= 1.5 * l.p99_ms,
         "p99: ewma_lb {:.1} ms, least_request {:.1} ms",
         e.p99_ms,
         l.p99_ms

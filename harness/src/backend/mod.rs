@@ -68,6 +68,10 @@ struct Counts {
     health: AtomicU64,
     /// Envoy's own active health checks (`user-agent: Envoy/HC`), counted apart from `health`.
     active_checks: AtomicU64,
+    /// Business requests that found every worker busy (`capacity`) and waited for one, and their
+    /// waits in all, in nanoseconds.
+    queued: AtomicU64,
+    queued_ns: AtomicU64,
 }
 
 struct Shared {
@@ -115,7 +119,17 @@ impl Shared {
     async fn work(&self) -> bool {
         // The permit is held through the delay: that is what makes requests queue.
         let _permit = match &self.workers {
-            Some(w) => w.clone().acquire_owned().await.ok(),
+            Some(w) => match w.clone().try_acquire_owned() {
+                Ok(permit) => Some(permit),
+                Err(_) => {
+                    let since = Instant::now();
+                    let permit = w.clone().acquire_owned().await.ok();
+                    let waited = u64::try_from(since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                    self.counts.queued.fetch_add(1, Ordering::Relaxed);
+                    self.counts.queued_ns.fetch_add(waited, Ordering::Relaxed);
+                    permit
+                }
+            },
             None => None,
         };
         let delay = self.current_latency().sample(&mut rand::rng());
@@ -330,6 +344,18 @@ impl Backend {
         lock(&self.shared.paths).clone()
     }
 
+    /// Business requests that waited for a worker because all `capacity` were busy, and how long
+    /// they waited in all: this backend's queue. How the proxy splits the traffic makes it; a
+    /// delay inside the proxy (a worker thread descheduled) does not, so it tells a split that
+    /// piles requests on a few hosts from a machine that is merely busy.
+    pub fn queued(&self) -> (u64, Duration) {
+        let c = &self.shared.counts;
+        (
+            c.queued.load(Ordering::Relaxed),
+            Duration::from_nanos(c.queued_ns.load(Ordering::Relaxed)),
+        )
+    }
+
     /// Replaces the base latency profile; schedule phases still win inside their windows.
     pub fn set_latency(&self, latency: Latency) {
         *lock(&self.shared.base) = latency;
@@ -354,6 +380,8 @@ impl Backend {
         c.failed.store(0, Ordering::Relaxed);
         c.health.store(0, Ordering::Relaxed);
         c.active_checks.store(0, Ordering::Relaxed);
+        c.queued.store(0, Ordering::Relaxed);
+        c.queued_ns.store(0, Ordering::Relaxed);
         lock(&self.shared.paths).clear();
     }
 
