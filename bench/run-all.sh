@@ -30,7 +30,7 @@ note "start; load: $(cut -d' ' -f1-3 /proc/loadavg)"
 cargo build --release -p ewma-bench
 bench=target/release/ewma-bench
 
-for s in seed-table slowdown capacity grpc tower-76 pause slowdown-6x host-down host-hung orca-capacity orca-capacity-3-envoys orca-slow-idle orca-failing; do
+for s in seed-table slowdown capacity grpc tower-76 pause slowdown-6x host-down host-hung cold-return orca-capacity orca-capacity-3-envoys orca-slow-idle orca-failing; do
   note "compare $s"
   "$bench" compare "bench/scenarios/$s.toml" --out "$out/$s" "${smoke[@]}"
 done

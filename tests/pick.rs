@@ -134,6 +134,40 @@ fn a_host_at_the_floor_is_left_to_the_probes() {
     assert!((100..=300).contains(&random[1]), "{random:?}");
 }
 
+/// A host the table has no latency of yet (new, or back from ejection) gets one request of this
+/// worker's at a time: while it has one in flight (or one it never answered) it loses every
+/// comparison with a host that has answered, however its share and loads compare. Otherwise
+/// (nothing in flight, or both candidates on trust) the pick is exactly the unmarked table's.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_host_on_trust_is_sent_one_request_at_a_time() {
+    // (shares of new and old, requests in flight at new and old, is old on trust too, whether
+    // new is left alone)
+    let cases = [
+        (0.5, 0.5, 1, 0, false, true),
+        (0.9, 0.1, 1, 50, false, true),
+        (0.5, 0.5, 0, 0, false, false),
+        (0.5, 0.5, 0, 5, false, false),
+        (0.5, 0.5, 1, 3, true, false),
+        (0.9, 0.1, 2, 1, true, false),
+    ];
+    for (new_share, old_share, new_load, old_load, both, left_alone) in cases {
+        let entries = [("new:1", new_share), ("old:1", old_share)];
+        let load = move |i: usize| if i == 0 { new_load } else { old_load };
+        let mut marked = PickTable::with_floor(entries, 0.002);
+        marked.set_unproven(|h| h == "new:1" || both);
+        let plain = PickTable::with_floor(entries, 0.002);
+        let got = counts(&marked, PickAlgorithm::WeightedP2c, 10_000, load);
+        let unmarked = counts(&plain, PickAlgorithm::WeightedP2c, 10_000, load);
+        let case = (new_share, new_load, old_load, both);
+        if left_alone {
+            assert_eq!(got[0], 0, "{case:?}: {got:?}");
+        } else {
+            assert_eq!(got, unmarked, "{case:?}");
+        }
+    }
+}
+
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn ties_go_round_equal_hosts() {

@@ -213,6 +213,59 @@ fn consecutive_failures_eject_and_the_host_returns_later() {
     );
 }
 
+/// A host back from ejection has no latency: it is scored at the cluster's median and ramped in
+/// on trust. Its share then is no standing to fall from slowly: when its first answers show it
+/// twenty times slower than the rest (a restarted process with cold caches), its share falls to
+/// the floor at that refresh. A host whose share rests on answers that turns as slow falls by
+/// at most `max_step_ratio` a refresh (damping), as before.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_share_on_trust_gives_way_to_the_first_answers_at_once() {
+    let p = policy();
+    let hosts = ["10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80"];
+    let mut state = ClusterState::default();
+    for t in 1..=20 {
+        let batch: Vec<(&str, &[f64], bool)> = hosts
+            .iter()
+            .map(|h| (*h, &[50.0, 60.0][..], false))
+            .collect();
+        state.merge(&samples(&batch), t * SEC, &p);
+        state.refresh(t * SEC, &p, &[], None);
+    }
+    let share = |state: &ClusterState, h: &str| state.host(h).map_or(0.0, |h| h.share);
+    // Both cases start from the third host at a fair share: once on trust (back from
+    // ejection, its ramp over), once on its own answers.
+    let mut trusted = state.clone();
+    let now = 21 * SEC;
+    trusted.merge(&samples(&[(hosts[2], &[5.0, 5.0, 5.0], true)]), now, &p);
+    let back = now + p.outlier.base_ejection_ns + 1;
+    let mut t = back;
+    while t <= back + 3 * SEC {
+        trusted.refresh(t, &p, &[], None);
+        t += SEC / 4;
+    }
+    let before = share(&trusted, hosts[2]);
+    assert!(trusted
+        .host(hosts[2])
+        .is_some_and(|h| h.latency.value_ms().is_none()));
+    assert!(before > 0.25, "ramped in on trust: {before}");
+    let slow = samples(&[(hosts[2], &[1100.0], false)]);
+    trusted.merge(&slow, t, &p);
+    trusted.refresh(t, &p, &[], None);
+    let after = share(&trusted, hosts[2]);
+    assert!(after <= 0.01, "on trust: {before} -> {after}");
+
+    let mut measured = state;
+    let before = share(&measured, hosts[2]);
+    measured.merge(&slow, 21 * SEC, &p);
+    measured.refresh(21 * SEC, &p, &[], None);
+    let after = share(&measured, hosts[2]);
+    assert!(
+        after >= before / p.weights.max_step_ratio - 1e-9,
+        "on answers, damped: {before} -> {after}"
+    );
+}
+
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn the_ejection_budget_keeps_half_the_cluster() {
@@ -367,12 +420,12 @@ fn hex(bytes: &[u8]) -> String {
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn the_format_version_names_the_encoded_layout() {
     const GOLDEN: [&str; 4] = [
-        "45574c420b5207020305060201010b31302e302e302e313a38300000016106000000000004000000000000e03f00000000000000000000000000000000000000000000000000f03f00000000000010400601000000000000e03f0600000000000000000000f03f0101090601010207",
-        "45574c420b480306060109080101010207",
-        "45574c420b5309020806060108060102010b31302e302e302e313a383001000000000000494000000100010161000000000000d03f01010100",
-        "45574c420b54030201010501000000000000f03f010000000000004940010b31302e302e302e313a38300161",
+        "45574c420c5207020305060201010b31302e302e302e313a38300000016106000000000004000000000000e03f00000000000000000000000000000000000000000000000000f03f00000000000010400601000000000000e03f0600000000000000000000f03f000101090601010207",
+        "45574c420c480306060109080101010207",
+        "45574c420c5309020806060108060102010b31302e302e302e313a383001000000000000494000000100010161000000000000d03f01010100",
+        "45574c420c54030201010501000000000000f03f010000000000004940010b31302e302e302e313a38300161",
     ];
-    assert_eq!(FORMAT_VERSION, 11, "update GOLDEN when the version moves");
+    assert_eq!(FORMAT_VERSION, 12, "update GOLDEN when the version moves");
     for (value, golden) in golden_values().iter().zip(GOLDEN) {
         assert_eq!(
             hex(value),

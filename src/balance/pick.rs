@@ -31,6 +31,16 @@
 //! flight, with the first choice taken in turn; `weighted_p2c_unless_equal` leaves a table that
 //! cannot tell its hosts apart to Envoy's least request itself, which counts every worker's
 //! requests (`worker::route`).
+//!
+//! A host the table has no latency of yet (new, or back from ejection) is on trust: it is scored
+//! at the cluster's median and ramped in by time (slow start), before a single answer says how
+//! fast it is. A host that takes a second or two to answer would take a ramp's worth of requests
+//! before its first answer arrived (on the seed-002 table, 13 to 15 requests in two seconds, some
+//! past the route's timeout). So while such a host has a request of this worker's in flight (or
+//! one it never answered), it loses every comparison to a candidate that has an answer behind it:
+//! each worker sends it one request at a time until the table holds its latency. A host that
+//! answers in milliseconds is held to one at a time for those milliseconds, until the next
+//! refresh; two such hosts are compared as usual.
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -94,6 +104,9 @@ pub struct PickTable {
     /// Where the first candidate's sequence stands, in [0, 1); negative until the first pick,
     /// which starts it at random (so workers and proxies do not take turns in step).
     turn: Cell<f64>,
+    /// Hosts the table has no latency of yet (the module's doc), index for index; empty when
+    /// there are none.
+    unproven: Vec<bool>,
 }
 
 impl PickTable {
@@ -149,6 +162,16 @@ impl PickTable {
             table.served.push(Cell::new(0));
         }
         table
+    }
+
+    /// Marks the hosts the table has no latency of yet (`unproven(address)`), which P2C sends
+    /// one request of this worker's at a time (the module's doc).
+    pub fn set_unproven(&mut self, unproven: impl Fn(&str) -> bool) {
+        let flags: Vec<bool> = self.hosts.iter().map(|h| unproven(h)).collect();
+        self.unproven = match flags.contains(&true) {
+            true => flags,
+            false => Vec::new(),
+        };
     }
 
     pub fn is_empty(&self) -> bool {
@@ -222,10 +245,13 @@ impl PickTable {
         // Cross-multiplied: no division, and a share of 0 (never drawn) cannot divide by zero.
         let load = |i: usize, other: usize| f64::from(in_flight(i)) * above(other);
         let (la, lb) = (load(a, b), load(b, a));
-        let pick = if lb < la || (lb == la && served(b) * above(a) < served(a) * above(b)) {
-            b
-        } else {
-            a
+        // On trust and waiting for its answer (the module's doc).
+        let waiting = |i: usize| self.unproven.get(i).copied().unwrap_or(false) && in_flight(i) > 0;
+        let pick = match (waiting(a), waiting(b)) {
+            (true, false) => b,
+            (false, true) => a,
+            _ if lb < la || (lb == la && served(b) * above(a) < served(a) * above(b)) => b,
+            _ => a,
         };
         if let Some(n) = self.served.get(pick) {
             n.set(n.get().saturating_add(1));

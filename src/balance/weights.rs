@@ -22,7 +22,10 @@
 //!   granted among fewer hosts is no standing to fall from slowly: a cluster learned from
 //!   traffic gives the first host it knows the whole table, and halving that over the refreshes
 //!   it takes to reach a fair share floods the host meanwhile. A rise is still bounded from the
-//!   share in force: that is the traffic the host had;
+//!   share in force: that is the traffic the host had. Nor is a share granted on trust, before
+//!   any latency of the host was known (scored at the median): the host counts as new until the
+//!   table holds its latency, so its first answers move its share at once, down to the floor
+//!   if they are slow enough (`record::state`, `share_on_trust`);
 //! - floor: every live host keeps at least `min_share` in the table, the level its share climbs
 //!   back from; in a large cluster at most `min_fair_share` of a fair share (1/n), or a floor
 //!   above the fair share would pin every host to it and the table could not steer. A host at

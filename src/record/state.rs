@@ -175,6 +175,9 @@ pub struct HostState {
     pub health: Health,
     /// Share of steered traffic in the table in force; 0 for ejected and not yet weighted hosts.
     pub share: f64,
+    /// Whether `share` was granted before any latency of the host was known (scored at the
+    /// cluster's median): a share on trust, which is no standing to fall from slowly (`weights`).
+    pub share_on_trust: bool,
 }
 
 impl HostState {
@@ -556,7 +559,9 @@ impl ClusterState {
                 uncertainty: persistence::uncertainty(h),
                 active_for_ns: h.active_for_ns(now_ns),
                 ejected: out(h),
-                previous_share: (h.share > 0.0).then_some(h.share),
+                // A share granted on trust counts as none: the host is new until the table holds
+                // its latency, and its first answers move it at once.
+                previous_share: (h.share > 0.0 && !h.share_on_trust).then_some(h.share),
             })
             .collect()
     }
@@ -580,6 +585,7 @@ impl ClusterState {
         for ((host, share), input) in self.hosts.iter_mut().zip(shares).zip(&mut inputs) {
             changed |= (host.share - share).abs() > SHARE_EPSILON;
             host.share = share;
+            host.share_on_trust = input.score_ms.is_none();
             input.previous_share = (share > 0.0).then_some(share);
         }
         // Judged against the shares just set, as a VM picks from them.

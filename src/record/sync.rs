@@ -118,7 +118,7 @@ impl Keys {
 pub const MAGIC: &[u8; 4] = b"EWLB";
 /// Bumped whenever the encoded layout changes; it is part of the key, so records of other
 /// versions live beside ours.
-pub const FORMAT_VERSION: u8 = 11;
+pub const FORMAT_VERSION: u8 = 12;
 /// Most hosts a record may hold, whatever a configuration allows; more means it is not a record.
 pub const MAX_RECORD_HOSTS: usize = 16_384;
 /// The largest value this plugin writes to or reads from shared data: the record of

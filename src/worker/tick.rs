@@ -326,7 +326,8 @@ fn adopt(local: &mut LocalCluster, state: &Table, config: &Config, now_ns: u64) 
         .filter_map(|h| h.latency_ms.map(|v| (v * h.share, h.share)))
         .fold((0.0, 0.0), |(w, m), (v, s)| (w + v, m + s));
     let reference_ms = (mass > 0.0).then(|| weighted / mass);
-    let table = PickTable::shared(state.hosts.iter().map(|h| (&h.address, share_of(h))), floor);
+    let mut table = PickTable::shared(state.hosts.iter().map(|h| (&h.address, share_of(h))), floor);
+    table.set_unproven(|address| state.host(address).is_some_and(|h| h.latency_ms.is_none()));
     // Only hosts out of favour are probed: at the floor, which the pick never draws, or within a
     // floor of it. The pick draws a host by its share above the floor, so one with less than a
     // floor above it gets fewer picks than the probes' budget (a floor's share) would give it:
