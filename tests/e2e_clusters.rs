@@ -406,9 +406,8 @@ impl Queued {
 /// - the error rate, within 10 % of least_request's plus 0.1 point;
 /// - the clients' p99, at most 1.5 x least_request's: a pile-up's queues grow without bound.
 ///   Not closer: the two Envoys share two cores, and the plugin's needs more CPU, so a busy
-///   machine once put its p99 15 ms above least_request's (97.9 against 82.6 ms, in ./test.sh)
-///   with no backend queue to explain it; judged at the backends, such a delay cannot pass for
-///   a split that piles requests up.
+///   machine once put its p99 well above least_request's (CHANGELOG); judged at the backends,
+///   such a delay cannot pass for a split that piles requests up.
 #[test]
 fn a_rolling_restart_queues_and_fails_no_more_than_least_request() {
     let _serial = one_at_a_time();

@@ -227,10 +227,7 @@ fn both_workers_steer_from_one_shared_table() {
     // "[time][thread][debug][wasm] ... adopted table v7 for cluster backend: a=0.49 b=0.49 c=0.005"
     let mut threads_by_table: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for line in log.lines().filter(|l| l.contains("adopted table v")) {
-        let thread = line
-            .split('[')
-            .nth(2)
-            .and_then(|s| s.split(']').next())
+        let thread = harness::envoy::log_thread(line)
             .unwrap_or_default()
             .to_string();
         let table = line

@@ -487,6 +487,12 @@ impl Drop for Envoy {
     }
 }
 
+/// The thread of an Envoy log line (`[time][thread][level][logger] ...`): which worker's VM wrote
+/// a plugin line.
+pub fn log_thread(line: &str) -> Option<&str> {
+    line.split('[').nth(2)?.split(']').next()
+}
+
 /// An admin page's `{"socket_address": {"address", "port_value"}}`.
 fn socket_addr(v: &serde_json::Value) -> Option<SocketAddr> {
     let s = &v["socket_address"];

@@ -269,7 +269,7 @@ impl Stack {
             let threads: BTreeSet<&str> = log
                 .lines()
                 .filter(|l| l.contains("adopted table v") && l.contains(&cluster))
-                .filter_map(|l| l.split('[').nth(2)?.split(']').next())
+                .filter_map(crate::envoy::log_thread)
                 .collect();
             threads.len()
         };

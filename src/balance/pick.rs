@@ -35,8 +35,8 @@
 //! A host the table has no latency of yet (new, or back from ejection) is on trust: it is scored
 //! at the cluster's median and ramped in by time (slow start), before a single answer says how
 //! fast it is. A host that takes a second or two to answer would take a ramp's worth of requests
-//! before its first answer arrived (on the seed-002 table, 13 to 15 requests in two seconds, some
-//! past the route's timeout). So while such a host has a request of this worker's in flight (or
+//! before its first answer arrived, some of them past the route's timeout (bench/README.md,
+//! "cold-return"). So while such a host has a request of this worker's in flight (or
 //! one it never answered), it loses every comparison to a candidate that has an answer behind it:
 //! each worker sends it one request at a time until the table holds its latency. A host that
 //! answers in milliseconds is held to one at a time for those milliseconds, until the next
@@ -242,12 +242,12 @@ impl PickTable {
         };
         let above = |i: usize| self.above.get(i).copied().unwrap_or(0.0);
         let served = |i: usize| self.served.get(i).map_or(0, Cell::get) as f64;
+        let (na, nb) = (in_flight(a), in_flight(b));
         // Cross-multiplied: no division, and a share of 0 (never drawn) cannot divide by zero.
-        let load = |i: usize, other: usize| f64::from(in_flight(i)) * above(other);
-        let (la, lb) = (load(a, b), load(b, a));
+        let (la, lb) = (f64::from(na) * above(b), f64::from(nb) * above(a));
         // On trust and waiting for its answer (the module's doc).
-        let waiting = |i: usize| self.unproven.get(i).copied().unwrap_or(false) && in_flight(i) > 0;
-        let pick = match (waiting(a), waiting(b)) {
+        let waiting = |i: usize, n: u32| n > 0 && self.unproven.get(i).copied().unwrap_or(false);
+        let pick = match (waiting(a, na), waiting(b, nb)) {
             (true, false) => b,
             (false, true) => a,
             _ if lb < la || (lb == la && served(b) * above(a) < served(a) * above(b)) => b,
