@@ -122,6 +122,7 @@ fn shares_follow_the_split_and_keep_the_floor() {
         active_for_ns: 0,
         ejected: false,
         previous_share: None,
+        share_on_trust: false,
     };
     let hosts = [host(50.0), host(50.0), host(25.0), host(25.0)];
     let zones = [

@@ -213,6 +213,16 @@ fn consecutive_failures_eject_and_the_host_returns_later() {
     );
 }
 
+/// Each of `hosts` answers two requests (50 and 60 ms) at `now_ns`; then a refresh.
+fn answer_and_refresh(state: &mut ClusterState, hosts: &[&str], now_ns: u64, p: &Policy) {
+    let batch: Vec<(&str, &[f64], bool)> = hosts
+        .iter()
+        .map(|h| (*h, &[50.0, 60.0][..], false))
+        .collect();
+    state.merge(&samples(&batch), now_ns, p);
+    state.refresh(now_ns, p, &[], None);
+}
+
 /// A host back from ejection has no latency: it is scored at the cluster's median and ramped in
 /// on trust. Its share then is no standing to fall from slowly: when its first answers show it
 /// twenty times slower than the rest (a restarted process with cold caches), its share falls to
@@ -225,12 +235,7 @@ fn a_share_on_trust_gives_way_to_the_first_answers_at_once() {
     let hosts = ["10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80"];
     let mut state = ClusterState::default();
     for t in 1..=20 {
-        let batch: Vec<(&str, &[f64], bool)> = hosts
-            .iter()
-            .map(|h| (*h, &[50.0, 60.0][..], false))
-            .collect();
-        state.merge(&samples(&batch), t * SEC, &p);
-        state.refresh(t * SEC, &p, &[], None);
+        answer_and_refresh(&mut state, &hosts, t * SEC, &p);
     }
     let share = |state: &ClusterState, h: &str| state.host(h).map_or(0.0, |h| h.share);
     // Both cases start from the third host at a fair share: once on trust (back from
@@ -618,4 +623,34 @@ fn a_table_listing_the_hosts_held_is_read_without_its_names() {
         let listed: Vec<(&str, &str)> = t.hosts.iter().map(|h| (&*h.address, &*h.zone)).collect();
         assert_eq!(listed, other);
     }
+}
+
+/// A host on trust is scored at the cluster's median: with its ramp over, it has no more than a
+/// fair share among equal hosts, however many refreshes go by before its first answer. Its share
+/// in force is what the others' shares already make room for, so it must not count as a
+/// newcomer's again at every refresh.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_host_on_trust_gets_no_more_than_a_fair_share_while_it_waits() {
+    let p = policy();
+    let hosts = ["10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80"];
+    let mut state = ClusterState::default();
+    for t in 1..=20 {
+        answer_and_refresh(&mut state, &hosts, t * SEC, &p);
+    }
+    let now = 21 * SEC;
+    state.merge(&samples(&[(hosts[2], &[5.0, 5.0, 5.0], true)]), now, &p);
+    let back = now + p.outlier.base_ejection_ns + 1;
+    let mut t = back;
+    let mut most: f64 = 0.0;
+    while t <= back + 10 * SEC {
+        answer_and_refresh(&mut state, &hosts[..2], t, &p);
+        most = most.max(state.host(hosts[2]).map_or(0.0, |h| h.share));
+        t += SEC / 4;
+    }
+    let last = state.host(hosts[2]).map_or(0.0, |h| h.share);
+    assert!(
+        most <= 1.0 / 3.0 + 0.01 && last >= 1.0 / 3.0 - 0.01,
+        "on trust: at most {most}, at last {last}"
+    );
 }

@@ -18,6 +18,7 @@ fn host(score_ms: Option<f64>) -> HostInput {
         active_for_ns: 3600 * SEC,
         ejected: false,
         previous_share: None,
+        share_on_trust: false,
     }
 }
 
@@ -33,6 +34,7 @@ fn params() -> WeightParams {
 fn previous(score_ms: f64, share: f64) -> HostInput {
     HostInput {
         previous_share: Some(share),
+        share_on_trust: false,
         ..host(Some(score_ms))
     }
 }
@@ -230,6 +232,7 @@ fn a_fall_is_bounded_from_the_standing_among_the_hosts_now_held() {
             .zip(&scores)
             .map(|(prev, score)| HostInput {
                 previous_share: *prev,
+                share_on_trust: false,
                 ..host(Some(*score))
             })
             .collect();
@@ -274,6 +277,7 @@ fn arb_host() -> impl Strategy<Value = HostInput> {
                 active_for_ns,
                 ejected,
                 previous_share,
+                share_on_trust: false,
             },
         )
 }
@@ -577,6 +581,7 @@ fn hosts_are_indistinguishable_when_every_score_is_within_its_uncertainty() {
                 uncertainty,
                 ejected,
                 previous_share: (share > 0.0).then_some(share),
+                share_on_trust: false,
                 ..host(score_ms)
             })
             .collect();

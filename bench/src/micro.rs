@@ -278,6 +278,7 @@ pub fn run(quick: bool) -> Vec<MicroResult> {
                 active_for_ns: 60_000_000_000,
                 ejected: false,
                 previous_share: Some(1.0 / n as f64),
+                share_on_trust: false,
             })
             .collect();
         push(

@@ -23,9 +23,11 @@
 //!   traffic gives the first host it knows the whole table, and halving that over the refreshes
 //!   it takes to reach a fair share floods the host meanwhile. A rise is still bounded from the
 //!   share in force: that is the traffic the host had. Nor is a share granted on trust, before
-//!   any latency of the host was known (scored at the median): the host counts as new until the
-//!   table holds its latency, so its first answers move its share at once, down to the floor
-//!   if they are slow enough (`record::state`, `share_on_trust`);
+//!   any latency of the host was known (scored at the median): its own share moves as a new
+//!   host's until the table holds its latency, so its first answers move it at once, down to the
+//!   floor if they are slow enough (`record::state`, `share_on_trust`). To the other hosts it is
+//!   no newcomer: their shares in force already make room for it, and scaling them down for it
+//!   again at every refresh would hand it more than a fair share before it has answered;
 //! - floor: every live host keeps at least `min_share` in the table, the level its share climbs
 //!   back from; in a large cluster at most `min_fair_share` of a fair share (1/n), or a floor
 //!   above the fair share would pin every host to it and the table could not steer. A host at
@@ -90,12 +92,21 @@ pub struct HostInput {
     pub ejected: bool,
     /// The host's share in the table in force; `None` when it had none.
     pub previous_share: Option<f64>,
+    /// The share in force was granted on trust, before any latency of the host was known. It is
+    /// no standing of the host's own (neither the noise band nor the bound on a fall holds it),
+    /// but the other hosts' shares already make room for it: the host is no newcomer to them.
+    pub share_on_trust: bool,
 }
 
 impl HostInput {
     /// The share in force, when the host had one above 0.
     fn share_in_force(&self) -> Option<f64> {
         self.previous_share.filter(|p| *p > 0.0)
+    }
+
+    /// The share in force the host's own share moves from calmly: none while on trust.
+    fn standing_share(&self) -> Option<f64> {
+        self.share_in_force().filter(|_| !self.share_on_trust)
     }
 }
 
@@ -151,7 +162,7 @@ pub fn shares_within(
         hosts
             .iter()
             .map(
-                |h| match (h.ejected, h.share_in_force().filter(|_| damped)) {
+                |h| match (h.ejected, h.standing_share().filter(|_| damped)) {
                     (true, _) => (0.0, 0.0),
                     (false, Some(prev)) => (
                         (prev * standing / ratio).max(floor),
@@ -293,7 +304,7 @@ fn settle(targets: &mut [f64], hosts: &[HostInput], params: &WeightParams, stand
     }
     for (t, h) in targets.iter_mut().zip(hosts) {
         let ramping = params.slow_start_ns > 0 && h.active_for_ns < params.slow_start_ns;
-        let Some(share) = h.share_in_force().map(|p| p * standing) else {
+        let Some(share) = h.standing_share().map(|p| p * standing) else {
             continue;
         };
         if h.ejected || ramping || *t <= 0.0 {

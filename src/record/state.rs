@@ -559,9 +559,9 @@ impl ClusterState {
                 uncertainty: persistence::uncertainty(h),
                 active_for_ns: h.active_for_ns(now_ns),
                 ejected: out(h),
-                // A share granted on trust counts as none: the host is new until the table holds
-                // its latency, and its first answers move it at once.
-                previous_share: (h.share > 0.0 && !h.share_on_trust).then_some(h.share),
+                previous_share: (h.share > 0.0).then_some(h.share),
+                // Until the table holds its latency its first answers move it at once.
+                share_on_trust: h.share_on_trust,
             })
             .collect()
     }
@@ -587,6 +587,7 @@ impl ClusterState {
             host.share = share;
             host.share_on_trust = input.score_ms.is_none();
             input.previous_share = (share > 0.0).then_some(share);
+            input.share_on_trust = host.share_on_trust;
         }
         // Judged against the shares just set, as a VM picks from them.
         self.hosts_indistinguishable = weights::indistinguishable(&inputs);
