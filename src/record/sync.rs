@@ -1050,12 +1050,19 @@ fn collect(
             seq,
         });
         if sampled_ns > 0 && now_ns.saturating_sub(sampled_ns) < WORKER_TTL_NS {
-            workers.push((owner, sampled_ns));
+            // By id, as `ClusterState::workers` keeps them; a VM with two slots (one it left
+            // after a restart) counts once, seen when it last sampled.
+            match workers.binary_search_by_key(&owner, |(id, _)| *id) {
+                Ok(i) => {
+                    if let Some(w) = workers.get_mut(i) {
+                        w.1 = w.1.max(sampled_ns);
+                    }
+                }
+                Err(i) => workers.insert(i, (owner, sampled_ns)),
+            }
         }
     }
     batches.sort_by_key(|b| b.at_ns);
-    workers.sort_unstable();
-    workers.dedup_by_key(|(id, _)| *id);
     Ok((batches, acked, workers))
 }
 
