@@ -251,6 +251,55 @@ fn a_fall_is_bounded_from_the_standing_among_the_hosts_now_held() {
     assert!(got.iter().all(|s| (s - 1.0 / 3.0).abs() < 1e-9), "{got:?}");
 }
 
+/// A share granted on trust (`share_on_trust`: the host had no latency in the table when it got
+/// it) is no standing of the host's own: its first answers move it at once. It is room the other
+/// hosts' shares already made, though: they keep their standing. Each case: the third host's
+/// score (`None`: still on trust), whether its share in force was granted on trust, and the
+/// table one refresh makes, from a third each, with the noise band and damping on.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_share_on_trust_is_no_standing_of_its_own_but_room_the_others_made() {
+    type Case = (&'static str, Option<f64>, bool, [f64; 3]);
+    let floor = 0.002;
+    let cases: [Case; 3] = [
+        (
+            "still on trust, scored at the median: a third each, as before",
+            None,
+            true,
+            [1.0 / 3.0; 3],
+        ),
+        (
+            "its first answers, 20 times slower: at the floor at once",
+            Some(400.0),
+            true,
+            [(1.0 - floor) / 2.0, (1.0 - floor) / 2.0, floor],
+        ),
+        (
+            "a share it earned on answers, 20 times slower: halved",
+            Some(400.0),
+            false,
+            [5.0 / 12.0, 5.0 / 12.0, 1.0 / 6.0],
+        ),
+    ];
+    let p = WeightParams {
+        max_step_ratio: 2.0,
+        min_share: floor,
+        noise_gain: 0.1,
+        ..params()
+    };
+    for (name, score, on_trust, want) in cases {
+        let third = HostInput {
+            previous_share: Some(1.0 / 3.0),
+            share_on_trust: on_trust,
+            ..host(score)
+        };
+        let hosts = [previous(20.0, 1.0 / 3.0), previous(20.0, 1.0 / 3.0), third];
+        let got = shares(&hosts, &p);
+        let close = got.iter().zip(&want).all(|(g, w)| (g - w).abs() < 1e-9);
+        assert!(close, "{name}: got {got:?}, want {want:?}");
+    }
+}
+
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn ejected_hosts_get_nothing() {
