@@ -8,10 +8,13 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::time::Duration;
 
 use common::share;
 use harness::backend::{OVERRIDE_HEADER, SEEN_OVERRIDE_HEADER};
+use harness::config::LISTENER;
 use harness::{http, within, BackendSpec, Stack};
 
 /// Seed 002's cluster: two backends at 50-100 ms and one at 500-2000 ms.
@@ -253,4 +256,126 @@ fn both_workers_steer_from_one_shared_table() {
         "{:?}",
         stack.served()
     );
+}
+
+/// A worker that meets the cluster for the first time has no table: the plugin asks Envoy for a
+/// tick at once, so about one request goes to Envoy's own balancer, not a tick period (100 ms)
+/// of them. One good backend and four that answer 503, which the plugin ejects while one
+/// worker warms up over one connection; then a second connection, which Envoy's exact balance
+/// hands to the other worker, sends a request every 5 ms. Envoy's round robin sends four
+/// requests of five it is left to a failing backend; the plugin sends none there. Without the
+/// early tick the second worker leaves 0-100 ms of requests (about 10) to Envoy.
+#[test]
+fn a_worker_new_to_the_cluster_steers_from_its_second_request() {
+    let mut specs = vec![BackendSpec::new("good", "fixed:1".parse().unwrap())];
+    for i in 0..4 {
+        specs.push(BackendSpec::new(format!("bad{i}"), "fixed:1".parse().unwrap()).fail_rate(1.0));
+    }
+    let stack = Stack::start_with(specs, |config| {
+        config.plugin()?.set_plugin_config(
+            r#"{"outlier_detection": {"consecutive_failures": 3, "base_ejection_ms": 120000,
+                "max_ejection_share": 0.8}}"#,
+        )?;
+        // Each new connection to the worker with the fewest: the second one to the other worker.
+        let mut listener = config.listener(LISTENER)?;
+        listener.upsert("enable_reuse_port", false)?;
+        listener.upsert(
+            "connection_balance_config",
+            serde_json::json!({"exact_balance": {}}),
+        )?;
+        Ok(())
+    })
+    .unwrap();
+    let addr = stack.url.trim_start_matches("http://").to_string();
+    let mut first = KeepAlive::connect(&addr);
+    // Warm-up on one connection, so one worker: the table learns the five hosts and ejects the
+    // failing four; its learning share of Envoy's picks lasts 5 s after the last host it meets.
+    let warmed = within(Duration::from_secs(30), || {
+        for _ in 0..200 {
+            first.get("/");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        steady(&mut first)
+    });
+    assert!(
+        warmed.is_some(),
+        "the first worker never steered 100 requests in a row clear of the failing backends: {:?}",
+        stack.served()
+    );
+    assert_eq!(
+        stack.workers_with_table(),
+        1,
+        "the warm-up reached both workers, so no worker is new to the cluster"
+    );
+    stack.reset_counts();
+    let mut second = KeepAlive::connect(&addr);
+    let mut ok = 0;
+    for _ in 0..100 {
+        ok += u32::from(second.get("/") == 200);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let served = stack.served();
+    let failing: u64 = served
+        .iter()
+        .filter(|(name, _)| name.starts_with("bad"))
+        .map(|(_, n)| n)
+        .sum();
+    eprintln!(
+        "the new worker: {failing} of 100 requests reached a failing backend, served: {served:?}"
+    );
+    assert_eq!(
+        stack.workers_with_table(),
+        2,
+        "the second connection did not reach the other worker"
+    );
+    assert!(
+        failing <= 2,
+        "the new worker left {failing} requests to Envoy's balancer that reached a failing \
+         backend ({ok} of 100 succeeded), served: {served:?}"
+    );
+    drop(first);
+}
+
+/// Whether 100 requests on `conn` all succeed: the plugin has ejected the failing backends and
+/// leaves nothing to Envoy's balancer any more.
+fn steady(conn: &mut KeepAlive) -> bool {
+    (0..100).all(|_| conn.get("/") == 200)
+}
+
+/// One HTTP/1.1 connection kept open, so that Envoy keeps it on one worker.
+struct KeepAlive(TcpStream);
+
+impl KeepAlive {
+    fn connect(addr: &str) -> KeepAlive {
+        let stream = TcpStream::connect(addr).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        stream.set_nodelay(true).unwrap();
+        KeepAlive(stream)
+    }
+
+    /// The response's status; its body is read (by `content-length`) and dropped.
+    fn get(&mut self, path: &str) -> u16 {
+        let request = format!("GET {path} HTTP/1.1\r\nhost: test\r\n\r\n");
+        self.0.write_all(request.as_bytes()).unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") {
+            let n = self.0.read(&mut byte).unwrap();
+            assert!(n == 1, "the connection closed mid-response");
+            head.push(byte[0]);
+        }
+        let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+        let length: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .map_or(0, |v| v.trim().parse().unwrap());
+        let mut body = vec![0u8; length];
+        self.0.read_exact(&mut body).unwrap();
+        head.split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(0)
+    }
 }

@@ -1875,3 +1875,48 @@ fn hosts_the_table_cannot_tell_apart_are_left_to_the_fallback_where_it_picks_amo
         assert_eq!(left, want, "{pick} {endpoints} {zones:?} {second_ms} ms");
     }
 }
+
+/// A request that finds no table for its cluster asks the adapter for a tick at once
+/// (`take_tick_wanted`), so a worker new to the cluster adopts the table another VM published
+/// after about one request, not a tick period of them. It asks once per cluster entry: a cluster
+/// no VM has a table of yet costs one early tick, not one per request. A cluster with static
+/// endpoints has its table from the first tick and never asks.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_request_without_a_table_asks_for_a_tick_once() {
+    let store = Shared::default();
+    let mut first = Worker::new(defaults(), 1);
+    // No VM has a table yet: the first request asks, the next ones do not.
+    assert!(matches!(
+        steer(&mut first),
+        Decision::Fallback(FallbackReason::TableNotReady)
+    ));
+    assert!(first.take_tick_wanted());
+    steer(&mut first);
+    assert!(!first.take_tick_wanted(), "asked again before a tick");
+    // Envoy's picks answer; the first worker's ticks publish a table of both hosts.
+    for t in 1..=5u64 {
+        for host in ["10.0.0.1:80", "10.0.0.2:80"] {
+            finish_pick(&mut first, host, 20.0);
+        }
+        first.tick(t * SEC, &mut store.clone());
+    }
+    assert!(first.table_version(CLUSTER).is_some());
+    // A second worker meets the cluster: it asks once, and its next tick adopts the table.
+    let mut second = Worker::new(defaults(), 2);
+    assert!(matches!(
+        steer(&mut second),
+        Decision::Fallback(FallbackReason::TableNotReady)
+    ));
+    assert!(second.take_tick_wanted());
+    second.tick(5 * SEC + MS, &mut store.clone());
+    assert!(matches!(steer(&mut second), Decision::Override(_)));
+    assert!(!second.take_tick_wanted());
+    // Configured endpoints: the table comes with the first tick, no request has to ask.
+    let (_, mut configured) = ticked(
+        r#"{"clusters": {"backend": {"endpoints": ["10.0.0.1:80", "10.0.0.2:80"]}}}"#,
+        3,
+    );
+    assert!(matches!(steer(&mut configured), Decision::Override(_)));
+    assert!(!configured.take_tick_wanted());
+}

@@ -258,24 +258,15 @@ impl Stack {
     /// Sends bursts of concurrent requests until every Envoy worker has adopted a pick table for
     /// the cluster (the plugin's debug line `adopted table v...`, which carries the worker's
     /// thread), within 10 s. Envoy hands each connection to one worker; a worker that meets the
-    /// cluster for the first time has no table until its next tick, and leaves that tick's
-    /// requests to Envoy's own balancer (`fallback:table_not_ready` in the access log). A test
+    /// cluster for the first time has no table until the tick its first request asks for, and
+    /// leaves the requests before it to Envoy's own balancer (`fallback:table_not_ready` in the
+    /// access log). A test
     /// that judges where the plugin sends requests calls this first, so that a later connection
     /// landing on a worker the warm-up missed cannot pass that fallback off as the plugin's pick.
     pub fn warm_every_worker(&self) -> Result<()> {
-        let cluster = format!("for cluster {CLUSTER}:");
-        let adopting = || {
-            let log = self.envoy.log();
-            let threads: BTreeSet<&str> = log
-                .lines()
-                .filter(|l| l.contains("adopted table v") && l.contains(&cluster))
-                .filter_map(crate::envoy::log_thread)
-                .collect();
-            threads.len()
-        };
         let workers = self.workers as usize;
         for _ in 0..20 {
-            if adopting() >= workers {
+            if self.workers_with_table() >= workers {
                 return Ok(());
             }
             // Sixteen connections at once: each lands on a worker of the kernel's or Envoy's
@@ -291,8 +282,22 @@ impl Stack {
         }
         bail!(
             "{} of {workers} workers adopted a table for {CLUSTER} after 20 bursts",
-            adopting()
+            self.workers_with_table()
         )
+    }
+
+    /// How many of Envoy's threads have adopted a pick table for the cluster so far (the
+    /// plugin's debug line `adopted table v...`, which carries the thread; read from the log,
+    /// which Envoy flushes every 100 ms).
+    pub fn workers_with_table(&self) -> usize {
+        let cluster = format!("for cluster {CLUSTER}:");
+        let log = self.envoy.log();
+        let threads: BTreeSet<&str> = log
+            .lines()
+            .filter(|l| l.contains("adopted table v") && l.contains(&cluster))
+            .filter_map(crate::envoy::log_thread)
+            .collect();
+        threads.len()
     }
 
     /// The same load on a background thread; join it to get the records.

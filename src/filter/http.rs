@@ -2,6 +2,7 @@
 
 use std::cell::RefCell;
 use std::rc::Rc;
+use std::time::Duration;
 
 use log::trace;
 use proxy_wasm::hostcalls;
@@ -116,6 +117,7 @@ impl HttpContext for Http {
             worker,
             header_value,
             decision_value,
+            tick_soon,
             ..
         } = &mut *vm;
         let path = host::request_header_bytes(":path").unwrap_or_default();
@@ -130,6 +132,11 @@ impl HttpContext for Http {
             },
             || host::property_string(&["source", "address"]),
         );
+        if worker.take_tick_wanted() && !*tick_soon {
+            // A tick period is the host's only timer: the shortest, 1 ms, then the tick puts it
+            // back (`Root::on_tick`).
+            *tick_soon = hostcalls::set_tick_period(Duration::from_millis(1)).is_ok();
+        }
         trace!("ewma-lb: {} -> {decision}", path.escape_ascii());
         // Why the request goes where it goes, for the access log: one host call.
         let version = match &decision {

@@ -112,8 +112,18 @@ impl RootContext for Root {
             return;
         };
         let Vm {
-            worker, metrics, ..
+            worker,
+            metrics,
+            tick_soon,
+            ..
         } = &mut *vm;
+        if std::mem::take(tick_soon) {
+            // The tick a request asked for (`Http`): back to the configured period. The period
+            // was accepted at configuration, so a refusal now would leave ticks at 1 ms; say so.
+            if hostcalls::set_tick_period(worker.config().tick_period()).is_err() {
+                error!("ewma-lb: the host refused to set the tick period back");
+            }
+        }
         learn_local_zone(worker);
         if worker.envoy_health_due(host::monotonic_ns()) {
             ask_envoy_health(worker, &mut self.warned_admin);

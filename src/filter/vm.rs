@@ -16,6 +16,9 @@ pub struct Vm {
     /// Per cluster: whether its responses carry load reports, so the header is read only where
     /// they do.
     pub load_reports: Map<String, LoadReportWatch>,
+    /// A request asked for a tick at once (`Worker::take_tick_wanted`): the tick period is the
+    /// host's shortest until that tick sets it back.
+    pub tick_soon: bool,
 }
 
 impl Vm {
@@ -26,6 +29,7 @@ impl Vm {
             header_value: String::new(),
             decision_value: String::new(),
             load_reports: Map::default(),
+            tick_soon: false,
         }
     }
 }

@@ -138,6 +138,10 @@ pub(crate) struct LocalCluster {
     pub(crate) unknown_sampled: bool,
     /// Hosts Envoy's admin `/clusters` last marked unhealthy: out of the pick table (`health`).
     pub(crate) unhealthy: Set<String>,
+    /// A request found no table and asked for a tick at once (`Worker::take_tick_wanted`): once
+    /// per entry, so a cluster whose table no VM has published yet costs one early tick, not one
+    /// per request.
+    pub(crate) asked_for_table: bool,
 }
 
 impl LocalCluster {

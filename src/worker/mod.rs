@@ -60,6 +60,9 @@ pub struct Worker {
     /// When this VM last asked Envoy for its hosts' health, and last got an answer (`health`).
     health_asked_ns: Option<u64>,
     health_answered_ns: u64,
+    /// A request found a cluster without a table: the adapter should tick now rather than at
+    /// the next period, so the requests after it are steered (`take_tick_wanted`).
+    tick_wanted: bool,
 }
 
 impl Worker {
@@ -82,6 +85,7 @@ impl Worker {
             steered_watch,
             health_asked_ns: None,
             health_answered_ns: 0,
+            tick_wanted: false,
         };
         // The main-thread VM never sees a request; configured clusters still get refreshed.
         let names: Vec<String> = worker.config.static_clusters().map(str::to_owned).collect();
@@ -89,6 +93,14 @@ impl Worker {
             local_entry(&mut worker.clusters, &name, worker.id);
         }
         worker
+    }
+
+    /// Whether a request since the last call met a cluster this VM has no table of yet (its first
+    /// request to it, or the first after it went idle). The table is read on a tick: up to
+    /// `tick_period_ms` away, and until then Envoy's own policy picks. The adapter asks the host
+    /// for a tick at once instead, so about one request, not a tick period of them, goes unsteered.
+    pub fn take_tick_wanted(&mut self) -> bool {
+        std::mem::take(&mut self.tick_wanted)
     }
 
     pub fn config(&self) -> &Config {

@@ -82,6 +82,7 @@ impl Worker {
             config,
             rng,
             clusters,
+            tick_wanted,
             ..
         } = self;
         let Some(local) = local_entry(clusters, cluster, *id) else {
@@ -89,6 +90,7 @@ impl Worker {
         };
         local.used = true;
         if local.table.is_empty() {
+            *tick_wanted |= !std::mem::replace(&mut local.asked_for_table, true);
             return Decision::Fallback(FallbackReason::TableNotReady);
         }
         let explore_share = local.exploration.share();
