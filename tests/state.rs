@@ -213,6 +213,17 @@ fn consecutive_failures_eject_and_the_host_returns_later() {
     );
 }
 
+const THREE_HOSTS: [&str; 3] = ["10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80"];
+
+/// `hosts` after 20 s of answering alike, a refresh a second: equal shares resting on answers.
+fn measured_equal_hosts(hosts: &[&str], p: &Policy) -> ClusterState {
+    let mut state = ClusterState::default();
+    for t in 1..=20 {
+        answer_and_refresh(&mut state, hosts, t * SEC, p);
+    }
+    state
+}
+
 /// Each of `hosts` answers two requests (50 and 60 ms) at `now_ns`; then a refresh.
 fn answer_and_refresh(state: &mut ClusterState, hosts: &[&str], now_ns: u64, p: &Policy) {
     let batch: Vec<(&str, &[f64], bool)> = hosts
@@ -232,11 +243,8 @@ fn answer_and_refresh(state: &mut ClusterState, hosts: &[&str], now_ns: u64, p: 
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn a_share_on_trust_gives_way_to_the_first_answers_at_once() {
     let p = policy();
-    let hosts = ["10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80"];
-    let mut state = ClusterState::default();
-    for t in 1..=20 {
-        answer_and_refresh(&mut state, &hosts, t * SEC, &p);
-    }
+    let hosts = THREE_HOSTS;
+    let state = measured_equal_hosts(&hosts, &p);
     let share = |state: &ClusterState, h: &str| state.host(h).map_or(0.0, |h| h.share);
     // Both cases start from the third host at a fair share: once on trust (back from
     // ejection, its ramp over), once on its own answers.
@@ -633,11 +641,8 @@ fn a_table_listing_the_hosts_held_is_read_without_its_names() {
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn a_host_on_trust_gets_no_more_than_a_fair_share_while_it_waits() {
     let p = policy();
-    let hosts = ["10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80"];
-    let mut state = ClusterState::default();
-    for t in 1..=20 {
-        answer_and_refresh(&mut state, &hosts, t * SEC, &p);
-    }
+    let hosts = THREE_HOSTS;
+    let mut state = measured_equal_hosts(&hosts, &p);
     let now = 21 * SEC;
     state.merge(&samples(&[(hosts[2], &[5.0, 5.0, 5.0], true)]), now, &p);
     let back = now + p.outlier.base_ejection_ns + 1;

@@ -260,9 +260,9 @@ impl Stack {
     /// thread), within 10 s. Envoy hands each connection to one worker; a worker that meets the
     /// cluster for the first time has no table until the tick its first request asks for, and
     /// leaves the requests before it to Envoy's own balancer (`fallback:table_not_ready` in the
-    /// access log). A test
-    /// that judges where the plugin sends requests calls this first, so that a later connection
-    /// landing on a worker the warm-up missed cannot pass that fallback off as the plugin's pick.
+    /// access log). A test that judges where the plugin sends requests calls this first, so that
+    /// a later connection landing on a worker the warm-up missed cannot pass that fallback off as
+    /// the plugin's pick.
     pub fn warm_every_worker(&self) -> Result<()> {
         let workers = self.workers as usize;
         for _ in 0..20 {

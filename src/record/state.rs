@@ -587,7 +587,6 @@ impl ClusterState {
             host.share = share;
             host.share_on_trust = input.score_ms.is_none();
             input.previous_share = (share > 0.0).then_some(share);
-            input.share_on_trust = host.share_on_trust;
         }
         // Judged against the shares just set, as a VM picks from them.
         self.hosts_indistinguishable = weights::indistinguishable(&inputs);
