@@ -38,6 +38,7 @@ pub fn steered_request_by(
         served_by: Some(&pick.host),
         attempts: 1,
         latency_ms: latency_ms(&pick.host),
+        ended_ns: request.now_ns + (latency_ms(&pick.host) * 1e6) as u64,
         outcome: Some(Outcome::Success),
         ..Finished::default()
     };

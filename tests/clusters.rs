@@ -569,6 +569,7 @@ fn hosts_learn_their_zone_and_the_local_zone_keeps_the_traffic() {
                     served_by: Some(&host(i)),
                     attempts: 1,
                     latency_ms: 50.0,
+                    ended_ns: t,
                     outcome: Some(Outcome::Success),
                     num_endpoints: Some(4),
                     zone: Some(zone_of(i)),

@@ -6,15 +6,15 @@
 #[cfg(target_arch = "wasm32")]
 use wasm_bindgen_test::wasm_bindgen_test;
 
-use ewma_lb::balance::pick::{PickAlgorithm, PickTable};
+use ewma_lb::balance::pick::{HostLoad, PickAlgorithm, PickTable};
 #[cfg(not(target_arch = "wasm32"))]
 use proptest::prelude::*;
 
-fn counts(
+fn counts<L: Into<HostLoad>>(
     table: &PickTable,
     algorithm: PickAlgorithm,
     n: usize,
-    in_flight: impl Fn(usize) -> u32 + Copy,
+    in_flight: impl Fn(usize) -> L + Copy,
 ) -> Vec<usize> {
     let mut rng = fastrand::Rng::with_seed(7);
     let mut counts = vec![0; table.len()];
@@ -164,6 +164,58 @@ fn a_host_on_trust_is_sent_one_request_at_a_time() {
             assert_eq!(got[0], 0, "{case:?}: {got:?}");
         } else {
             assert_eq!(got, unmarked, "{case:?}");
+        }
+    }
+}
+
+/// A host that has kept this worker waiting on a request for its patience or longer, with no
+/// answer in between, loses every comparison with a host that has not, whatever their shares
+/// and counts. Anywhere the rule does not act (nothing pending, a wait shorter than the
+/// patience, no patience set, both candidates overdue) the pick is exactly the unmarked table's.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_host_kept_waiting_past_its_patience_loses_every_comparison() {
+    const MS: u64 = 1_000_000;
+    const NONE: u64 = u64::MAX;
+    // (a's share, a's patience, a's requests and wait in ms, b's requests and wait in ms,
+    // whether a is left alone); b's patience is 100 ms throughout.
+    let cases = [
+        (0.5, 80, 1, 80, 3, 0, true),
+        (0.9, 80, 1, 500, 40, 5, true),
+        (0.5, 80, 1, 79, 3, 0, false),
+        (0.5, 80, 0, 500, 3, 0, false),
+        (0.5, NONE, 1, 500, 3, 0, false),
+        (0.5, 80, 1, 500, 3, 100, false),
+        (0.5, 80, 1, 90, 2, 150, false),
+    ];
+    for (a_share, a_patience, a_requests, a_wait, b_requests, b_wait, left_alone) in cases {
+        let entries = [("a:1", a_share), ("b:1", 1.0 - a_share)];
+        let load = move |i: usize| match i {
+            0 => HostLoad {
+                requests: a_requests,
+                waited_ns: a_wait * MS,
+            },
+            _ => HostLoad {
+                requests: b_requests,
+                waited_ns: b_wait * MS,
+            },
+        };
+        let mut marked = PickTable::with_floor(entries, 0.002);
+        marked.set_patience(|h| match h {
+            "a:1" if a_patience == NONE => NONE,
+            "a:1" => a_patience * MS,
+            _ => 100 * MS,
+        });
+        let plain = PickTable::with_floor(entries, 0.002);
+        let got = counts(&marked, PickAlgorithm::WeightedP2c, 10_000, load);
+        let unmarked = counts(&plain, PickAlgorithm::WeightedP2c, 10_000, load);
+        let case = (a_share, a_patience, a_requests, a_wait, b_requests, b_wait);
+        if left_alone {
+            assert_eq!(got[0], 0, "{case:?}: {got:?}");
+        } else {
+            assert_eq!(got, unmarked, "{case:?}");
+            // The cases where it does not act still give a requests.
+            assert!(got[0] > 0, "{case:?}: {got:?}");
         }
     }
 }

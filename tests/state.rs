@@ -234,6 +234,36 @@ fn answer_and_refresh(state: &mut ClusterState, hosts: &[&str], now_ns: u64, p: 
     state.refresh(now_ns, p, &[], None);
 }
 
+/// VMs read from the table which hosts are on trust, with no latency yet (`balance::pick`): a
+/// host's first latency makes a new table version even where the shares stand (two hosts
+/// answering alike stay at a half each), and answers that move nothing make none.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_hosts_first_latency_is_a_new_table_even_when_the_shares_stand() {
+    let p = policy();
+    let hosts = ["10.0.0.1:80", "10.0.0.2:80"];
+    let listed: Vec<String> = hosts.iter().map(|h| h.to_string()).collect();
+    let mut state = ClusterState::default();
+    state.refresh(SEC, &p, &listed, None);
+    let listed_only = state.table_version;
+    assert!(state.hosts.iter().all(|h| h.latency.value_ms().is_none()));
+    let batch = |hosts: &[&str]| {
+        let b: Vec<(&str, &[f64], bool)> = hosts.iter().map(|h| (*h, &[20.0][..], false)).collect();
+        samples(&b)
+    };
+    state.merge(&batch(&hosts), 2 * SEC, &p);
+    state.refresh(2 * SEC, &p, &listed, None);
+    assert!(state.hosts.iter().all(|h| (h.share - 0.5).abs() < 1e-9));
+    assert!(
+        state.table_version > listed_only,
+        "no new table for the first latencies"
+    );
+    let measured = state.table_version;
+    state.merge(&batch(&hosts), 3 * SEC, &p);
+    state.refresh(3 * SEC, &p, &listed, None);
+    assert_eq!(state.table_version, measured, "a new table for nothing new");
+}
+
 /// A host back from ejection has no latency: it is scored at the cluster's median and ramped in
 /// on trust. Its share then is no standing to fall from slowly: when its first answers show it
 /// twenty times slower than the rest (a restarted process with cold caches), its share falls to

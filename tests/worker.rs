@@ -301,6 +301,106 @@ fn a_request_a_host_never_answered_counts_against_it_until_it_answers_again() {
     }
 }
 
+/// A request for `/` of [`CLUSTER`] through `w` at `now_ns`, without a body.
+fn steer_at(w: &mut Worker, now_ns: u64) -> Decision {
+    w.route(
+        &Request {
+            path: b"/",
+            cluster: Some(CLUSTER),
+            now_ns,
+            ..Default::default()
+        },
+        || None,
+    )
+}
+
+/// Steers requests at `now_ns` until one is picked for `host` and leaves it in flight there;
+/// each request picked for the other host ends served at once.
+fn hold_one_at(w: &mut Worker, host: &str, now_ns: u64) {
+    loop {
+        let Decision::Override(pick) = steer_at(w, now_ns) else {
+            panic!("no table")
+        };
+        if &*pick.host == host {
+            return;
+        }
+        finish_pick(w, &pick.host, 20.0);
+    }
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_host_holding_a_request_past_its_patience_gets_no_other_until_it_answers() {
+    // Two hosts measured at 20 ms, so a host's patience is 4 x 20 = 80 ms. At 3 s, a and b are
+    // sent a request each, left in flight; `held` ms later b answers another, and 200 requests
+    // follow, each served at once. With a request each the two take turns, unless a has kept
+    // its request for its patience: then it gets none, until it answers anything. With the
+    // probe's factor at 0 nothing is ever overdue.
+    let (a, b) = ("10.0.0.1:80", "10.0.0.2:80");
+    // (ms since a was sent its request, whether a answered another just then, the factor,
+    // whether a is left out of the 200)
+    let cases = [
+        (40, false, 4, false),
+        (100, false, 4, true),
+        (100, true, 4, false),
+        (100, false, 0, false),
+    ];
+    for (held, answered, factor, left_out) in cases {
+        let cfg = format!(
+            r#"{{"exploration_share": 0, "probe_timeout_factor": {factor},
+                "clusters": {{"backend": {{"endpoints": ["{a}", "{b}"]}}}}}}"#
+        );
+        let (store, mut w) = ticked(&cfg, 7);
+        for k in 0..400 {
+            let request = Request {
+                path: b"/",
+                cluster: Some(CLUSTER),
+                now_ns: SEC + k * MS,
+                ..Default::default()
+            };
+            ewma_lb::testing::steered_request_by(&mut w, CLUSTER, &request, |_| 20.0);
+        }
+        let measured = |w: &Worker| {
+            w.tables()
+                .any(|(c, t)| c == CLUSTER && t.hosts.iter().all(|h| h.latency_ms.is_some()))
+        };
+        for k in 0..10 {
+            w.tick(2 * SEC + k * 100 * MS, &mut store.clone());
+        }
+        assert!(measured(&w), "{}", w.status_json(&store));
+        let summary = w.table_summary(CLUSTER);
+        let start = 3 * SEC;
+        hold_one_at(&mut w, a, start);
+        hold_one_at(&mut w, b, start);
+        let now = start + held * MS;
+        let answer = |host| Finished {
+            served_by: Some(host),
+            attempts: 1,
+            latency_ms: 20.0,
+            ended_ns: now,
+            outcome: Some(Outcome::Success),
+            ..Finished::default()
+        };
+        w.finish(CLUSTER, &answer(b));
+        if answered {
+            w.finish(CLUSTER, &answer(a));
+        }
+        let mut to_a = 0;
+        for _ in 0..200 {
+            let Decision::Override(pick) = steer_at(&mut w, now) else {
+                panic!("no table")
+            };
+            to_a += u32::from(&*pick.host == a);
+            finish_pick(&mut w, &pick.host, 20.0);
+        }
+        let case = (held, answered, factor);
+        match left_out {
+            true => assert_eq!(to_a, 0, "{case:?}: {summary}"),
+            false => assert!(to_a >= 80, "{case:?}: {to_a} of 200; {summary}"),
+        }
+    }
+}
+
 /// A host whose last request failed stays tracked (its probes back off) while the table lists
 /// it, and not once the table forgets it: a cluster whose hosts fail as they leave (a rolling
 /// restart) does not grow this worker's state.

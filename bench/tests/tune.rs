@@ -262,12 +262,16 @@ fn spikes_world() -> SimSpec {
 #[test]
 fn rare_spikes_held_by_a_long_peak_are_let_go() {
     // Peak EWMA jumps to a spike and, with a 10 s time constant, holds it for seconds: on the
-    // true world p99 170 ms, against 42-43 without the peak or with a short time constant. With
-    // buckets shorter than the gaps between spikes the model sees them, and the tool must
-    // recommend letting them go: no peak, or a peak that decays within a second.
+    // true world p99 170-184 ms, against 42-45 without the peak or with a short time constant.
+    // With buckets no longer than a spike the model sees them, and the tool must recommend
+    // letting them go: no peak, or a peak that decays within a second. Buckets of 250 ms did
+    // until the pick passed over a host that keeps a request past its patience: the stalled host
+    // then gets fewer requests while it stalls, a 250 ms bucket's fit dilutes the 100 ms stall,
+    // and the replay missed the log's p99 by 44 % (119 against 66.7 ms), so the tool, as it
+    // should, recommended nothing and suggested a shorter bucket.
     let (spec, current) = spikes_under_a_long_peak();
     let report =
-        finds_the_better_setting("long-peak", &spec, current, Duration::from_millis(250), 0.5);
+        finds_the_better_setting("long-peak", &spec, current, Duration::from_millis(100), 0.5);
     let s = smoothing(&report);
     assert!(
         s["algorithm"] == "decay_ewma" || s["tau_ms"].as_f64().unwrap() <= 1000.0,

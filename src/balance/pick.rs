@@ -41,6 +41,16 @@
 //! each worker sends it one request at a time until the table holds its latency. A host that
 //! answers in milliseconds is held to one at a time for those milliseconds, until the next
 //! refresh; two such hosts are compared as usual.
+//!
+//! The same rule holds back a host the table knows once it keeps a request past its patience:
+//! while this worker has waited on it, with no answer, longer than `probe_timeout_factor` times
+//! what the table's traffic or the host itself usually takes (the probes' wait, `probe`), it
+//! loses every comparison to a candidate that is not overdue, until it answers anything.
+//! Requests in flight steer away from a host that stalls, but by count only: a host that has just
+//! hung still wins against a candidate holding as many requests, and took two or three of each
+//! worker's before it lost for good, every one of them lost (bench/README.md, "host-hung"). A
+//! healthy host rarely takes four times its mean (the probes' doc), and each answer restarts the
+//! wait. The weights are not touched: a pause diverts only the requests that arrive during it.
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -104,9 +114,30 @@ pub struct PickTable {
     /// Where the first candidate's sequence stands, in [0, 1); negative until the first pick,
     /// which starts it at random (so workers and proxies do not take turns in step).
     turn: Cell<f64>,
-    /// Hosts the table has no latency of yet (the module's doc), index for index; empty when
-    /// there are none.
-    unproven: Vec<bool>,
+    /// How long each host may keep this worker waiting on a request before it is overdue (the
+    /// module's doc), index for index: 0 for a host on trust; empty when no host has a limit.
+    patience_ns: Vec<u64>,
+}
+
+/// What one worker has pending at a host, as the two-choice pick weighs it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HostLoad {
+    /// Requests in flight, and those it never answered (`worker`'s `InFlight::load`).
+    pub requests: u32,
+    /// How long the worker has waited on it without an answer: since it was sent a request with
+    /// nothing pending there, or since its last answer, whichever is later. 0 with nothing
+    /// pending.
+    pub waited_ns: u64,
+}
+
+impl From<u32> for HostLoad {
+    /// A count alone: no wait, so only a host on trust can be overdue.
+    fn from(requests: u32) -> Self {
+        HostLoad {
+            requests,
+            waited_ns: 0,
+        }
+    }
 }
 
 impl PickTable {
@@ -165,11 +196,20 @@ impl PickTable {
     }
 
     /// Marks the hosts the table has no latency of yet (`unproven(address)`), which P2C sends
-    /// one request of this worker's at a time (the module's doc).
+    /// one request of this worker's at a time (the module's doc); no other host is ever overdue.
     pub fn set_unproven(&mut self, unproven: impl Fn(&str) -> bool) {
-        let flags: Vec<bool> = self.hosts.iter().map(|h| unproven(h)).collect();
-        self.unproven = match flags.contains(&true) {
-            true => flags,
+        self.set_patience(|h| match unproven(h) {
+            true => 0,
+            false => u64::MAX,
+        });
+    }
+
+    /// Sets how long each host may keep this worker waiting before it is overdue
+    /// (`patience_ns(address)`, the module's doc): 0 for a host on trust, `u64::MAX` for none.
+    pub fn set_patience(&mut self, patience_ns: impl Fn(&str) -> u64) {
+        let limits: Vec<u64> = self.hosts.iter().map(|h| patience_ns(h)).collect();
+        self.patience_ns = match limits.iter().any(|p| *p < u64::MAX) {
+            true => limits,
             false => Vec::new(),
         };
     }
@@ -224,11 +264,11 @@ impl PickTable {
 
     /// Weighted power of two choices over the shares above the floor (see the module's doc). Each
     /// host above the floor is picked with probability close to its share when loads match the
-    /// shares; `in_flight(i)` is this worker's count for host `i`.
-    pub fn weighted_p2c(
+    /// shares; `load(i)` is what this worker has pending at host `i` (a count alone will do).
+    pub fn weighted_p2c<L: Into<HostLoad>>(
         &self,
         rng: &mut fastrand::Rng,
-        in_flight: impl Fn(usize) -> u32,
+        load: impl Fn(usize) -> L,
     ) -> Option<usize> {
         let Some(a) = self.draw_in_turn(rng) else {
             return self.weighted(rng);
@@ -242,12 +282,16 @@ impl PickTable {
         };
         let above = |i: usize| self.above.get(i).copied().unwrap_or(0.0);
         let served = |i: usize| self.served.get(i).map_or(0, Cell::get) as f64;
-        let (na, nb) = (in_flight(a), in_flight(b));
+        let (ha, hb): (HostLoad, HostLoad) = (load(a).into(), load(b).into());
+        let (na, nb) = (ha.requests, hb.requests);
         // Cross-multiplied: no division, and a share of 0 (never drawn) cannot divide by zero.
         let (la, lb) = (f64::from(na) * above(b), f64::from(nb) * above(a));
-        // On trust and waiting for its answer (the module's doc).
-        let waiting = |i: usize, n: u32| n > 0 && self.unproven.get(i).copied().unwrap_or(false);
-        let pick = match (waiting(a, na), waiting(b, nb)) {
+        // On trust and waiting for its answer, or kept waiting past its patience (the module's
+        // doc).
+        let overdue = |i: usize, h: HostLoad| {
+            h.requests > 0 && self.patience_ns.get(i).is_some_and(|p| h.waited_ns >= *p)
+        };
+        let pick = match (overdue(a, ha), overdue(b, hb)) {
             (true, false) => b,
             (false, true) => a,
             _ if lb < la || (lb == la && served(b) * above(a) < served(a) * above(b)) => b,
@@ -288,16 +332,16 @@ impl PickTable {
     }
 
     /// Picks with `algorithm`; `None` only for an empty table.
-    pub fn pick(
+    pub fn pick<L: Into<HostLoad>>(
         &self,
         algorithm: PickAlgorithm,
         rng: &mut fastrand::Rng,
-        in_flight: impl Fn(usize) -> u32,
+        load: impl Fn(usize) -> L,
     ) -> Option<usize> {
         match algorithm {
             PickAlgorithm::WeightedRandom => self.weighted(rng),
             PickAlgorithm::WeightedP2c | PickAlgorithm::WeightedP2cUnlessEqual => {
-                self.weighted_p2c(rng, in_flight)
+                self.weighted_p2c(rng, load)
             }
             PickAlgorithm::LowestLatency => self.heaviest(),
         }

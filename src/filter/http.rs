@@ -93,9 +93,10 @@ impl Http {
             return;
         }
         if let Ok(mut vm) = self.vm.try_borrow_mut() {
-            self.request_end_ns = Some(vm.worker.clock(host::monotonic_ns()));
+            let now_ns = vm.worker.clock(host::monotonic_ns());
+            self.request_end_ns = Some(now_ns);
             if let (Some(picked), false) = (&self.picked, self.in_flight) {
-                vm.worker.request_sent(cluster, picked);
+                vm.worker.request_sent(cluster, picked, now_ns);
                 self.in_flight = true;
             }
         }
@@ -326,6 +327,7 @@ impl HttpContext for Http {
                 attempts: u32::try_from(attempts).unwrap_or(1),
                 probe_timeout_ms: self.probe_timeout_ms,
                 latency_ms: ns_to_ms(latency_ns),
+                ended_ns: self.sample_start_ns().saturating_add(latency_ns),
                 outcome,
                 grpc_status: self.grpc.code(),
                 num_endpoints,

@@ -3,8 +3,9 @@
 //!
 //! Merging happens on ticks, never per request. Whoever merges when a refresh is due also
 //! recomputes the weight table; the compare-and-swap around the write (`sync`) makes that one VM
-//! per refresh. `table_version` moves only when the shares do, so a cluster with nothing new
-//! costs no VM a table rebuild. Times in the record are the record's own clock (`clock`), which
+//! per refresh. `table_version` moves only when the shares do, or a host's first latency arrives
+//! (VMs read from the table which hosts are on trust), so a cluster with nothing new costs no VM a
+//! table rebuild. Times in the record are the record's own clock (`clock`), which
 //! no wall-clock step moves.
 //!
 //! The record knows the cluster as Envoy shows it through traffic: hosts from `upstream.address`
@@ -583,9 +584,13 @@ impl ClusterState {
         let shares = weights::shares_within(&inputs, &policy.weights, split.as_ref());
         let mut changed = moved || self.table_version == 0;
         for ((host, share), input) in self.hosts.iter_mut().zip(shares).zip(&mut inputs) {
-            changed |= (host.share - share).abs() > SHARE_EPSILON;
+            // A host whose first latency just arrived is a change too: VMs read from the table
+            // which hosts are on trust (`balance::pick`), even when its share stands.
+            let on_trust = input.score_ms.is_none();
+            changed |=
+                (host.share - share).abs() > SHARE_EPSILON || host.share_on_trust != on_trust;
             host.share = share;
-            host.share_on_trust = input.score_ms.is_none();
+            host.share_on_trust = on_trust;
             input.previous_share = (share > 0.0).then_some(share);
         }
         // Judged against the shares just set, as a VM picks from them.

@@ -36,6 +36,10 @@ pub(crate) struct InFlight {
     pub(crate) unanswered: u32,
     /// Requests in a row it did not serve (`probe::Pending::unserved`).
     pub(crate) unserved: u32,
+    /// Since when this worker has waited on the host (steady ns): when it was sent a request
+    /// with nothing pending there, or when it last answered, whichever is later. Meaningful only
+    /// while `load() > 0`: the pick holds back a host overdue by it (`pick`'s module doc).
+    pub(crate) waiting_since_ns: u64,
 }
 
 /// How a request ended for the host that had it last.
@@ -69,7 +73,12 @@ impl InFlight {
         self.now.saturating_add(self.unanswered)
     }
 
-    pub(crate) fn ended(&mut self, ending: Ending) {
+    /// How the host's request ended, at `ended_ns` (0: unknown): an answer, or a stream it
+    /// failed, ends the wait so far.
+    pub(crate) fn ended(&mut self, ending: Ending, ended_ns: u64) {
+        if ending != Ending::Unanswered {
+            self.waiting_since_ns = self.waiting_since_ns.max(ended_ns);
+        }
         match ending {
             Ending::Served => {
                 self.unanswered = 0;

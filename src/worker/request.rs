@@ -34,6 +34,10 @@ pub struct Finished<'a> {
     /// alternative after that wait (`Pick::probe_timeout_ms`).
     pub probe_timeout_ms: Option<u32>,
     pub latency_ms: f64,
+    /// This VM's steady time (`Worker::clock`) when the request ended for its host: the answer's
+    /// headers, or the end of the wait. 0 when unknown: the host's answer then does not count
+    /// as the end of a wait on it (the pick's patience, `balance::pick`).
+    pub ended_ns: u64,
     /// What the status code and response flags say ([`Outcome::classify`]).
     pub outcome: Option<Outcome>,
     /// The `grpc-status` of a gRPC response; `None` for any other response. It refines

@@ -4,6 +4,7 @@
 use std::rc::Rc;
 
 use crate::balance::outcome::Outcome;
+use crate::balance::pick::HostLoad;
 use crate::balance::probe::Pending;
 use crate::balance::score::{parse_load_report, LoadMetric};
 use crate::rules::{normalize_bytes, PathClass};
@@ -25,7 +26,7 @@ impl Worker {
         if let (Decision::Override(pick), Some(cluster), false) =
             (&decision, request.cluster, request.body_pending)
         {
-            self.request_sent(cluster, &pick.host);
+            self.request_sent(cluster, &pick.host, request.now_ns);
         }
         let counts = self.counts_of(request.cluster);
         match (&decision, counts) {
@@ -111,7 +112,12 @@ impl Worker {
                 unserved: n.unserved,
             })
         };
-        let load = |i: usize| entry(i).map_or(0, InFlight::load);
+        let load = |i: usize| {
+            entry(i).map_or(HostLoad::default(), |n| HostLoad {
+                requests: n.load(),
+                waited_ns: now_ns.saturating_sub(n.waiting_since_ns),
+            })
+        };
         let (first, probe) = match probes.due(now_ns, pending) {
             Some(i) => {
                 table.count_served(i);
@@ -156,19 +162,25 @@ impl Worker {
             .filter(|v| *v > 0)
     }
 
-    /// Counts a request picked for `host` in flight there: from the end of the request, which is
-    /// when the host can work on it (see [`Request::body_pending`]).
-    pub(crate) fn request_sent(&mut self, cluster: &str, host: &Rc<str>) {
+    /// Counts a request picked for `host` in flight there from `now_ns`: the end of the request,
+    /// which is when the host can work on it (see [`Request::body_pending`]).
+    pub(crate) fn request_sent(&mut self, cluster: &str, host: &Rc<str>, now_ns: u64) {
         let Some(local) = self.clusters.get_mut(cluster) else {
             return;
         };
         match local.in_flight.get_mut(&**host) {
-            Some(n) => n.now += 1,
+            Some(n) => {
+                if n.load() == 0 {
+                    n.waiting_since_ns = now_ns;
+                }
+                n.now += 1;
+            }
             None => {
                 local.in_flight.insert(
                     host.clone(),
                     InFlight {
                         now: 1,
+                        waiting_since_ns: now_ns,
                         ..InFlight::default()
                     },
                 );
@@ -246,7 +258,7 @@ impl Worker {
             done.served_by.and_then(|h| local.in_flight.get_mut(h)),
             outcome,
         ) {
-            entry.ended(Ending::of(outcome));
+            entry.ended(Ending::of(outcome), done.ended_ns);
         }
         if let (Some(picked), Some(served_by)) = (done.picked, done.served_by) {
             let honoured = served_by == picked || done.attempts > 1;
@@ -284,7 +296,7 @@ impl Worker {
                     }
                 }
                 if let Some(entry) = local.in_flight.get_mut(picked).filter(|_| honoured) {
-                    entry.ended(Ending::Lost);
+                    entry.ended(Ending::Lost, done.ended_ns);
                 }
                 if !honoured {
                     if let Some(c) = counts_entry(&mut self.counts, cluster, || true) {

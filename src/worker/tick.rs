@@ -327,7 +327,18 @@ fn adopt(local: &mut LocalCluster, state: &Table, config: &Config, now_ns: u64) 
         .fold((0.0, 0.0), |(w, m), (v, s)| (w + v, m + s));
     let reference_ms = (mass > 0.0).then(|| weighted / mass);
     let mut table = PickTable::shared(state.hosts.iter().map(|h| (&h.address, share_of(h))), floor);
-    table.set_unproven(|address| state.host(address).is_some_and(|h| h.latency_ms.is_none()));
+    // How long a host may keep this worker waiting (`pick`): a host on trust not at all, one the
+    // table knows as long as a probe waits for it, or as its own latency times the same factor
+    // when it is slower than the traffic's mean.
+    let factor = config.probe_timeout_factor();
+    table.set_patience(|address| match state.host(address).map(|h| h.latency_ms) {
+        Some(None) => 0,
+        Some(Some(ms)) if factor > 0.0 => {
+            // A float's cast saturates: a huge latency gives u64::MAX, never a wrap.
+            (factor * ms.max(reference_ms.unwrap_or(0.0)) * 1e6) as u64
+        }
+        _ => u64::MAX,
+    });
     // Only hosts out of favour are probed: at the floor, which the pick never draws, or within a
     // floor of it. The pick draws a host by its share above the floor, so one with less than a
     // floor above it gets fewer picks than the probes' budget (a floor's share) would give it:

@@ -736,6 +736,7 @@ impl Engine<'_> {
                 served_by: Some(&self.hosts[host].addr),
                 attempts: 1,
                 latency_ms: latency_ns as f64 / 1e6,
+                ended_ns: self.now_ns + CLOCK_OFFSET_NS,
                 outcome: Some(outcome),
                 num_endpoints,
                 ..Finished::default()
