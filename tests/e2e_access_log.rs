@@ -208,10 +208,9 @@ fn equal_hosts_are_left_to_least_request_until_one_turns_slow() {
     // its first tick has taken in the table: warm every worker the way the run below reaches it.
     send_each("warmup", &stack);
     let (reasons, served) = run("equal");
-    // Most of them, not all: a scheduling stall of this shared machine can lift one host's
-    // score out of its uncertainty, and the table then tells the hosts apart until the peak
-    // decays (once in about twenty runs, 232 of 400 were left and the rest steered). Without
-    // the rule none is left.
+    // Most of them, not all: once in 18 runs, 232 of 400 were left and the rest steered, the
+    // table having told the hosts apart mid-run (one score out of its uncertainty; probably a
+    // scheduling stall of this shared machine, not verified). Without the rule none is left.
     let left = reasons.get("fallback:hosts_equal").copied().unwrap_or(0);
     assert!(left > 200, "equal hosts: {reasons:?}");
     // Least request splits them: each well within its half (400 requests, either way 150 is
