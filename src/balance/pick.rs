@@ -68,6 +68,7 @@ use std::rc::Rc;
 
 use serde::Serialize;
 
+use crate::names::same;
 use crate::units::clamp;
 
 /// How a host is chosen from the table; `pick` in the plugin configuration.
@@ -255,13 +256,35 @@ impl PickTable {
     /// Sets, for each host (`waits(address)`), how long it may keep this worker waiting before
     /// it is late (at equal counts) and before it is overdue (the module's doc).
     pub fn set_waits(&mut self, waits: impl Fn(&str) -> Waits) {
-        let (usual, patience): (Vec<u64>, Vec<u64>) = self
-            .hosts
-            .iter()
-            .map(|h| waits(h))
-            .map(|w| (w.usual_ns, w.patience_ns))
-            .unzip();
-        // Empty when no host has a limit: the pick then skips the lookups.
+        let waits = self.hosts.iter().map(|h| waits(h)).collect();
+        self.keep_waits(waits);
+    }
+
+    /// [`PickTable::set_waits`] from entries in the table's order, the table's hosts among them,
+    /// such as the ones it was built from ([`PickTable::shared`]): one walk, where a lookup by
+    /// address would search the caller's hosts once for each host (at 10,000 hosts a binary
+    /// search each was most of a table's adoption; bench/README.md, "Shared state at 10,000
+    /// endpoints"). A host the entries skip gets no limit.
+    pub fn set_waits_along<'a>(&mut self, entries: impl IntoIterator<Item = (&'a Rc<str>, Waits)>) {
+        let mut waits = vec![Waits::NONE; self.hosts.len()];
+        let mut slots = self.hosts.iter().zip(waits.iter_mut()).peekable();
+        for (name, w) in entries {
+            let Some((host, slot)) = slots.peek_mut() else {
+                break;
+            };
+            if same(host, name) {
+                **slot = w;
+                slots.next();
+            }
+        }
+        self.keep_waits(waits);
+    }
+
+    /// Keeps each host's limits, or none where no host has one (the pick then skips the
+    /// lookups).
+    fn keep_waits(&mut self, waits: Vec<Waits>) {
+        let (usual, patience): (Vec<u64>, Vec<u64>) =
+            waits.iter().map(|w| (w.usual_ns, w.patience_ns)).unzip();
         let any_limit = |v: Vec<u64>| match v.iter().any(|x| *x < u64::MAX) {
             true => v,
             false => Vec::new(),

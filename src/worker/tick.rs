@@ -332,12 +332,12 @@ fn adopt(local: &mut LocalCluster, state: &Table, config: &Config, now_ns: u64) 
     // when that is higher), and before it is overdue that times the probes' factor. The factor
     // at 0 turns both off.
     let factor = config.probe_timeout_factor();
-    table.set_waits(|address| match state.host(address).map(|h| h.latency_ms) {
-        Some(None) => Waits {
+    let waits = |h: &TableHost| match h.latency_ms {
+        None => Waits {
             patience_ns: 0,
             ..Waits::NONE
         },
-        Some(Some(ms)) if factor > 0.0 => {
+        Some(ms) if factor > 0.0 => {
             // A float's cast saturates: a huge latency gives u64::MAX, never a wrap.
             let usual_ns = ms.max(reference_ms.unwrap_or(0.0)) * 1e6;
             Waits {
@@ -346,7 +346,8 @@ fn adopt(local: &mut LocalCluster, state: &Table, config: &Config, now_ns: u64) 
             }
         }
         _ => Waits::NONE,
-    });
+    };
+    table.set_waits_along(state.hosts.iter().map(|h| (&h.address, waits(h))));
     // At equal counts, shares one refresh's chance could have parted are equal (`pick`): the
     // noise band's step. With the band off (`noise_gain: 1`) chance has no step of its own.
     let weights = &policy.weights;
