@@ -6,7 +6,7 @@
 #[cfg(target_arch = "wasm32")]
 use wasm_bindgen_test::wasm_bindgen_test;
 
-use ewma_lb::balance::pick::{HostLoad, PickAlgorithm, PickTable};
+use ewma_lb::balance::pick::{HostLoad, PickAlgorithm, PickTable, Waits};
 #[cfg(not(target_arch = "wasm32"))]
 use proptest::prelude::*;
 
@@ -25,6 +25,17 @@ fn counts<L: Into<HostLoad>>(
         counts[i] += 1;
     }
     counts
+}
+
+/// The loads of two hosts, index 0 and the rest: (requests, waited ns) each.
+fn two_loads(a: (u32, u64), b: (u32, u64)) -> impl Fn(usize) -> HostLoad + Copy {
+    move |i: usize| {
+        let (requests, waited_ns) = if i == 0 { a } else { b };
+        HostLoad {
+            requests,
+            waited_ns,
+        }
+    }
 }
 
 #[test]
@@ -190,16 +201,7 @@ fn a_host_kept_waiting_past_its_patience_loses_every_comparison() {
     ];
     for (a_share, a_patience, a_requests, a_wait, b_requests, b_wait, left_alone) in cases {
         let entries = [("a:1", a_share), ("b:1", 1.0 - a_share)];
-        let load = move |i: usize| match i {
-            0 => HostLoad {
-                requests: a_requests,
-                waited_ns: a_wait * MS,
-            },
-            _ => HostLoad {
-                requests: b_requests,
-                waited_ns: b_wait * MS,
-            },
-        };
+        let load = two_loads((a_requests, a_wait * MS), (b_requests, b_wait * MS));
         let mut marked = PickTable::with_floor(entries, 0.002);
         marked.set_patience(|h| match h {
             "a:1" if a_patience == NONE => NONE,
@@ -218,6 +220,76 @@ fn a_host_kept_waiting_past_its_patience_loses_every_comparison() {
             assert!(got[0] > 0, "{case:?}: {got:?}");
         }
     }
+}
+
+/// At equal counts above zero, the queues of the moment decide before the shares: a host that
+/// has kept the worker waiting longer than it usually takes loses to one that has not, whatever
+/// their shares; else two shares within one noise step are equal and the first candidate (taken
+/// in turn, so each host about as often as its share) wins; shares further apart keep the strict
+/// order. Unequal counts, idle pairs and a table without the settings pick as before.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn at_equal_counts_a_late_host_loses_and_shares_a_noise_step_apart_take_turns() {
+    const MS: u64 = 1_000_000;
+    const STEP: f64 = 1.072; // 2 ^ 0.1: the default noise band and gain
+    #[derive(Clone, Copy, Debug)]
+    enum Expect {
+        /// a gets about its share: the candidates take turns.
+        Turns,
+        /// a gets every request.
+        AllToA,
+        /// b gets every request.
+        AllToB,
+        /// As a table without the settings.
+        AsBefore,
+    }
+    use Expect::*;
+    // (a's share, a's and b's requests, a's and b's wait in ms; each usually takes 20 ms)
+    let cases = [
+        (0.51, 1, 1, 5, 5, Turns),
+        (0.49, 2, 2, 5, 5, Turns),
+        (0.51, 1, 1, 30, 30, Turns),
+        (0.60, 1, 1, 5, 5, AllToA),
+        (0.40, 1, 1, 5, 5, AllToB),
+        (0.51, 1, 1, 30, 5, AllToB),
+        (0.70, 3, 3, 30, 5, AllToB),
+        (0.30, 1, 1, 5, 30, AllToA),
+        (0.51, 1, 2, 5, 5, AsBefore),
+        (0.51, 0, 0, 0, 0, AsBefore),
+    ];
+    for (a_share, a_requests, b_requests, a_wait, b_wait, expect) in cases {
+        let entries = [("a:1", a_share), ("b:1", 1.0 - a_share)];
+        let load = two_loads((a_requests, a_wait * MS), (b_requests, b_wait * MS));
+        let mut table = PickTable::with_floor(entries, 0.002);
+        table.set_waits(|_| Waits {
+            usual_ns: 20 * MS,
+            ..Waits::NONE
+        });
+        table.set_noise_step(STEP);
+        let plain = PickTable::with_floor(entries, 0.002);
+        let n = 10_000;
+        let got = counts(&table, PickAlgorithm::WeightedP2c, n, load);
+        let before = counts(&plain, PickAlgorithm::WeightedP2c, n, load);
+        let case = (a_share, a_requests, b_requests, a_wait, b_wait, expect);
+        match expect {
+            Turns => {
+                let a = got[0] as f64 / n as f64;
+                assert!((a - a_share).abs() < 0.02, "{case:?}: {got:?}");
+                // The strict order would have given the heavier host all of them.
+                assert!(before.contains(&n), "{case:?}: {before:?}");
+            }
+            AllToA => assert_eq!(got, [n, 0], "{case:?}"),
+            AllToB => assert_eq!(got, [0, n], "{case:?}"),
+            AsBefore => assert_eq!(got, before, "{case:?}"),
+        }
+    }
+    // Without the settings the strict order holds: the heavier of two near-equal hosts takes
+    // every comparison at equal counts.
+    let plain = PickTable::with_floor([("a:1", 0.51), ("b:1", 0.49)], 0.002);
+    assert_eq!(
+        counts(&plain, PickAlgorithm::WeightedP2c, 1_000, |_| 1),
+        [1_000, 0]
+    );
 }
 
 #[test]
@@ -386,4 +458,33 @@ fn a_table_over_shared_names_is_the_same_table_holding_the_callers_names() {
             "the caller's name, not a copy"
         );
     }
+}
+
+/// Waits set along the entries a table was built from, hosts left out skipped, are the waits set
+/// by address: the walk pairs each host with its own entry.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn waits_set_along_the_entries_are_the_waits_set_by_address() {
+    const MS: u64 = 1_000_000;
+    let entries = [("a", 0.2), ("b", 0.0), ("c", 0.3), ("d", 0.0), ("e", 0.5)];
+    let names: Vec<(std::rc::Rc<str>, f64)> =
+        entries.iter().map(|(h, s)| ((*h).into(), *s)).collect();
+    // Each host's limits from its name, so a host paired with another's entry would show.
+    let waits_of = |h: &str| Waits {
+        usual_ns: u64::from(h.as_bytes()[0]) * MS,
+        patience_ns: 4 * u64::from(h.as_bytes()[0]) * MS,
+    };
+    let mut along = PickTable::shared(names.iter().map(|(h, s)| (h, *s)), 0.01);
+    along.set_waits_along(names.iter().map(|(h, _)| (h, waits_of(h))));
+    let mut by_address = PickTable::shared(names.iter().map(|(h, s)| (h, *s)), 0.01);
+    by_address.set_waits(waits_of);
+    assert_eq!(along.len(), 3, "the hosts at 0 are left out");
+    assert_eq!(along, by_address);
+    // Entries that stop early leave the rest without limits, as a table without waits.
+    let mut cut = PickTable::shared(names.iter().map(|(h, s)| (h, *s)), 0.01);
+    cut.set_waits_along(names.iter().take(1).map(|(h, _)| (h, Waits::NONE)));
+    assert_eq!(
+        cut,
+        PickTable::shared(names.iter().map(|(h, s)| (h, *s)), 0.01)
+    );
 }

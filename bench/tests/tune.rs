@@ -213,14 +213,27 @@ fn spikes_under_a_long_peak() -> (SimSpec, Value) {
 }
 
 #[test]
-fn a_host_alternating_every_2_s_is_not_followed_with_a_time_constant_of_250_ms() {
-    // On the true world a 250 ms time constant chases every phase (p99 118 ms against 92-100
-    // for 0.5-2 s and 111 for 10 s; before the pick took its first candidate in turn, 147
-    // against 95-105): the tool must see that from the log written under it.
+fn a_host_alternating_every_2_s_gets_no_change_that_is_truly_worse() {
+    // On the true world a 250 ms time constant used to chase every phase (p99 118 ms against
+    // 92-100 for 0.5-2 s). Since the pick decides comparisons at equal counts by the queues
+    // first, a worker steers round the slow phase as it comes, and 250 ms is as good as any:
+    // p99 93.2 ms against 93.5, 95.4, 100.4, 96.3 and 105.2 for 0.5, 1, 2, 5 and 10 s (seeds 1
+    // and 2). Reading the log written under it, the tool must not recommend a change that is
+    // truly worse: it keeps the settings (its replay misses this log's p99 by 27 %), or what it
+    // recommends is no worse on the true world.
     let (spec, current) = alternating_every_2_s();
-    let report = finds_the_better_setting("alternating", &spec, current, HALF_S, 0.1);
-    let tau = smoothing(&report)["tau_ms"].as_f64().unwrap();
-    assert!(tau >= 500.0, "{}", report.markdown);
+    let report = tune_world("alternating", &spec, current.clone(), &[1, 2], HALF_S);
+    if report.best > 0 {
+        let (now, then) = (
+            true_p99(&spec, &current, &[1, 2]),
+            true_p99(&spec, &report.recommended, &[1, 2]),
+        );
+        assert!(
+            then <= now * 1.02,
+            "true p99 {then:.1} ms under the recommendation against {now:.1} ms now\n{}",
+            report.markdown
+        );
+    }
 }
 
 #[test]

@@ -32,6 +32,17 @@
 //! cannot tell its hosts apart to Envoy's least request itself, which counts every worker's
 //! requests (`worker::route`).
 //!
+//! At equal counts above zero, load per unit of share is decided by the shares alone, and equal
+//! hosts' shares differ by chance: the heavier of the moment would take every such comparison
+//! until a refresh turned the order round, and equal hosts would swing with the refreshes
+//! (bench/README.md, "Ties at equal counts"). So at equal counts the queues of the moment decide
+//! first: a host that has kept this worker waiting longer than it usually takes (its latency, or
+//! the traffic's when that is higher: what the patience below is a multiple of) loses to one that
+//! has not. Failing that, two shares within one noise step of each other (`noise_band ^
+//! noise_gain`, the most one refresh moves a share on chance alone, `weights`) are taken as
+//! equal and the first candidate, whose turn it is, wins; shares further apart keep the strict
+//! order, which is how a host the table knows to be smaller or slower gets fewer requests.
+//!
 //! A host the table has no latency of yet (new, or back from ejection) is on trust: it is scored
 //! at the cluster's median and ramped in by time (slow start), before a single answer says how
 //! fast it is. A host that takes a second or two to answer would take a ramp's worth of requests
@@ -57,6 +68,7 @@ use std::rc::Rc;
 
 use serde::Serialize;
 
+use crate::names::same;
 use crate::units::clamp;
 
 /// How a host is chosen from the table; `pick` in the plugin configuration.
@@ -117,6 +129,33 @@ pub struct PickTable {
     /// How long each host may keep this worker waiting on a request before it is overdue (the
     /// module's doc), index for index: 0 for a host on trust; empty when no host has a limit.
     patience_ns: Vec<u64>,
+    /// What each host usually takes to answer (the patience's unit), index for index: a host
+    /// that has kept this worker waiting longer is late, and loses a comparison at equal counts
+    /// to one that is not. Empty when unknown.
+    usual_ns: Vec<u64>,
+    /// Shares within this factor of each other are equal at equal counts (the module's doc); 0
+    /// (the default) for none.
+    noise_step: f64,
+}
+
+/// How long a host may keep a worker waiting on a request, with no answer, before the
+/// two-choice pick holds it against the host (the module's doc); `u64::MAX` for no limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Waits {
+    /// What the host usually takes: beyond it the host is late, and loses at equal counts to a
+    /// host that is not.
+    pub usual_ns: u64,
+    /// Beyond it the host is overdue, and loses every comparison to a host that is not; 0 for a
+    /// host on trust.
+    pub patience_ns: u64,
+}
+
+impl Waits {
+    /// No limit: never late, never overdue.
+    pub const NONE: Waits = Waits {
+        usual_ns: u64::MAX,
+        patience_ns: u64::MAX,
+    };
 }
 
 /// What one worker has pending at a host, as the two-choice pick weighs it.
@@ -205,12 +244,62 @@ impl PickTable {
     }
 
     /// Sets how long each host may keep this worker waiting before it is overdue
-    /// (`patience_ns(address)`, the module's doc): 0 for a host on trust, `u64::MAX` for none.
+    /// (`patience_ns(address)`, the module's doc): 0 for a host on trust, `u64::MAX` for none. No
+    /// host is ever late.
     pub fn set_patience(&mut self, patience_ns: impl Fn(&str) -> u64) {
-        let limits: Vec<u64> = self.hosts.iter().map(|h| patience_ns(h)).collect();
-        self.patience_ns = match limits.iter().any(|p| *p < u64::MAX) {
-            true => limits,
+        self.set_waits(|h| Waits {
+            patience_ns: patience_ns(h),
+            ..Waits::NONE
+        });
+    }
+
+    /// Sets, for each host (`waits(address)`), how long it may keep this worker waiting before
+    /// it is late (at equal counts) and before it is overdue (the module's doc).
+    pub fn set_waits(&mut self, waits: impl Fn(&str) -> Waits) {
+        let waits = self.hosts.iter().map(|h| waits(h)).collect();
+        self.keep_waits(waits);
+    }
+
+    /// [`PickTable::set_waits`] from entries in the table's order, the table's hosts among them,
+    /// such as the ones it was built from ([`PickTable::shared`]): one walk, where a lookup by
+    /// address would search the caller's hosts once for each host (at 10,000 hosts a binary
+    /// search each was most of a table's adoption; bench/README.md, "Shared state at 10,000
+    /// endpoints"). A host the entries skip gets no limit.
+    pub fn set_waits_along<'a>(&mut self, entries: impl IntoIterator<Item = (&'a Rc<str>, Waits)>) {
+        let mut waits = vec![Waits::NONE; self.hosts.len()];
+        let mut slots = self.hosts.iter().zip(waits.iter_mut()).peekable();
+        for (name, w) in entries {
+            let Some((host, slot)) = slots.peek_mut() else {
+                break;
+            };
+            if same(host, name) {
+                **slot = w;
+                slots.next();
+            }
+        }
+        self.keep_waits(waits);
+    }
+
+    /// Keeps each host's limits, or none where no host has one (the pick then skips the
+    /// lookups).
+    fn keep_waits(&mut self, waits: Vec<Waits>) {
+        let (usual, patience): (Vec<u64>, Vec<u64>) =
+            waits.iter().map(|w| (w.usual_ns, w.patience_ns)).unzip();
+        let any_limit = |v: Vec<u64>| match v.iter().any(|x| *x < u64::MAX) {
+            true => v,
             false => Vec::new(),
+        };
+        self.usual_ns = any_limit(usual);
+        self.patience_ns = any_limit(patience);
+    }
+
+    /// Sets the factor within which two shares are equal at equal counts: one refresh's noise
+    /// step, `noise_band ^ noise_gain` (the module's doc). 1 or less, or not finite: none.
+    pub fn set_noise_step(&mut self, step: f64) {
+        self.noise_step = if step.is_finite() && step > 1.0 {
+            step
+        } else {
+            0.0
         };
     }
 
@@ -291,9 +380,14 @@ impl PickTable {
         let overdue = |i: usize, h: HostLoad| {
             h.requests > 0 && self.patience_ns.get(i).is_some_and(|p| h.waited_ns >= *p)
         };
-        let pick = match (overdue(a, ha), overdue(b, hb)) {
-            (true, false) => b,
-            (false, true) => a,
+        let even = match na == nb && na > 0 {
+            true => self.at_equal_counts((a, ha), (b, hb)),
+            false => None,
+        };
+        let pick = match (overdue(a, ha), overdue(b, hb), even) {
+            (true, false, _) => b,
+            (false, true, _) => a,
+            (_, _, Some(pick)) => pick,
             _ if lb < la || (lb == la && served(b) * above(a) < served(a) * above(b)) => b,
             _ => a,
         };
@@ -301,6 +395,26 @@ impl PickTable {
             n.set(n.get().saturating_add(1));
         }
         Some(pick)
+    }
+
+    /// Between two candidates with as many requests in flight (the module's doc): the one not
+    /// late when the other is, else the first when their shares are within a noise step; `None`
+    /// leaves it to the shares' strict order.
+    fn at_equal_counts(
+        &self,
+        (a, ha): (usize, HostLoad),
+        (b, hb): (usize, HostLoad),
+    ) -> Option<usize> {
+        let late = |i: usize, h: HostLoad| self.usual_ns.get(i).is_some_and(|u| h.waited_ns > *u);
+        match (late(a, ha), late(b, hb)) {
+            (true, false) => return Some(b),
+            (false, true) => return Some(a),
+            _ => {}
+        }
+        let above = |i: usize| self.above.get(i).copied().unwrap_or(0.0);
+        let (heavier, lighter) = (above(a).max(above(b)), above(a).min(above(b)));
+        (self.noise_step > 1.0 && lighter > 0.0 && heavier <= self.noise_step * lighter)
+            .then_some(a)
     }
 
     /// The next host of the golden-ratio sequence over the shares above the floor (the module's

@@ -1,7 +1,7 @@
 //! Per tick: sync every cluster with its shared record, adopt a new table, forget idle clusters
 //! and stale health, and collect what the metrics and logs should say ([`TickReport`]).
 
-use crate::balance::pick::{PickAlgorithm, PickTable};
+use crate::balance::pick::{PickAlgorithm, PickTable, Waits};
 use crate::balance::probe;
 use crate::config::Config;
 use crate::record::state::in_subset;
@@ -327,18 +327,33 @@ fn adopt(local: &mut LocalCluster, state: &Table, config: &Config, now_ns: u64) 
         .fold((0.0, 0.0), |(w, m), (v, s)| (w + v, m + s));
     let reference_ms = (mass > 0.0).then(|| weighted / mass);
     let mut table = PickTable::shared(state.hosts.iter().map(|h| (&h.address, share_of(h))), floor);
-    // How long a host may keep this worker waiting (`pick`): a host on trust not at all, one the
-    // table knows as long as a probe waits for it, or as its own latency times the same factor
-    // when it is slower than the traffic's mean.
+    // How long a host may keep this worker waiting (`pick`): a host on trust not at all; one the
+    // table knows, before it is late, what it usually takes (its own latency, or the traffic's
+    // when that is higher), and before it is overdue that times the probes' factor. The factor
+    // at 0 turns both off.
     let factor = config.probe_timeout_factor();
-    table.set_patience(|address| match state.host(address).map(|h| h.latency_ms) {
-        Some(None) => 0,
-        Some(Some(ms)) if factor > 0.0 => {
+    let waits = |h: &TableHost| match h.latency_ms {
+        None => Waits {
+            patience_ns: 0,
+            ..Waits::NONE
+        },
+        Some(ms) if factor > 0.0 => {
             // A float's cast saturates: a huge latency gives u64::MAX, never a wrap.
-            (factor * ms.max(reference_ms.unwrap_or(0.0)) * 1e6) as u64
+            let usual_ns = ms.max(reference_ms.unwrap_or(0.0)) * 1e6;
+            Waits {
+                usual_ns: usual_ns as u64,
+                patience_ns: (factor * usual_ns) as u64,
+            }
         }
-        _ => u64::MAX,
-    });
+        _ => Waits::NONE,
+    };
+    table.set_waits_along(state.hosts.iter().map(|h| (&h.address, waits(h))));
+    // At equal counts, shares one refresh's chance could have parted are equal (`pick`): the
+    // noise band's step. With the band off (`noise_gain: 1`) chance has no step of its own.
+    let weights = &policy.weights;
+    if weights.noise_gain < 1.0 {
+        table.set_noise_step(weights.noise_band.max(1.0).powf(weights.noise_gain));
+    }
     // Only hosts out of favour are probed: at the floor, which the pick never draws, or within a
     // floor of it. The pick draws a host by its share above the floor, so one with less than a
     // floor above it gets fewer picks than the probes' budget (a floor's share) would give it:
