@@ -369,7 +369,7 @@ impl PickTable {
             self.count_served(a);
             return Some(a);
         };
-        let above = |i: usize| self.above.get(i).copied().unwrap_or(0.0);
+        let above = |i: usize| self.above_floor(i);
         let served = |i: usize| self.served.get(i).map_or(0, Cell::get) as f64;
         let (ha, hb): (HostLoad, HostLoad) = (load(a).into(), load(b).into());
         let (na, nb) = (ha.requests, hb.requests);
@@ -411,10 +411,15 @@ impl PickTable {
             (false, true) => return Some(a),
             _ => {}
         }
-        let above = |i: usize| self.above.get(i).copied().unwrap_or(0.0);
-        let (heavier, lighter) = (above(a).max(above(b)), above(a).min(above(b)));
+        let (sa, sb) = (self.above_floor(a), self.above_floor(b));
+        let (heavier, lighter) = (sa.max(sb), sa.min(sb));
         (self.noise_step > 1.0 && lighter > 0.0 && heavier <= self.noise_step * lighter)
             .then_some(a)
+    }
+
+    /// Host `i`'s share above the floor, what P2C draws by and weighs loads against; 0 for none.
+    fn above_floor(&self, i: usize) -> f64 {
+        self.above.get(i).copied().unwrap_or(0.0)
     }
 
     /// The next host of the golden-ratio sequence over the shares above the floor (the module's

@@ -60,6 +60,16 @@ pub struct WeightParams {
     pub slow_start_min_factor: f64,
 }
 
+impl WeightParams {
+    /// The most one refresh moves a share on chance alone: `noise_gain` of the way across the
+    /// noise band, a factor `noise_band ^ noise_gain`. `None` with the band off (`noise_gain` 1),
+    /// where a refresh follows every target. The pick takes two shares this close as equal
+    /// (`pick`).
+    pub fn noise_step(&self) -> Option<f64> {
+        (self.noise_gain < 1.0).then(|| self.noise_band.max(1.0).powf(self.noise_gain))
+    }
+}
+
 impl Default for WeightParams {
     fn default() -> Self {
         WeightParams {

@@ -348,11 +348,9 @@ fn adopt(local: &mut LocalCluster, state: &Table, config: &Config, now_ns: u64) 
         _ => Waits::NONE,
     };
     table.set_waits_along(state.hosts.iter().map(|h| (&h.address, waits(h))));
-    // At equal counts, shares one refresh's chance could have parted are equal (`pick`): the
-    // noise band's step. With the band off (`noise_gain: 1`) chance has no step of its own.
-    let weights = &policy.weights;
-    if weights.noise_gain < 1.0 {
-        table.set_noise_step(weights.noise_band.max(1.0).powf(weights.noise_gain));
+    // At equal counts, shares one refresh's chance could have parted are equal (`pick`).
+    if let Some(step) = policy.weights.noise_step() {
+        table.set_noise_step(step);
     }
     // Only hosts out of favour are probed: at the floor, which the pick never draws, or within a
     // floor of it. The pick draws a host by its share above the floor, so one with less than a
