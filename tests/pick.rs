@@ -460,11 +460,11 @@ fn a_table_over_shared_names_is_the_same_table_holding_the_callers_names() {
     }
 }
 
-/// Waits set along the entries a table was built from, hosts left out skipped, are the waits set
-/// by address: the walk pairs each host with its own entry.
+/// Waits given with the entries a table is built from, hosts at 0 among them, are the waits set
+/// by address afterwards: each host keeps its own entry's.
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
-fn waits_set_along_the_entries_are_the_waits_set_by_address() {
+fn waits_given_with_the_entries_are_the_waits_set_by_address() {
     const MS: u64 = 1_000_000;
     let entries = [("a", 0.2), ("b", 0.0), ("c", 0.3), ("d", 0.0), ("e", 0.5)];
     let names: Vec<(std::rc::Rc<str>, f64)> =
@@ -474,17 +474,14 @@ fn waits_set_along_the_entries_are_the_waits_set_by_address() {
         usual_ns: u64::from(h.as_bytes()[0]) * MS,
         patience_ns: 4 * u64::from(h.as_bytes()[0]) * MS,
     };
-    let mut along = PickTable::shared(names.iter().map(|(h, s)| (h, *s)), 0.01);
-    along.set_waits_along(names.iter().map(|(h, _)| (h, waits_of(h))));
+    let with = PickTable::shared_with_waits(names.iter().map(|(h, s)| (h, *s, waits_of(h))), 0.01);
     let mut by_address = PickTable::shared(names.iter().map(|(h, s)| (h, *s)), 0.01);
     by_address.set_waits(waits_of);
-    assert_eq!(along.len(), 3, "the hosts at 0 are left out");
-    assert_eq!(along, by_address);
-    // Entries that stop early leave the rest without limits, as a table without waits.
-    let mut cut = PickTable::shared(names.iter().map(|(h, s)| (h, *s)), 0.01);
-    cut.set_waits_along(names.iter().take(1).map(|(h, _)| (h, Waits::NONE)));
+    assert_eq!(with.len(), 3, "the hosts at 0 are left out");
+    assert_eq!(with, by_address);
+    // No limit anywhere is a table without waits.
     assert_eq!(
-        cut,
+        PickTable::shared_with_waits(names.iter().map(|(h, s)| (h, *s, Waits::NONE)), 0.01),
         PickTable::shared(names.iter().map(|(h, s)| (h, *s)), 0.01)
     );
 }
