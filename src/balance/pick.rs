@@ -114,7 +114,8 @@ impl PickAlgorithm {
 /// shared (`Rc<str>`), so a pick hands one out without allocating.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PickTable {
-    hosts: Vec<Rc<str>>,
+    /// The live hosts: the table's own list when every host it lists is (`PickTable::over`).
+    hosts: Rc<[Rc<str>]>,
     weights: Vec<f64>,
     cumulative: Vec<f64>,
     /// Each host's share above the floor, and their running sum: what P2C draws from.
@@ -199,45 +200,60 @@ impl PickTable {
     /// copying them (a new table of a 10,000-host cluster otherwise allocated 10,000 names on
     /// every VM).
     pub fn shared<'a>(entries: impl IntoIterator<Item = (&'a Rc<str>, f64)>, floor: f64) -> Self {
-        PickTable::shared_with_waits(
-            entries
-                .into_iter()
-                .map(|(host, share)| (host, share, Waits::NONE)),
+        let (names, shares): (Vec<Rc<str>>, Vec<f64>) = entries
+            .into_iter()
+            .map(|(host, share)| (Rc::clone(host), share))
+            .unzip();
+        PickTable::over(
+            &names.into(),
+            shares.into_iter().map(|share| (share, Waits::NONE)),
             floor,
         )
     }
 
-    /// [`PickTable::shared`] with each host's waits ([`PickTable::set_waits`]) given beside its
-    /// share: a VM adopting a table of 10,000 hosts walks them once, not once for the shares and
-    /// again for the waits (bench/README.md, "Shared state at 10,000 endpoints").
-    pub fn shared_with_waits<'a>(
-        entries: impl IntoIterator<Item = (&'a Rc<str>, f64, Waits)>,
+    /// A table over `hosts`, a list the caller holds (a `record::Table`'s addresses), with each
+    /// host's share and waits ([`PickTable::set_waits`]) index for index; hosts with a share of
+    /// 0 are left out. When none is, the table shares the list itself: a VM adopting a table of
+    /// 10,000 hosts neither copies 10,000 names nor counts each one (bench/README.md, "Shared
+    /// state at 10,000 endpoints"). One walk for the shares and the waits.
+    pub fn over(
+        hosts: &Rc<[Rc<str>]>,
+        entries: impl IntoIterator<Item = (f64, Waits)>,
         floor: f64,
     ) -> Self {
-        let entries = entries.into_iter();
-        // The upper bound: a filtered list's lower one is 0, and growing to 10,000 copies the
-        // vectors a dozen times.
-        let capacity = entries.size_hint().1.unwrap_or(0);
+        let capacity = hosts.len();
         let mut table = PickTable {
             turn: Cell::new(-1.0),
-            hosts: Vec::with_capacity(capacity),
             weights: Vec::with_capacity(capacity),
             cumulative: Vec::with_capacity(capacity),
             usual_ns: Vec::with_capacity(capacity),
             patience_ns: Vec::with_capacity(capacity),
             ..PickTable::default()
         };
+        // The live hosts, once one is left out; until then they are the list's first ones.
+        let mut live: Option<Vec<Rc<str>>> = None;
+        let mut walked = 0;
         let mut total = 0.0;
-        for (host, share, waits) in entries {
+        for (i, (host, (share, waits))) in hosts.iter().zip(entries).enumerate() {
+            walked = i + 1;
             if share > 0.0 && share.is_finite() {
                 total += share;
-                table.hosts.push(Rc::clone(host));
+                if let Some(live) = &mut live {
+                    live.push(Rc::clone(host));
+                }
                 table.weights.push(share);
                 table.cumulative.push(total);
                 table.usual_ns.push(waits.usual_ns);
                 table.patience_ns.push(waits.patience_ns);
+            } else if live.is_none() {
+                live = Some(hosts.get(..i).unwrap_or_default().to_vec());
             }
         }
+        table.hosts = match live {
+            None if walked == hosts.len() => Rc::clone(hosts),
+            None => hosts.get(..walked).unwrap_or_default().into(),
+            Some(live) => live.into(),
+        };
         table.drop_unlimited_waits();
         let floor = if floor.is_finite() {
             clamp(floor, 0.0, 1.0) * total

@@ -177,30 +177,7 @@ fn frame_into<T: Serialize>(kind: u8, value: &T, capacity: usize) -> Vec<u8> {
     out.push(FORMAT_VERSION);
     out.push(kind);
     // Encoding plain data into a Vec cannot fail; an empty value would decode as not ours.
-    postcard::serialize_with_flavor(value, Buffer(out)).unwrap_or_default()
-}
-
-/// postcard's output appended to a `Vec` a field at a time. Its `ExtendFlavor` goes through
-/// `Extend<u8>`, a loop over the field's bytes, and its `AllocVec` cannot start from a buffer
-/// already sized and framed.
-struct Buffer(Vec<u8>);
-
-impl postcard::ser_flavors::Flavor for Buffer {
-    type Output = Vec<u8>;
-
-    fn try_push(&mut self, byte: u8) -> postcard::Result<()> {
-        self.0.push(byte);
-        Ok(())
-    }
-
-    fn try_extend(&mut self, bytes: &[u8]) -> postcard::Result<()> {
-        self.0.extend_from_slice(bytes);
-        Ok(())
-    }
-
-    fn finalize(self) -> postcard::Result<Vec<u8>> {
-        Ok(self.0)
-    }
+    postcard::to_extend(value, out).unwrap_or_default()
 }
 
 fn unframe<'a, T: Deserialize<'a>>(bytes: &'a [u8], kind: u8) -> Result<T, DecodeError> {
@@ -339,7 +316,7 @@ pub fn decode_table_onto(
     let (shares, names) = decode_shares(bytes, max_hosts)?;
     if shares.hosts_hash != 0
         && shares.hosts_hash == held.hosts_hash
-        && shares.hosts.len() == held.hosts.len()
+        && shares.hosts.len() == held.len()
     {
         return Ok(held.with_shares(&shares));
     }
@@ -956,7 +933,7 @@ fn fold(
         let mut view = TableView::of(&state);
         let same_hosts = hosts_hash != 0
             && hosts_hash == ctx.table.hosts_hash
-            && view.hosts.len() == ctx.table.hosts.len();
+            && view.hosts.len() == ctx.table.len();
         let adopted = match same_hosts {
             true => ctx.table.with_view_shares(&view),
             false => Table::adopt(&view, ctx.table),

@@ -1,6 +1,8 @@
 //! Per tick: sync every cluster with its shared record, adopt a new table, forget idle clusters
 //! and stale health, and collect what the metrics and logs should say ([`TickReport`]).
 
+use std::rc::Rc;
+
 use crate::balance::pick::{PickAlgorithm, PickTable, Waits};
 use crate::balance::probe;
 use crate::config::Config;
@@ -227,7 +229,7 @@ impl Worker {
             // Which hosts of the table the page lists (the table is sorted by address), and the
             // serving ones it lacks.
             let table = &local.snapshot;
-            let mut on_page = vec![false; table.hosts.len()];
+            let mut on_page = vec![false; table.len()];
             let mut joined = Vec::new();
             for &address in &hosts.serving {
                 match table.position(address) {
@@ -267,7 +269,7 @@ impl Worker {
                 }
             }
             for i in left {
-                let Some(address) = local.snapshot.hosts.get(i).map(|h| h.address.clone()) else {
+                let Some(address) = local.snapshot.host_at(i).map(|h| Rc::clone(h.address)) else {
                     continue;
                 };
                 if let Some(acc) = local.host_batch(&address) {
@@ -317,19 +319,18 @@ fn adopt(local: &mut LocalCluster, state: &Table, config: &Config, now_ns: u64) 
     let policy = config.policy();
     // A host Envoy marked unhealthy gets nothing from this VM, neither picks nor probes.
     let unhealthy = &local.unhealthy;
-    let share_of = |h: &TableHost| match unhealthy.contains(&*h.address) {
+    let share_of = |h: &TableHost| match unhealthy.contains(&**h.address) {
         true => 0.0,
         false => h.share,
     };
-    // Two walks over the table's hosts (at 10,000 hosts each reads half a megabyte): what they
-    // say together (how many are live, the traffic's latency, whether they share one zone),
+    // Two walks over the table's hosts: what they say together (how many are live, the traffic's latency, whether they share one zone),
     // then each host's entry in the pick table and its probe interval, which need the first.
     let (mut live, mut weighted, mut mass) = (0, 0.0, 0.0);
-    let first_zone = state.hosts.first().map(|h| &h.zone);
+    let first_zone = state.host_at(0).map(|h| h.zone);
     let mut one_zone = true;
-    for h in &state.hosts {
-        one_zone &= first_zone.is_none_or(|zone| same_name(zone, &h.zone));
-        if share_of(h) > 0.0 {
+    for h in state.hosts() {
+        one_zone &= first_zone.is_none_or(|zone| same_name(zone, h.zone));
+        if share_of(&h) > 0.0 {
             live += 1;
             if let Some(v) = h.latency_ms {
                 weighted += v * h.share;
@@ -369,17 +370,19 @@ fn adopt(local: &mut LocalCluster, state: &Table, config: &Config, now_ns: u64) 
     let out_of_favour = |share: f64| share <= 2.0 * floor * (1.0 + FLOOR_TOLERANCE);
     // Index for index with the pick table's hosts (the live ones).
     let mut intervals = Vec::with_capacity(live);
-    let mut table = PickTable::shared_with_waits(
-        state.hosts.iter().filter_map(|h| {
-            let share = share_of(h);
-            if !(share > 0.0 && share.is_finite()) {
-                return None;
+    let mut table = PickTable::over(
+        state.addresses(),
+        state.hosts().map(|h| {
+            let share = share_of(&h);
+            if share > 0.0 && share.is_finite() {
+                intervals.push(match out_of_favour(share) {
+                    true => {
+                        probe::interval_ns(policy.probe_interval_ns, h.latency_ms, reference_ms)
+                    }
+                    false => u64::MAX,
+                });
             }
-            intervals.push(match out_of_favour(share) {
-                true => probe::interval_ns(policy.probe_interval_ns, h.latency_ms, reference_ms),
-                false => u64::MAX,
-            });
-            Some((&h.address, share, waits(h)))
+            (share, waits(&h))
         }),
         floor,
     );
