@@ -460,31 +460,43 @@ fn a_table_over_shared_names_is_the_same_table_holding_the_callers_names() {
     }
 }
 
-/// Waits set along the entries a table was built from, hosts left out skipped, are the waits set
-/// by address: the walk pairs each host with its own entry.
+/// A table over a list of names, with each host's share and waits index for index, is the table
+/// of those shares with the waits set by address afterwards: hosts at 0 left out (at the start,
+/// the middle or the end of the list), each host keeping its own entry's waits.
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
-fn waits_set_along_the_entries_are_the_waits_set_by_address() {
+fn a_table_over_a_list_is_the_table_of_its_shares_and_waits() {
     const MS: u64 = 1_000_000;
-    let entries = [("a", 0.2), ("b", 0.0), ("c", 0.3), ("d", 0.0), ("e", 0.5)];
-    let names: Vec<(std::rc::Rc<str>, f64)> =
-        entries.iter().map(|(h, s)| ((*h).into(), *s)).collect();
     // Each host's limits from its name, so a host paired with another's entry would show.
     let waits_of = |h: &str| Waits {
         usual_ns: u64::from(h.as_bytes()[0]) * MS,
         patience_ns: 4 * u64::from(h.as_bytes()[0]) * MS,
     };
-    let mut along = PickTable::shared(names.iter().map(|(h, s)| (h, *s)), 0.01);
-    along.set_waits_along(names.iter().map(|(h, _)| (h, waits_of(h))));
-    let mut by_address = PickTable::shared(names.iter().map(|(h, s)| (h, *s)), 0.01);
-    by_address.set_waits(waits_of);
-    assert_eq!(along.len(), 3, "the hosts at 0 are left out");
-    assert_eq!(along, by_address);
-    // Entries that stop early leave the rest without limits, as a table without waits.
-    let mut cut = PickTable::shared(names.iter().map(|(h, s)| (h, *s)), 0.01);
-    cut.set_waits_along(names.iter().take(1).map(|(h, _)| (h, Waits::NONE)));
-    assert_eq!(
-        cut,
-        PickTable::shared(names.iter().map(|(h, s)| (h, *s)), 0.01)
-    );
+    for entries in [
+        [("a", 0.2), ("b", 0.0), ("c", 0.3), ("d", 0.0), ("e", 0.5)],
+        [("a", 0.0), ("b", 0.1), ("c", 0.3), ("d", 0.1), ("e", 0.0)],
+        [("a", 0.2), ("b", 0.1), ("c", 0.3), ("d", 0.1), ("e", 0.3)],
+    ] {
+        let list: std::rc::Rc<[std::rc::Rc<str>]> =
+            entries.iter().map(|(h, _)| (*h).into()).collect();
+        let over = PickTable::over(&list, entries.iter().map(|(h, s)| (*s, waits_of(h))), 0.01);
+        let mut by_address = PickTable::with_floor(entries, 0.01);
+        by_address.set_waits(waits_of);
+        assert_eq!(over, by_address, "{entries:?}");
+        assert_eq!(over.len(), entries.iter().filter(|(_, s)| *s > 0.0).count());
+        // No limit anywhere is a table without waits.
+        assert_eq!(
+            PickTable::over(&list, entries.iter().map(|(_, s)| (*s, Waits::NONE)), 0.01),
+            PickTable::with_floor(entries, 0.01)
+        );
+        // Entries that stop early give a table of the hosts they name.
+        assert_eq!(
+            PickTable::over(
+                &list,
+                entries.iter().take(3).map(|(_, s)| (*s, Waits::NONE)),
+                0.01
+            ),
+            PickTable::with_floor(entries.iter().take(3).copied(), 0.01)
+        );
+    }
 }

@@ -133,6 +133,25 @@ fn a_new_table_keeps_what_the_worker_knows_of_the_hosts_it_keeps() {
     }
 }
 
+/// A pick table that kept its hosts shares the table's list, and the schedule is rebuilt over the
+/// same list it was built on: that is the schedule a copy of the list gives, with the new
+/// intervals.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_schedule_rebuilt_over_the_same_list_is_the_one_a_copy_gives() {
+    let list = hosts(&["a:1", "b:1", "c:1"]);
+    let mut probes = Probes::default().rebuild(&[], &list, vec![SEC; 3], 0);
+    probes.set_workers(2);
+    probes.sent(1, 5 * SEC);
+    let copy = hosts(&["a:1", "b:1", "c:1"]);
+    let same = probes.rebuild(&list, &list, vec![SEC, 2 * SEC, 3 * SEC], 6 * SEC);
+    assert_eq!(
+        same,
+        probes.rebuild(&list, &copy, vec![SEC, 2 * SEC, 3 * SEC], 6 * SEC)
+    );
+    assert_ne!(same, probes, "the new intervals");
+}
+
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn a_worker_spends_on_probes_at_most_the_floors_share_of_its_requests() {

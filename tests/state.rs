@@ -533,7 +533,7 @@ fn values_are_bounded_in_size() {
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn an_adopted_table_is_the_stored_one_holding_the_names_it_held_before() {
-    use ewma_lb::record::table::{HostView, Table, TableView};
+    use ewma_lb::record::table::{HostView, Table, TableHost, TableView};
     use std::rc::Rc;
     let view = |hosts: &[(&'static str, &'static str, f64)]| TableView {
         table_version: hosts.len() as u64,
@@ -559,9 +559,8 @@ fn an_adopted_table_is_the_stored_one_holding_the_names_it_held_before() {
     let now = view(&[("a:1", "z1", 0.2), ("c:1", "z2", 0.3), ("d:1", "z2", 0.5)]);
     let after = Table::adopt(&now, &before);
     let listed: Vec<(&str, &str, f64, Option<f64>)> = after
-        .hosts
-        .iter()
-        .map(|h| (&*h.address, &*h.zone, h.share, h.latency_ms))
+        .hosts()
+        .map(|h| (&**h.address, &**h.zone, h.share, h.latency_ms))
         .collect();
     let stored: Vec<(&str, &str, f64, Option<f64>)> = now
         .hosts
@@ -577,10 +576,13 @@ fn an_adopted_table_is_the_stored_one_holding_the_names_it_held_before() {
         ),
         (3, 4, 1)
     );
-    let held = |i: usize, j: usize| Rc::ptr_eq(&before.hosts[i].address, &after.hosts[j].address);
+    fn at(t: &Table, i: usize) -> TableHost<'_> {
+        t.host_at(i).unwrap()
+    }
+    let held = |i: usize, j: usize| Rc::ptr_eq(at(&before, i).address, at(&after, j).address);
     assert!(held(0, 0) && held(2, 2), "names in both are the ones held");
     assert!(
-        Rc::ptr_eq(&before.hosts[0].zone, &after.hosts[0].zone),
+        Rc::ptr_eq(at(&before, 0).zone, at(&after, 0).zone),
         "an unchanged zone too"
     );
     assert!(after.host("c:1").is_some() && after.host("b:1").is_none());
@@ -643,8 +645,11 @@ fn a_table_listing_the_hosts_held_is_read_without_its_names() {
         read,
         Table::adopt(&decode_table(&bytes, 16).unwrap(), &held)
     );
-    assert!(Rc::ptr_eq(&read.hosts[1].address, &held.hosts[1].address));
-    assert_eq!(read.hosts[2].share, 0.3);
+    assert!(
+        Rc::ptr_eq(read.addresses(), held.addresses()),
+        "the list held"
+    );
+    assert_eq!(read.host_at(2).unwrap().share, 0.3);
     // The names are not read: cut off, the table still reads over the hosts held, and only so.
     let shares_only = &bytes[..bytes.len() - 20];
     assert!(decode_table(shares_only, 16).is_err());
@@ -658,7 +663,7 @@ fn a_table_listing_the_hosts_held_is_read_without_its_names() {
         v.hosts_hash = Table::adopt(&v, &held).hosts_hash;
         assert_ne!(v.hosts_hash, held.hosts_hash, "{other:?}");
         let t = decode_table_onto(&encode_table(&v), 16, &held).unwrap();
-        let listed: Vec<(&str, &str)> = t.hosts.iter().map(|h| (&*h.address, &*h.zone)).collect();
+        let listed: Vec<(&str, &str)> = t.hosts().map(|h| (&**h.address, &**h.zone)).collect();
         assert_eq!(listed, other);
     }
 }

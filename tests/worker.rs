@@ -352,7 +352,7 @@ fn two_hosts_measured_at_20_ms(factor: u32) -> (Worker, String) {
     }
     let measured = w
         .tables()
-        .any(|(c, t)| c == CLUSTER && t.hosts.iter().all(|h| h.latency_ms.is_some()));
+        .any(|(c, t)| c == CLUSTER && t.hosts().all(|h| h.latency_ms.is_some()));
     assert!(measured, "{}", w.status_json(&store));
     let summary = w.table_summary(CLUSTER);
     (w, summary)

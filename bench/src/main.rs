@@ -181,6 +181,12 @@ struct MicroArgs {
     smoke: bool,
     #[arg(long)]
     json: bool,
+    /// Only these host counts (comma-separated), e.g. one of them under a profiler.
+    #[arg(long, value_delimiter = ',')]
+    hosts: Vec<usize>,
+    /// At least this long per measurement, instead of 400 ms (5 ms with --smoke).
+    #[arg(long)]
+    budget_ms: Option<u64>,
 }
 
 #[derive(Args)]
@@ -463,7 +469,18 @@ fn micro(args: MicroArgs) -> Result<()> {
     if cfg!(debug_assertions) && !args.smoke {
         eprintln!("note: a debug build; run with --release for meaningful numbers");
     }
-    let results = ewma_bench::micro::run(args.smoke);
+    let results = if args.hosts.is_empty() && args.budget_ms.is_none() {
+        ewma_bench::micro::run(args.smoke)
+    } else {
+        let counts = if args.hosts.is_empty() {
+            ewma_bench::micro::HOST_COUNTS.to_vec()
+        } else {
+            args.hosts.clone()
+        };
+        let default_ms = if args.smoke { 5 } else { 400 };
+        let budget = std::time::Duration::from_millis(args.budget_ms.unwrap_or(default_ms));
+        ewma_bench::micro::run_with(&counts, budget)
+    };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&results)?);
     } else {

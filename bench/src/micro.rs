@@ -236,16 +236,16 @@ fn paths() -> Vec<(&'static str, Vec<u8>)> {
 
 /// Runs every micro-benchmark; `quick` shortens each to a few milliseconds (smoke).
 pub fn run(quick: bool) -> Vec<MicroResult> {
-    let budget = if quick {
-        Duration::from_millis(5)
+    if quick {
+        run_with(&HOST_COUNTS[..2], Duration::from_millis(5))
     } else {
-        Duration::from_millis(400)
-    };
-    let counts: &[usize] = if quick {
-        &HOST_COUNTS[..2]
-    } else {
-        &HOST_COUNTS
-    };
+        run_with(&HOST_COUNTS, Duration::from_millis(400))
+    }
+}
+
+/// [`run`] at the given host counts, each row measured for at least `budget`: one count for a
+/// long budget is what a profiler wants (`micro --hosts 10000 --budget-ms 20000`).
+pub fn run_with(counts: &[usize], budget: Duration) -> Vec<MicroResult> {
     let mut out = Vec::new();
     let mut sizes = Vec::new();
     let mut push = |op: &str, hosts: usize, (ns, iters): (f64, u64)| {

@@ -68,7 +68,6 @@ use std::rc::Rc;
 
 use serde::Serialize;
 
-use crate::names::same;
 use crate::units::clamp;
 
 /// How a host is chosen from the table; `pick` in the plugin configuration.
@@ -115,7 +114,8 @@ impl PickAlgorithm {
 /// shared (`Rc<str>`), so a pick hands one out without allocating.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PickTable {
-    hosts: Vec<Rc<str>>,
+    /// The live hosts: the table's own list when every host it lists is (`PickTable::over`).
+    hosts: Rc<[Rc<str>]>,
     weights: Vec<f64>,
     cumulative: Vec<f64>,
     /// Each host's share above the floor, and their running sum: what P2C draws from.
@@ -200,29 +200,70 @@ impl PickTable {
     /// copying them (a new table of a 10,000-host cluster otherwise allocated 10,000 names on
     /// every VM).
     pub fn shared<'a>(entries: impl IntoIterator<Item = (&'a Rc<str>, f64)>, floor: f64) -> Self {
-        let entries = entries.into_iter();
-        let capacity = entries.size_hint().0;
+        let (names, shares): (Vec<Rc<str>>, Vec<f64>) = entries
+            .into_iter()
+            .map(|(host, share)| (Rc::clone(host), share))
+            .unzip();
+        PickTable::over(
+            &names.into(),
+            shares.into_iter().map(|share| (share, Waits::NONE)),
+            floor,
+        )
+    }
+
+    /// A table over `hosts`, a list the caller holds (a `record::Table`'s addresses), with each
+    /// host's share and waits ([`PickTable::set_waits`]) index for index; hosts with a share of
+    /// 0 are left out. When none is, the table shares the list itself: a VM adopting a table of
+    /// 10,000 hosts neither copies 10,000 names nor counts each one (bench/README.md, "Shared
+    /// state at 10,000 endpoints"). One walk for the shares and the waits.
+    pub fn over(
+        hosts: &Rc<[Rc<str>]>,
+        entries: impl IntoIterator<Item = (f64, Waits)>,
+        floor: f64,
+    ) -> Self {
+        let capacity = hosts.len();
         let mut table = PickTable {
             turn: Cell::new(-1.0),
-            hosts: Vec::with_capacity(capacity),
             weights: Vec::with_capacity(capacity),
             cumulative: Vec::with_capacity(capacity),
+            usual_ns: Vec::with_capacity(capacity),
+            patience_ns: Vec::with_capacity(capacity),
             ..PickTable::default()
         };
+        // The live hosts, once one is left out; until then they are the list's first ones.
+        let mut live: Option<Vec<Rc<str>>> = None;
+        let mut walked = 0;
         let mut total = 0.0;
-        for (host, share) in entries {
+        for (i, (host, (share, waits))) in hosts.iter().zip(entries).enumerate() {
+            walked = i + 1;
             if share > 0.0 && share.is_finite() {
                 total += share;
-                table.hosts.push(Rc::clone(host));
+                if let Some(live) = &mut live {
+                    live.push(Rc::clone(host));
+                }
                 table.weights.push(share);
                 table.cumulative.push(total);
+                table.usual_ns.push(waits.usual_ns);
+                table.patience_ns.push(waits.patience_ns);
+            } else if live.is_none() {
+                live = Some(hosts.get(..i).unwrap_or_default().to_vec());
             }
         }
+        table.hosts = match live {
+            None if walked == hosts.len() => Rc::clone(hosts),
+            None => hosts.get(..walked).unwrap_or_default().into(),
+            Some(live) => live.into(),
+        };
+        table.drop_unlimited_waits();
         let floor = if floor.is_finite() {
             clamp(floor, 0.0, 1.0) * total
         } else {
             0.0
         };
+        let n = table.weights.len();
+        table.above.reserve_exact(n);
+        table.above_cumulative.reserve_exact(n);
+        table.served.reserve_exact(n);
         let mut above = 0.0;
         for w in &table.weights {
             let excess = (w - floor).max(0.0);
@@ -256,41 +297,31 @@ impl PickTable {
     /// Sets, for each host (`waits(address)`), how long it may keep this worker waiting before
     /// it is late (at equal counts) and before it is overdue (the module's doc).
     pub fn set_waits(&mut self, waits: impl Fn(&str) -> Waits) {
-        let waits = self.hosts.iter().map(|h| waits(h)).collect();
-        self.keep_waits(waits);
-    }
-
-    /// [`PickTable::set_waits`] from entries in the table's order, the table's hosts among them,
-    /// such as the ones it was built from ([`PickTable::shared`]): one walk, where a lookup by
-    /// address would search the caller's hosts once for each host (at 10,000 hosts a binary
-    /// search each was most of a table's adoption; bench/README.md, "Shared state at 10,000
-    /// endpoints"). A host the entries skip gets no limit.
-    pub fn set_waits_along<'a>(&mut self, entries: impl IntoIterator<Item = (&'a Rc<str>, Waits)>) {
-        let mut waits = vec![Waits::NONE; self.hosts.len()];
-        let mut slots = self.hosts.iter().zip(waits.iter_mut()).peekable();
-        for (name, w) in entries {
-            let Some((host, slot)) = slots.peek_mut() else {
-                break;
-            };
-            if same(host, name) {
-                **slot = w;
-                slots.next();
-            }
-        }
-        self.keep_waits(waits);
+        let (usual, patience) = self
+            .hosts
+            .iter()
+            .map(|h| {
+                let w = waits(h);
+                (w.usual_ns, w.patience_ns)
+            })
+            .unzip();
+        self.keep_waits(usual, patience);
     }
 
     /// Keeps each host's limits, or none where no host has one (the pick then skips the
     /// lookups).
-    fn keep_waits(&mut self, waits: Vec<Waits>) {
-        let (usual, patience): (Vec<u64>, Vec<u64>) =
-            waits.iter().map(|w| (w.usual_ns, w.patience_ns)).unzip();
-        let any_limit = |v: Vec<u64>| match v.iter().any(|x| *x < u64::MAX) {
-            true => v,
-            false => Vec::new(),
-        };
-        self.usual_ns = any_limit(usual);
-        self.patience_ns = any_limit(patience);
+    fn keep_waits(&mut self, usual: Vec<u64>, patience: Vec<u64>) {
+        self.usual_ns = usual;
+        self.patience_ns = patience;
+        self.drop_unlimited_waits();
+    }
+
+    fn drop_unlimited_waits(&mut self) {
+        for waits in [&mut self.usual_ns, &mut self.patience_ns] {
+            if waits.iter().all(|w| *w == u64::MAX) {
+                *waits = Vec::new();
+            }
+        }
     }
 
     /// Sets the factor within which two shares are equal at equal counts: one refresh's noise

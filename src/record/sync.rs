@@ -316,7 +316,7 @@ pub fn decode_table_onto(
     let (shares, names) = decode_shares(bytes, max_hosts)?;
     if shares.hosts_hash != 0
         && shares.hosts_hash == held.hosts_hash
-        && shares.hosts.len() == held.hosts.len()
+        && shares.hosts.len() == held.len()
     {
         return Ok(held.with_shares(&shares));
     }
@@ -933,7 +933,7 @@ fn fold(
         let mut view = TableView::of(&state);
         let same_hosts = hosts_hash != 0
             && hosts_hash == ctx.table.hosts_hash
-            && view.hosts.len() == ctx.table.hosts.len();
+            && view.hosts.len() == ctx.table.len();
         let adopted = match same_hosts {
             true => ctx.table.with_view_shares(&view),
             false => Table::adopt(&view, ctx.table),

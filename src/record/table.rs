@@ -111,15 +111,21 @@ pub struct Table {
     pub hosts_indistinguishable: bool,
     /// [`TableView::hosts_hash`] of these hosts; 0 for the empty table a VM starts with.
     pub hosts_hash: u64,
-    /// Sorted by address.
-    pub hosts: Vec<TableHost>,
+    /// The hosts' names, sorted by address: one list shared by the tables of the same hosts
+    /// and by the pick tables made from them, so a new table of 10,000 known hosts takes the
+    /// list, not 20,000 names one by one (each a count on its own cache line, bench/README.md).
+    addresses: Rc<[Rc<str>]>,
+    /// Each host's zone, index for index with `addresses`.
+    zones: Rc<[Rc<str>]>,
+    /// Each host's share and latency, index for index with `addresses`.
+    values: Vec<(f64, Option<f64>)>,
 }
 
 /// One host of a [`Table`].
-#[derive(Clone, Debug, PartialEq)]
-pub struct TableHost {
-    pub address: Rc<str>,
-    pub zone: Rc<str>,
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TableHost<'a> {
+    pub address: &'a Rc<str>,
+    pub zone: &'a Rc<str>,
     pub share: f64,
     pub latency_ms: Option<f64>,
 }
@@ -129,59 +135,60 @@ impl Table {
     /// the view's, or when the view has none, `previous`'s if it lists the same hosts.
     pub fn adopt(view: &TableView, previous: &Table) -> Table {
         // Both are sorted by address: one walk finds every host already held.
-        let mut held = previous.hosts.iter().peekable();
-        let mut all_held = view.hosts.len() == previous.hosts.len();
+        let mut held = previous.hosts().peekable();
+        let mut all_held = view.hosts.len() == previous.len();
         // Hosts share few zones: a new name takes the zone of the host before it when equal.
         let mut last_zone: Rc<str> = Rc::from("");
-        let hosts = view
-            .hosts
-            .iter()
-            .map(|h| {
-                // One comparison a host: most are held, and equal names compare in full.
-                let mut same = None;
-                while let Some(p) = held.peek() {
-                    match (*p.address).cmp(h.address) {
-                        Ordering::Less => {
-                            held.next();
-                        }
-                        Ordering::Equal => {
-                            same = held.next();
-                            break;
-                        }
-                        Ordering::Greater => break,
+        let (mut addresses, mut zones) = (
+            Vec::with_capacity(view.hosts.len()),
+            Vec::with_capacity(view.hosts.len()),
+        );
+        for h in &view.hosts {
+            // One comparison a host: most are held, and equal names compare in full.
+            let mut same = None;
+            while let Some(p) = held.peek() {
+                match (**p.address).cmp(h.address) {
+                    Ordering::Less => {
+                        held.next();
                     }
+                    Ordering::Equal => {
+                        same = held.next();
+                        break;
+                    }
+                    Ordering::Greater => break,
                 }
-                let address = match same {
-                    Some(p) => Rc::clone(&p.address),
-                    None => {
-                        all_held = false;
-                        Rc::from(h.address)
-                    }
-                };
-                let zone = match same {
-                    Some(p) if &*p.zone == h.zone => Rc::clone(&p.zone),
-                    _ if &*last_zone == h.zone => {
-                        all_held = false;
-                        Rc::clone(&last_zone)
-                    }
-                    _ => {
-                        all_held = false;
-                        Rc::from(h.zone)
-                    }
-                };
-                last_zone = Rc::clone(&zone);
-                TableHost {
-                    address,
-                    zone,
-                    share: h.share,
-                    latency_ms: h.latency_ms,
+            }
+            let address = match same {
+                Some(p) => Rc::clone(p.address),
+                None => {
+                    all_held = false;
+                    Rc::from(h.address)
                 }
-            })
-            .collect();
+            };
+            let zone = match same {
+                Some(p) if **p.zone == *h.zone => Rc::clone(p.zone),
+                _ if *last_zone == *h.zone => {
+                    all_held = false;
+                    Rc::clone(&last_zone)
+                }
+                _ => {
+                    all_held = false;
+                    Rc::from(h.zone)
+                }
+            };
+            last_zone = Rc::clone(&zone);
+            addresses.push(address);
+            zones.push(zone);
+        }
         let hosts_hash = match view.hosts_hash {
             0 if all_held && previous.hosts_hash != 0 => previous.hosts_hash,
             0 => hosts_hash(view.hosts.iter().map(|h| (h.address, h.zone))),
             stored => stored,
+        };
+        // Every host held, with its zone: the list held is this one.
+        let (addresses, zones) = match all_held {
+            true => (Rc::clone(&previous.addresses), Rc::clone(&previous.zones)),
+            false => (addresses.into(), zones.into()),
         };
         Table {
             table_version: view.table_version,
@@ -189,7 +196,9 @@ impl Table {
             unknown_endpoints: view.unknown_endpoints,
             hosts_indistinguishable: view.hosts_indistinguishable,
             hosts_hash,
-            hosts,
+            addresses,
+            zones,
+            values: view.hosts.iter().map(|h| (h.share, h.latency_ms)).collect(),
         }
     }
 
@@ -202,7 +211,9 @@ impl Table {
             unknown_endpoints: shares.unknown_endpoints,
             hosts_indistinguishable: shares.hosts_indistinguishable,
             hosts_hash: shares.hosts_hash,
-            hosts: self.hosts_with(shares.hosts.iter().copied()),
+            addresses: Rc::clone(&self.addresses),
+            zones: Rc::clone(&self.zones),
+            values: shares.hosts.clone(),
         }
     }
 
@@ -215,58 +226,82 @@ impl Table {
             unknown_endpoints: view.unknown_endpoints,
             hosts_indistinguishable: view.hosts_indistinguishable,
             hosts_hash: self.hosts_hash,
-            hosts: self.hosts_with(view.hosts.iter().map(|v| (v.share, v.latency_ms))),
+            addresses: Rc::clone(&self.addresses),
+            zones: Rc::clone(&self.zones),
+            values: view.hosts.iter().map(|v| (v.share, v.latency_ms)).collect(),
         }
     }
 
-    /// This table's hosts, in order, with each one's share and latency from `values`.
-    fn hosts_with(&self, values: impl Iterator<Item = (f64, Option<f64>)>) -> Vec<TableHost> {
-        self.hosts
+    /// How many hosts the table lists.
+    pub fn len(&self) -> usize {
+        self.addresses.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.addresses.is_empty()
+    }
+
+    /// The hosts, sorted by address.
+    pub fn hosts(&self) -> impl ExactSizeIterator<Item = TableHost<'_>> + Clone {
+        self.addresses
             .iter()
-            .zip(values)
-            .map(|(h, (share, latency_ms))| TableHost {
-                address: Rc::clone(&h.address),
-                zone: Rc::clone(&h.zone),
+            .zip(self.zones.iter())
+            .zip(&self.values)
+            .map(|((address, zone), &(share, latency_ms))| TableHost {
+                address,
+                zone,
                 share,
                 latency_ms,
             })
-            .collect()
     }
 
-    pub fn host(&self, address: &str) -> Option<&TableHost> {
-        self.position(address).and_then(|i| self.hosts.get(i))
+    /// The hosts' addresses, sorted: the list the pick table shares (`PickTable::over`).
+    pub fn addresses(&self) -> &Rc<[Rc<str>]> {
+        &self.addresses
     }
 
-    /// Where `address` is in `hosts`.
+    /// The host at `index` in address order.
+    pub fn host_at(&self, index: usize) -> Option<TableHost<'_>> {
+        let (&(share, latency_ms), zone) = self.values.get(index).zip(self.zones.get(index))?;
+        Some(TableHost {
+            address: self.addresses.get(index)?,
+            zone,
+            share,
+            latency_ms,
+        })
+    }
+
+    pub fn host(&self, address: &str) -> Option<TableHost<'_>> {
+        self.position(address).and_then(|i| self.host_at(i))
+    }
+
+    /// Where `address` is in the table's address order.
     pub fn position(&self, address: &str) -> Option<usize> {
-        self.hosts
-            .binary_search_by(|h| (*h.address).cmp(address))
-            .ok()
+        self.addresses.binary_search_by(|h| (**h).cmp(address)).ok()
     }
 
     /// Whether `newer` lacks a host this table lists (both are sorted by address). Hosts a table
     /// shares with the one it was adopted onto are the same `Rc`s, compared without reading the
-    /// strings.
+    /// strings; a table over the same list lacks none.
     pub fn lost_hosts(&self, newer: &Table) -> bool {
-        let mut newer = newer.hosts.iter().peekable();
-        self.hosts.iter().any(|h| {
-            while newer
-                .next_if(|n| !same_name(&n.address, &h.address) && n.address < h.address)
-                .is_some()
-            {}
-            newer
-                .next_if(|n| same_name(&n.address, &h.address))
-                .is_none()
+        if Rc::ptr_eq(&self.addresses, &newer.addresses) {
+            return false;
+        }
+        let mut newer = newer.addresses.iter().peekable();
+        self.addresses.iter().any(|h| {
+            while newer.next_if(|n| !same_name(n, h) && *n < h).is_some() {}
+            newer.next_if(|n| same_name(n, h)).is_none()
         })
     }
 
     /// Whether both tables list the same hosts (both are sorted by address).
     pub fn same_hosts(&self, other: &Table) -> bool {
-        self.hosts.len() == other.hosts.len()
-            && self
-                .hosts
-                .iter()
-                .zip(&other.hosts)
-                .all(|(x, y)| same_name(&x.address, &y.address))
+        Rc::ptr_eq(&self.addresses, &other.addresses)
+            || (self.len() == other.len()
+                && self
+                    .addresses
+                    .iter()
+                    .zip(other.addresses.iter())
+                    .all(|(x, y)| same_name(x, y)))
     }
 }

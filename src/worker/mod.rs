@@ -183,8 +183,7 @@ impl Worker {
         };
         let shares: Vec<String> = local
             .snapshot
-            .hosts
-            .iter()
+            .hosts()
             .map(|h| format!("{}={}ppm", h.address, share_to_ppm(h.share)))
             .collect();
         shares.join(" ")

@@ -327,7 +327,7 @@ impl Worker {
             let zone = done
                 .zone
                 .or_else(|| local.batched_zone(host))
-                .or_else(|| local.snapshot.host(host).map(|h| &*h.zone))
+                .or_else(|| local.snapshot.host(host).map(|h| &**h.zone))
                 .unwrap_or_default();
             !zone.is_empty() && zone != mine
         });

@@ -294,7 +294,7 @@ pub(crate) fn host_gauges(
     };
     if gauged(new.hosts.len()) {
         out.reserve(HOST_GAUGES.len() * new.hosts.len() + 1);
-        for (h, name) in new.hosts.iter().zip(&table.hosts) {
+        for (h, name) in new.hosts.iter().zip(table.addresses().iter()) {
             let ejected = HostPhase::of(h, new.clock_ns, slow_start_ns) == HostPhase::Ejected;
             let terms = h.terms(new.clock_ns);
             let latency_us = terms.latency_ms.map_or(0, ms_to_whole_us);
@@ -307,20 +307,20 @@ pub(crate) fn host_gauges(
                 terms.score_ms(score).map_or(0, ms_to_whole_us),
             ];
             for (metric, value) in HOST_GAUGES.into_iter().zip(values) {
-                out.push(shared(metric, &name.address, Change::Set(value)));
+                out.push(shared(metric, name, Change::Set(value)));
             }
         }
     }
-    if gauged(old.hosts.len()) {
+    if gauged(old.len()) {
         // Both sorted by address: one walk finds the hosts that left.
-        let mut present = table.hosts.iter().map(|h| &*h.address).peekable();
-        let unset = old.hosts.iter().filter(|h| {
-            while present.next_if(|a| *a < &*h.address).is_some() {}
-            !gauged(new.hosts.len()) || present.peek() != Some(&&*h.address)
+        let mut present = table.addresses().iter().map(|a| &**a).peekable();
+        let unset = old.addresses().iter().filter(|h| {
+            while present.next_if(|a| *a < &***h).is_some() {}
+            !gauged(new.hosts.len()) || present.peek() != Some(&&***h)
         });
         for host in unset {
             for metric in HOST_GAUGES {
-                out.push(shared(metric, &host.address, Change::Set(0)));
+                out.push(shared(metric, host, Change::Set(0)));
             }
         }
     }

@@ -1,9 +1,12 @@
 //! Per tick: sync every cluster with its shared record, adopt a new table, forget idle clusters
 //! and stale health, and collect what the metrics and logs should say ([`TickReport`]).
 
+use std::rc::Rc;
+
 use crate::balance::pick::{PickAlgorithm, PickTable, Waits};
 use crate::balance::probe;
 use crate::config::Config;
+use crate::names::same as same_name;
 use crate::record::state::in_subset;
 use crate::record::sync::{
     self, sync_cluster, DecodeError, Keys, SharedStore, SyncContext, SyncError,
@@ -226,7 +229,7 @@ impl Worker {
             // Which hosts of the table the page lists (the table is sorted by address), and the
             // serving ones it lacks.
             let table = &local.snapshot;
-            let mut on_page = vec![false; table.hosts.len()];
+            let mut on_page = vec![false; table.len()];
             let mut joined = Vec::new();
             for &address in &hosts.serving {
                 match table.position(address) {
@@ -266,7 +269,7 @@ impl Worker {
                 }
             }
             for i in left {
-                let Some(address) = local.snapshot.hosts.get(i).map(|h| h.address.clone()) else {
+                let Some(address) = local.snapshot.host_at(i).map(|h| Rc::clone(h.address)) else {
                     continue;
                 };
                 if let Some(acc) = local.host_batch(&address) {
@@ -316,17 +319,27 @@ fn adopt(local: &mut LocalCluster, state: &Table, config: &Config, now_ns: u64) 
     let policy = config.policy();
     // A host Envoy marked unhealthy gets nothing from this VM, neither picks nor probes.
     let unhealthy = &local.unhealthy;
-    let share_of = |h: &TableHost| match unhealthy.contains(&*h.address) {
+    let share_of = |h: &TableHost| match unhealthy.contains(&**h.address) {
         true => 0.0,
         false => h.share,
     };
-    let live = state.hosts.iter().filter(|h| share_of(h) > 0.0);
-    let floor = crate::balance::weights::floor(&policy.weights, live.clone().count());
-    let (weighted, mass) = live
-        .filter_map(|h| h.latency_ms.map(|v| (v * h.share, h.share)))
-        .fold((0.0, 0.0), |(w, m), (v, s)| (w + v, m + s));
+    // Two walks over the table's hosts: what they say together (how many are live, the traffic's latency, whether they share one zone),
+    // then each host's entry in the pick table and its probe interval, which need the first.
+    let (mut live, mut weighted, mut mass) = (0, 0.0, 0.0);
+    let first_zone = state.host_at(0).map(|h| h.zone);
+    let mut one_zone = true;
+    for h in state.hosts() {
+        one_zone &= first_zone.is_none_or(|zone| same_name(zone, h.zone));
+        if share_of(&h) > 0.0 {
+            live += 1;
+            if let Some(v) = h.latency_ms {
+                weighted += v * h.share;
+                mass += h.share;
+            }
+        }
+    }
+    let floor = crate::balance::weights::floor(&policy.weights, live);
     let reference_ms = (mass > 0.0).then(|| weighted / mass);
-    let mut table = PickTable::shared(state.hosts.iter().map(|h| (&h.address, share_of(h))), floor);
     // How long a host may keep this worker waiting (`pick`): a host on trust not at all; one the
     // table knows, before it is late, what it usually takes (its own latency, or the traffic's
     // when that is higher), and before it is overdue that times the probes' factor. The factor
@@ -347,11 +360,6 @@ fn adopt(local: &mut LocalCluster, state: &Table, config: &Config, now_ns: u64) 
         }
         _ => Waits::NONE,
     };
-    table.set_waits_along(state.hosts.iter().map(|h| (&h.address, waits(h))));
-    // At equal counts, shares one refresh's chance could have parted are equal (`pick`).
-    if let Some(step) = policy.weights.noise_step() {
-        table.set_noise_step(step);
-    }
     // Only hosts out of favour are probed: at the floor, which the pick never draws, or within a
     // floor of it. The pick draws a host by its share above the floor, so one with less than a
     // floor above it gets fewer picks than the probes' budget (a floor's share) would give it:
@@ -360,15 +368,28 @@ fn adopt(local: &mut LocalCluster, state: &Table, config: &Config, now_ns: u64) 
     // calm"). A host further above gets its share from the pick, however rarely that comes in a
     // large cluster: probing it for being quiet would turn a sparse table into round robin.
     let out_of_favour = |share: f64| share <= 2.0 * floor * (1.0 + FLOOR_TOLERANCE);
-    let intervals = state
-        .hosts
-        .iter()
-        .filter(|h| share_of(h) > 0.0 && h.share.is_finite())
-        .map(|h| match out_of_favour(h.share) {
-            true => probe::interval_ns(policy.probe_interval_ns, h.latency_ms, reference_ms),
-            false => u64::MAX,
-        })
-        .collect();
+    // Index for index with the pick table's hosts (the live ones).
+    let mut intervals = Vec::with_capacity(live);
+    let mut table = PickTable::over(
+        state.addresses(),
+        state.hosts().map(|h| {
+            let share = share_of(&h);
+            if share > 0.0 && share.is_finite() {
+                intervals.push(match out_of_favour(share) {
+                    true => {
+                        probe::interval_ns(policy.probe_interval_ns, h.latency_ms, reference_ms)
+                    }
+                    false => u64::MAX,
+                });
+            }
+            (share, waits(&h))
+        }),
+        floor,
+    );
+    // At equal counts, shares one refresh's chance could have parted are equal (`pick`).
+    if let Some(step) = policy.weights.noise_step() {
+        table.set_noise_step(step);
+    }
     local.probes = local.probes.rebuild(
         local.table.host_list(),
         table.host_list(),
@@ -383,8 +404,6 @@ fn adopt(local: &mut LocalCluster, state: &Table, config: &Config, now_ns: u64) 
     // The fallback picks among exactly the table's hosts when Envoy counts as many endpoints as
     // the table holds live hosts (none unknown, ejected or unhealthy), and favours none of them
     // when they share one zone (a zone-aware fallback would favour some).
-    let mut zones = state.hosts.iter().map(|h| &*h.zone);
-    let one_zone = zones.next().is_none_or(|z| zones.all(|other| other == z));
     local.hosts_equal = config.pick() == PickAlgorithm::WeightedP2cUnlessEqual
         && one_zone
         && state.num_endpoints as usize == table.len()
