@@ -211,6 +211,12 @@ impl PickTable {
         )
     }
 
+    /// Whether a host with this share has a place in a table: a positive, finite share. What
+    /// the table leaves out, so does anything kept index for index with it.
+    pub fn holds(share: f64) -> bool {
+        share > 0.0 && share.is_finite()
+    }
+
     /// A table over `hosts`, a list the caller holds (a `record::Table`'s addresses), with each
     /// host's share and waits ([`PickTable::set_waits`]) index for index; hosts with a share of
     /// 0 are left out. When none is, the table shares the list itself: a VM adopting a table of
@@ -236,7 +242,7 @@ impl PickTable {
         let mut total = 0.0;
         for (i, (host, (share, waits))) in hosts.iter().zip(entries).enumerate() {
             walked = i + 1;
-            if share > 0.0 && share.is_finite() {
+            if PickTable::holds(share) {
                 total += share;
                 if let Some(live) = &mut live {
                     live.push(Rc::clone(host));
@@ -305,17 +311,12 @@ impl PickTable {
                 (w.usual_ns, w.patience_ns)
             })
             .unzip();
-        self.keep_waits(usual, patience);
-    }
-
-    /// Keeps each host's limits, or none where no host has one (the pick then skips the
-    /// lookups).
-    fn keep_waits(&mut self, usual: Vec<u64>, patience: Vec<u64>) {
         self.usual_ns = usual;
         self.patience_ns = patience;
         self.drop_unlimited_waits();
     }
 
+    /// Keeps no limits where no host has one: the pick then skips the lookups.
     fn drop_unlimited_waits(&mut self) {
         for waits in [&mut self.usual_ns, &mut self.patience_ns] {
             if waits.iter().all(|w| *w == u64::MAX) {

@@ -313,10 +313,10 @@ pub(crate) fn host_gauges(
     }
     if gauged(old.len()) {
         // Both sorted by address: one walk finds the hosts that left.
-        let mut present = table.addresses().iter().map(|a| &**a).peekable();
+        let mut present = table.addresses().iter().peekable();
         let unset = old.addresses().iter().filter(|h| {
-            while present.next_if(|a| *a < &***h).is_some() {}
-            !gauged(new.hosts.len()) || present.peek() != Some(&&***h)
+            while present.next_if(|a| a < h).is_some() {}
+            !gauged(new.hosts.len()) || present.peek() != Some(h)
         });
         for host in unset {
             for metric in HOST_GAUGES {

@@ -323,8 +323,9 @@ fn adopt(local: &mut LocalCluster, state: &Table, config: &Config, now_ns: u64) 
         true => 0.0,
         false => h.share,
     };
-    // Two walks over the table's hosts: what they say together (how many are live, the traffic's latency, whether they share one zone),
-    // then each host's entry in the pick table and its probe interval, which need the first.
+    // Two walks over the table's hosts: what they say together (how many are live, the
+    // traffic's latency, whether they share one zone), then each host's entry in the pick table
+    // and its probe interval, which need the first.
     let (mut live, mut weighted, mut mass) = (0, 0.0, 0.0);
     let first_zone = state.host_at(0).map(|h| h.zone);
     let mut one_zone = true;
@@ -368,13 +369,13 @@ fn adopt(local: &mut LocalCluster, state: &Table, config: &Config, now_ns: u64) 
     // calm"). A host further above gets its share from the pick, however rarely that comes in a
     // large cluster: probing it for being quiet would turn a sparse table into round robin.
     let out_of_favour = |share: f64| share <= 2.0 * floor * (1.0 + FLOOR_TOLERANCE);
-    // Index for index with the pick table's hosts (the live ones).
+    // Index for index with the pick table's hosts: the ones it holds.
     let mut intervals = Vec::with_capacity(live);
     let mut table = PickTable::over(
         state.addresses(),
         state.hosts().map(|h| {
             let share = share_of(&h);
-            if share > 0.0 && share.is_finite() {
+            if PickTable::holds(share) {
                 intervals.push(match out_of_favour(share) {
                     true => {
                         probe::interval_ns(policy.probe_interval_ns, h.latency_ms, reference_ms)
