@@ -314,10 +314,16 @@ impl HttpContext for Http {
             .then(|| host::property_i64(&["upstream", "num_endpoints"]))
             .flatten()
             .and_then(|n| u32::try_from(n).ok());
+        // A host without a zone answers empty (or not at all), which is an answer too: the
+        // worker keeps it like any zone, so the host is not asked again on every request.
         let zone = served_by
             .as_deref()
             .filter(|h| vm.worker.wants_zone(&cluster, h))
-            .and_then(|_| host::property_string(&["upstream", "locality", "zone"]));
+            .and_then(|_| {
+                host::optional_property_string(&["upstream", "locality", "zone"])
+                    .ok()
+                    .map(Option::unwrap_or_default)
+            });
         vm.worker.finish(
             &cluster,
             &Finished {
