@@ -126,6 +126,9 @@ pub struct OverheadRun {
     pub saturation_errors: u64,
     #[serde(skip_deserializing)]
     pub fixed_rate: Summary,
+    /// What a `callback-timing` build logged at saturation (`./wasm-build.sh --timing`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub timing: Vec<String>,
 }
 
 /// A variant over all rounds: each figure's median and range.
@@ -233,6 +236,31 @@ pub(crate) fn shipped_config(plugin: &Path, endpoints: &[SocketAddr]) -> Result<
     )
 }
 
+/// What [`saturate`] measured.
+pub(crate) struct Saturation {
+    /// Successful requests a second.
+    pub rps: f64,
+    pub errors: u64,
+    /// The open-loop phase, when a rate was given.
+    pub fixed: Option<Summary>,
+    /// The lines a module built with `callback-timing` logged during the closed loop (one a
+    /// second, so the first may begin in the warm-up); none from any other module.
+    pub timing: Vec<String>,
+}
+
+/// The lines of Envoy's log so far that a `callback-timing` build wrote.
+fn timing_lines(envoy: &Envoy) -> Vec<String> {
+    envoy.flush_logs();
+    envoy
+        .log()
+        .lines()
+        .filter_map(|l| l.find(TIMING_MARK).map(|at| l[at..].to_owned()))
+        .collect()
+}
+
+/// How a `callback-timing` build's lines begin (`src/filter/timing.rs`).
+const TIMING_MARK: &str = "ewma-lb timing:";
+
 /// Closed-loop load at saturation through `config`'s Envoy after a warm-up: successful req/s
 /// and errors; then, when `rate` is given, open-loop load at that rate.
 pub(crate) fn saturate(
@@ -243,7 +271,7 @@ pub(crate) fn saturate(
     warmup: Duration,
     time: Duration,
     rate: Option<(f64, Duration)>,
-) -> Result<(f64, u64, Option<Summary>)> {
+) -> Result<Saturation> {
     let options = EnvoyOptions {
         concurrency,
         log_level: "warn".into(),
@@ -259,7 +287,11 @@ pub(crate) fn saturate(
     };
     // Warm-up: connections, the plugin's first tables, V8's JIT.
     load::run(&closed(warmup))?;
+    // Every variant's log is flushed between the phases alike (a few ms outside the timed
+    // loop), so a timing build's lines are told apart by phase.
+    let before = timing_lines(&envoy).len();
     let sat = load::run(&closed(time))?;
+    let timing = timing_lines(&envoy).split_off(before);
     let elapsed = time.as_secs_f64().max(1e-3);
     let ok = sat
         .iter()
@@ -273,7 +305,12 @@ pub(crate) fn saturate(
         })?)),
         None => None,
     };
-    Ok((ok as f64 / elapsed, errors, fixed))
+    Ok(Saturation {
+        rps: ok as f64 / elapsed,
+        errors,
+        fixed,
+        timing,
+    })
 }
 
 /// The header-only reference measures the mechanism only if Envoy follows its header: with one
@@ -328,7 +365,7 @@ fn measure(
     let endpoints: Vec<SocketAddr> = backends.iter().map(Backend::addr).collect();
     let mut config = config_for(variant, modules, &endpoints)?;
     let warmup = Duration::from_secs(if o.smoke { 0 } else { 2 }).max(Duration::from_millis(300));
-    let (saturation_rps, saturation_errors, fixed) = saturate(
+    let sat = saturate(
         &mut config,
         variant.name(),
         o.concurrency,
@@ -340,9 +377,10 @@ fn measure(
     Ok(OverheadRun {
         variant,
         round,
-        saturation_rps,
-        saturation_errors,
-        fixed_rate: fixed.unwrap_or_default(),
+        saturation_rps: sat.rps,
+        saturation_errors: sat.errors,
+        fixed_rate: sat.fixed.unwrap_or_default(),
+        timing: sat.timing,
     })
 }
 
@@ -352,6 +390,28 @@ pub(crate) fn prepare(out_dir: &Path, n: usize) -> Result<Vec<Backend>> {
     (0..n.max(1))
         .map(|i| Backend::start_local(BackendSpec::new(format!("instant{i}"), Latency::Fixed(0))))
         .collect()
+}
+
+/// timing.txt into `out_dir`, when a variant's module was a `callback-timing` build: its lines by
+/// variant and round.
+fn write_timing(out_dir: &Path, runs: &[OverheadRun]) -> Result<()> {
+    let mut text = String::new();
+    for r in runs.iter().filter(|r| !r.timing.is_empty()) {
+        let _ = writeln!(text, "# {}, round {}", r.variant.name(), r.round);
+        for line in &r.timing {
+            let _ = writeln!(text, "{line}");
+        }
+    }
+    if text.is_empty() {
+        return Ok(());
+    }
+    let path = out_dir.join("timing.txt");
+    std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    eprintln!(
+        "where ewma-lb's time goes inside the VM: {}",
+        path.display()
+    );
+    Ok(())
 }
 
 /// results.md and results.json into `out_dir`.
@@ -446,6 +506,7 @@ pub fn run(o: &OverheadOptions) -> Result<OverheadReport> {
         header_bytes: size(&modules.header),
     };
     write_results(&o.out_dir, &markdown(&report, o), &report)?;
+    write_timing(&o.out_dir, &report.runs)?;
     Ok(report)
 }
 
