@@ -392,14 +392,29 @@ pub(crate) fn prepare(out_dir: &Path, n: usize) -> Result<Vec<Backend>> {
         .collect()
 }
 
-/// timing.txt into `out_dir`, when a variant's module was a `callback-timing` build: its lines by
-/// variant and round.
+/// timing.txt into `out_dir`, when a variant's module was a `callback-timing` build: per such
+/// variant, a table of the medians over its lines, then the lines by round.
 fn write_timing(out_dir: &Path, runs: &[OverheadRun]) -> Result<()> {
     let mut text = String::new();
-    for r in runs.iter().filter(|r| !r.timing.is_empty()) {
-        let _ = writeln!(text, "# {}, round {}", r.variant.name(), r.round);
-        for line in &r.timing {
-            let _ = writeln!(text, "{line}");
+    for v in Variant::ALL.into_iter().chain([Variant::Baseline]) {
+        let mine: Vec<&OverheadRun> = runs
+            .iter()
+            .filter(|r| r.variant == v && !r.timing.is_empty())
+            .collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let lines: Vec<&str> = mine
+            .iter()
+            .flat_map(|r| r.timing.iter().map(String::as_str))
+            .collect();
+        let _ = writeln!(text, "# {}\n\n{}", v.name(), timing_table(&lines));
+        for r in mine {
+            let _ = writeln!(text, "## round {}\n", r.round);
+            for line in &r.timing {
+                let _ = writeln!(text, "{line}");
+            }
+            text.push('\n');
         }
     }
     if text.is_empty() {
@@ -412,6 +427,83 @@ fn write_timing(out_dir: &Path, runs: &[OverheadRun]) -> Result<()> {
         path.display()
     );
     Ok(())
+}
+
+/// One slot of a timing line: µs a request, and calls.
+struct SlotTiming<'a> {
+    name: &'a str,
+    us: f64,
+    calls: f64,
+}
+
+/// One line of a `callback-timing` build: its requests, then per slot the µs a request and
+/// the calls (`src/filter/timing.rs`: `ewma-lb timing: N requests, callbacks T µs a request;
+/// name µs (calls) ...`).
+fn parse_timing_line(line: &str) -> Option<(f64, Vec<SlotTiming<'_>>)> {
+    let rest = line.strip_prefix(TIMING_MARK)?.trim_start();
+    let (requests, rest) = rest.split_once(" requests, ")?;
+    let requests: f64 = requests.parse().ok()?;
+    let (_, slots) = rest.split_once(';')?;
+    let words: Vec<&str> = slots.split_whitespace().collect();
+    let slots = words
+        .chunks(3)
+        .map(|w| match *w {
+            [name, us, calls] => Some(SlotTiming {
+                name,
+                us: us.parse().ok()?,
+                calls: calls.strip_prefix('(')?.strip_suffix(')')?.parse().ok()?,
+            }),
+            _ => None,
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Some((requests, slots))
+}
+
+/// The medians (min-max) over `lines` of each slot's µs a request and calls a request; the
+/// callbacks (the first slots, up to `path`) summed as their own row.
+fn timing_table(lines: &[&str]) -> String {
+    let parsed: Vec<_> = lines.iter().filter_map(|l| parse_timing_line(l)).collect();
+    let Some((_, first)) = parsed.first() else {
+        return String::new();
+    };
+    let mut md = format!(
+        "| inside the VM | µs a request, median (min-max) over {} lines | calls a request |\n|---|---|---|\n",
+        parsed.len()
+    );
+    let callbacks = first.iter().take_while(|s| s.name != "path").count();
+    let all = Spread::of(
+        parsed
+            .iter()
+            .map(|(_, slots)| slots.iter().take(callbacks).map(|s| s.us).sum()),
+    );
+    if let Some(all) = all {
+        let _ = writeln!(md, "| all callbacks | {} | |", all.show(2));
+    }
+    for (i, SlotTiming { name, .. }) in first.iter().enumerate() {
+        let per = |f: &dyn Fn(f64, &SlotTiming) -> f64| {
+            Spread::of(
+                parsed
+                    .iter()
+                    .filter_map(|(requests, slots)| slots.get(i).map(|s| f(*requests, s))),
+            )
+        };
+        let (Some(us), Some(calls)) = (
+            per(&|_, s| s.us),
+            per(&|requests, s| s.calls / requests.max(1.0)),
+        ) else {
+            continue;
+        };
+        if calls.max == 0.0 {
+            continue;
+        }
+        let name = if i < callbacks {
+            (*name).to_owned()
+        } else {
+            format!("part: {name}")
+        };
+        let _ = writeln!(md, "| {name} | {} | {:.2} |", us.show(2), calls.median);
+    }
+    md
 }
 
 /// results.md and results.json into `out_dir`.
@@ -619,6 +711,44 @@ pub fn markdown(r: &OverheadReport, o: &OverheadOptions) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The table of a timing build's lines: medians per slot, calls per request, the callbacks
+    /// summed; slots never called left out; a line of another shape ignored.
+    #[test]
+    fn a_timing_builds_lines_make_a_table_of_medians() {
+        let lines = [
+            "ewma-lb timing: 1000 requests, callbacks 3.00 µs a request; create_context 1.00 (1000) \
+             log 2.00 (1000) request_body 0.00 (0) path 0.50 (1000) zone 0.01 (4)",
+            "ewma-lb timing: 2000 requests, callbacks 5.00 µs a request; create_context 2.00 (2000) \
+             log 3.00 (2000) request_body 0.00 (0) path 0.70 (4000) zone 0.00 (0)",
+            "ewma-lb timing: garbled",
+            "ewma-lb timing: 3000 requests, callbacks 7.00 µs a request; create_context 3.00 (3000) \
+             log 4.00 (3000) request_body 0.00 (0) path 0.90 (3000) zone 0.00 (0)",
+        ];
+        let table = timing_table(&lines);
+        assert!(table.contains("over 3 lines"), "{table}");
+        assert!(
+            table.contains("| all callbacks | 5.00 (3.00-7.00) | |"),
+            "{table}"
+        );
+        assert!(
+            table.contains("| create_context | 2.00 (1.00-3.00) | 1.00 |"),
+            "{table}"
+        );
+        assert!(
+            table.contains("| log | 3.00 (2.00-4.00) | 1.00 |"),
+            "{table}"
+        );
+        assert!(
+            table.contains("| part: path | 0.70 (0.50-0.90) | 1.00 |"),
+            "{table}"
+        );
+        assert!(
+            table.contains("| part: zone | 0.00 (0.00-0.01) | 0.00 |"),
+            "{table}"
+        );
+        assert!(!table.contains("request_body"), "{table}");
+    }
 
     /// The reference modules must be built as the plugin is: the same release and wasm profiles.
     #[test]
