@@ -467,8 +467,9 @@ fn timing_table(lines: &[&str]) -> String {
         return String::new();
     };
     let mut md = format!(
-        "| inside the VM | µs a request, median (min-max) over {} lines | calls a request |\n|---|---|---|\n",
-        parsed.len()
+        "| inside the VM | µs a request, median (min-max) over {} line{} | calls a request |\n|---|---|---|\n",
+        parsed.len(),
+        if parsed.len() == 1 { "" } else { "s" }
     );
     let callbacks = first.iter().take_while(|s| s.name != "path").count();
     let all = Spread::of(

@@ -1,12 +1,14 @@
 //! Where a request's time goes inside the VM, by callback and by host call: compiled in only with
 //! the `callback-timing` feature (`./wasm-build.sh --timing`), for `ewma-bench overhead`, which
-//! keeps the lines this logs (one a second per VM, while requests come). Without the feature a span is an empty value and `timed` calls its
-//! closure, so the shipped module is the same as without this file.
+//! keeps the lines this logs (one a second per VM, while requests come). Without the feature a
+//! span is an empty value and `timed` calls its closure, so the shipped module is the same as
+//! without this file.
 //!
-//! A span reads the monotonic clock twice (WASI's clock, about 0.05 µs a read in Envoy's V8);
-//! an empty callback's span is the price of the measurement itself.
+//! A span reads the monotonic clock twice and adds to a per-VM total; the span of a callback
+//! that does nothing else (`response_body`) is the price of the measurement itself.
 
-/// What a span times. Callbacks first, then the parts of them.
+/// What a span times. Callbacks first, then the parts of them, from `Path` on (the log line's
+/// callback total and `ewma-bench overhead`'s table rely on that order).
 #[derive(Clone, Copy)]
 #[cfg_attr(not(feature = "callback-timing"), allow(dead_code))]
 pub enum Slot {
@@ -36,25 +38,50 @@ mod on {
     use super::Slot;
 
     const SLOTS: usize = Slot::Finish as usize + 1;
-    const NAMES: [&str; SLOTS] = [
-        "create_context",
-        "request_headers",
-        "request_body",
-        "response_headers",
-        "response_body",
-        "response_trailers",
-        "log",
-        "tick",
-        "path",
-        "cluster_name",
-        "route",
-        "filter_state",
-        "override_header",
-        "upstream_address",
-        "response_code",
-        "zone",
-        "finish",
-    ];
+
+    impl Slot {
+        const ALL: [Slot; SLOTS] = [
+            Slot::CreateContext,
+            Slot::RequestHeaders,
+            Slot::RequestBody,
+            Slot::ResponseHeaders,
+            Slot::ResponseBody,
+            Slot::ResponseTrailers,
+            Slot::Log,
+            Slot::Tick,
+            Slot::Path,
+            Slot::ClusterName,
+            Slot::Route,
+            Slot::FilterState,
+            Slot::OverrideHeader,
+            Slot::UpstreamAddress,
+            Slot::ResponseCode,
+            Slot::Zone,
+            Slot::Finish,
+        ];
+
+        fn name(self) -> &'static str {
+            match self {
+                Slot::CreateContext => "create_context",
+                Slot::RequestHeaders => "request_headers",
+                Slot::RequestBody => "request_body",
+                Slot::ResponseHeaders => "response_headers",
+                Slot::ResponseBody => "response_body",
+                Slot::ResponseTrailers => "response_trailers",
+                Slot::Log => "log",
+                Slot::Tick => "tick",
+                Slot::Path => "path",
+                Slot::ClusterName => "cluster_name",
+                Slot::Route => "route",
+                Slot::FilterState => "filter_state",
+                Slot::OverrideHeader => "override_header",
+                Slot::UpstreamAddress => "upstream_address",
+                Slot::ResponseCode => "response_code",
+                Slot::Zone => "zone",
+                Slot::Finish => "finish",
+            }
+        }
+    }
     /// Time between two lines: long enough for thousands of requests at saturation, short
     /// enough for a smoke run's second.
     const LINE_NS: u64 = 1_000_000_000;
@@ -109,14 +136,22 @@ mod on {
                 return;
             }
             let per_request = |ns: u64| ns as f64 / t.requests as f64 / 1000.0;
+            // The callbacks: the slots before the first part.
             let callbacks: u64 = t.ns.iter().take(Slot::Path as usize).sum();
             let mut line = format!(
                 "ewma-lb timing: {} requests, callbacks {:.2} µs a request;",
                 t.requests,
                 per_request(callbacks)
             );
-            for ((name, ns), calls) in NAMES.iter().zip(t.ns).zip(t.calls) {
-                line.push_str(&format!(" {name} {:.2} ({calls})", per_request(ns)));
+            for slot in Slot::ALL {
+                let i = slot as usize;
+                let (ns, calls) = (t.ns.get(i), t.calls.get(i));
+                let (ns, calls) = (ns.copied().unwrap_or(0), calls.copied().unwrap_or(0));
+                line.push_str(&format!(
+                    " {} {:.2} ({calls})",
+                    slot.name(),
+                    per_request(ns)
+                ));
             }
             log::info!("{line}");
             *t = Totals {
