@@ -90,6 +90,13 @@ cargo run --quiet -p ewma-bench -- compare bench/scenarios/seed-table.toml --smo
 cargo run --quiet -p ewma-bench -- compare bench/scenarios/grpc.toml --smoke --no-plots --out target/bench-smoke-grpc
 # A few seconds: builds bench/hostcall-filter and runs one (call, N) and the baseline through Envoy.
 cargo run --quiet -p ewma-bench -- hostcalls --smoke --out target/hostcalls-smoke
+# The plugin built to time itself (./wasm-build.sh --timing) through the overhead run: its lines
+# must reach the run's timing.txt and make its table. A timing.txt left by an earlier run cannot
+# pass for one.
+./wasm-build.sh --timing
+rm -rf target/overhead-smoke
+cargo run --quiet -p ewma-bench -- overhead --smoke --wasm dist/ewma_lb-timing.wasm --out target/overhead-smoke
+grep -q "^| all callbacks |" target/overhead-smoke/timing.txt
 
 step "fleet simulator smoke (10 proxies, 6 simulated seconds)"
 cargo run --quiet -p ewma-bench -- simulate bench/scenarios/fleet/fleet.toml --smoke --out target/sim-smoke

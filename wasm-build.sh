@@ -3,6 +3,9 @@
 # and doc in this repository uses; prints its size and sha256.
 #
 #   ./wasm-build.sh                  the plugin
+#   ./wasm-build.sh --timing         the plugin with the `callback-timing` feature (it logs where
+#                                    a request's time goes inside the VM; `ewma-bench overhead`
+#                                    keeps those lines), at dist/ewma_lb-timing.wasm
 #   ./wasm-build.sh CRATE_DIR OUT    another proxy-wasm crate of its own workspace, built the
 #                                    same way (profile `wasm`, the same wasm-opt flags), at OUT:
 #                                    the benchmark's reference filters (bench/noop-filter,
@@ -67,6 +70,14 @@ if [ $# -eq 0 ]; then
   cargo build --locked --profile wasm --target "$target" -p ewma-lb
   built="${CARGO_TARGET_DIR:-target}/$target/wasm/ewma_lb.wasm"
   out=dist/ewma_lb.wasm
+elif [ "$1" = --timing ]; then
+  # A target directory of its own: the feature changes the library, and a shared one would
+  # leave the shipped module's build to be redone by the next plain build.
+  timing_target="${CARGO_TARGET_DIR:-target}/timing"
+  cargo build --locked --profile wasm --target "$target" -p ewma-lb --features callback-timing \
+    --target-dir "$timing_target"
+  built="$timing_target/$target/wasm/ewma_lb.wasm"
+  out=dist/ewma_lb-timing.wasm
 else
   crate_dir=$1
   out=$2

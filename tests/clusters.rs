@@ -637,6 +637,51 @@ fn hosts_learn_their_zone_and_the_local_zone_keeps_the_traffic() {
     );
 }
 
+/// A host without a zone (Envoy answers `upstream.locality.zone` empty) is asked once, not on
+/// every request: the empty answer is kept like a zone, through the ticks, and counts as no
+/// zone (never a crossed one).
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_host_without_a_zone_is_asked_for_it_once() {
+    let store = Shared::default();
+    let mut w = Worker::new(config("{}"), 7);
+    w.set_local_zone("zone-a");
+    let mut t = SEC;
+    let zoneless = host(1);
+    let mut asked = 0;
+    let mut cross_zone = 0;
+    for _ in 0..10 {
+        for _ in 0..20 {
+            let wanted = w.wants_zone(CLUSTER, &zoneless);
+            asked += usize::from(wanted);
+            w.finish(
+                CLUSTER,
+                &Finished {
+                    served_by: Some(&zoneless),
+                    attempts: 1,
+                    latency_ms: 50.0,
+                    ended_ns: t,
+                    outcome: Some(Outcome::Success),
+                    num_endpoints: Some(1),
+                    zone: wanted.then_some(""),
+                    ..Finished::default()
+                },
+            );
+        }
+        let report = w.tick(t, &mut store.clone());
+        cross_zone += report
+            .metrics
+            .iter()
+            .filter(|u| u.metric == Metric::CrossZoneRequests)
+            .count();
+        t += 250 * MS;
+    }
+    assert_eq!(asked, 1, "asked once over 200 requests and 10 ticks");
+    assert_eq!(cross_zone, 0, "no zone is not another zone");
+    let state = store.record_of(CLUSTER);
+    assert_eq!(state.host(&zoneless).map(|h| h.zone.as_str()), Some(""));
+}
+
 /// One VM's traffic to a 50-endpoint cluster: `ticks` ticks of 100 ms, 50 requests each (about
 /// one per endpoint per tick, as 1,000 req/s over two VMs), every answer 50 ms except `slow`
 /// (tick, ms) for the first request to `host(1)` from that tick on. Returns `host(1)`'s requests per

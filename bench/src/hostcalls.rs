@@ -185,7 +185,7 @@ pub fn run(o: &HostcallOptions) -> Result<HostcallReport> {
             let mut config = shipped_config(&module, &endpoints)?;
             reference_module(&mut config, "hostcall", &module, &plugin_config)?;
             eprint!("round {round} {call:>16} x {n:<3} ... ");
-            let (rps, errors, _) = saturate(
+            let sat = saturate(
                 &mut config,
                 &plugin_config,
                 o.concurrency,
@@ -194,13 +194,13 @@ pub fn run(o: &HostcallOptions) -> Result<HostcallReport> {
                 o.saturation_time,
                 None,
             )?;
-            eprintln!("{rps:.0} req/s");
+            eprintln!("{:.0} req/s", sat.rps);
             runs.push(HostcallRun {
                 call,
                 n,
                 round,
-                saturation_rps: rps,
-                errors,
+                saturation_rps: sat.rps,
+                errors: sat.errors,
             });
             std::thread::sleep(Duration::from_millis(if o.smoke { 50 } else { 500 }));
         }

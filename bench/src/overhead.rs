@@ -126,6 +126,9 @@ pub struct OverheadRun {
     pub saturation_errors: u64,
     #[serde(skip_deserializing)]
     pub fixed_rate: Summary,
+    /// What a `callback-timing` build logged at saturation (`./wasm-build.sh --timing`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub timing: Vec<String>,
 }
 
 /// A variant over all rounds: each figure's median and range.
@@ -233,6 +236,31 @@ pub(crate) fn shipped_config(plugin: &Path, endpoints: &[SocketAddr]) -> Result<
     )
 }
 
+/// What [`saturate`] measured.
+pub(crate) struct Saturation {
+    /// Successful requests a second.
+    pub rps: f64,
+    pub errors: u64,
+    /// The open-loop phase, when a rate was given.
+    pub fixed: Option<Summary>,
+    /// The lines a module built with `callback-timing` logged during the closed loop (one a
+    /// second, so the first may begin in the warm-up); none from any other module.
+    pub timing: Vec<String>,
+}
+
+/// The lines of Envoy's log so far that a `callback-timing` build wrote.
+fn timing_lines(envoy: &Envoy) -> Vec<String> {
+    envoy.flush_logs();
+    envoy
+        .log()
+        .lines()
+        .filter_map(|l| l.find(TIMING_MARK).map(|at| l[at..].to_owned()))
+        .collect()
+}
+
+/// How a `callback-timing` build's lines begin (`src/filter/timing.rs`).
+const TIMING_MARK: &str = "ewma-lb timing:";
+
 /// Closed-loop load at saturation through `config`'s Envoy after a warm-up: successful req/s
 /// and errors; then, when `rate` is given, open-loop load at that rate.
 pub(crate) fn saturate(
@@ -243,7 +271,7 @@ pub(crate) fn saturate(
     warmup: Duration,
     time: Duration,
     rate: Option<(f64, Duration)>,
-) -> Result<(f64, u64, Option<Summary>)> {
+) -> Result<Saturation> {
     let options = EnvoyOptions {
         concurrency,
         log_level: "warn".into(),
@@ -259,7 +287,11 @@ pub(crate) fn saturate(
     };
     // Warm-up: connections, the plugin's first tables, V8's JIT.
     load::run(&closed(warmup))?;
+    // Every variant's log is flushed between the phases alike (a few ms outside the timed
+    // loop), so a timing build's lines are told apart by phase.
+    let before = timing_lines(&envoy).len();
     let sat = load::run(&closed(time))?;
+    let timing = timing_lines(&envoy).split_off(before);
     let elapsed = time.as_secs_f64().max(1e-3);
     let ok = sat
         .iter()
@@ -273,7 +305,12 @@ pub(crate) fn saturate(
         })?)),
         None => None,
     };
-    Ok((ok as f64 / elapsed, errors, fixed))
+    Ok(Saturation {
+        rps: ok as f64 / elapsed,
+        errors,
+        fixed,
+        timing,
+    })
 }
 
 /// The header-only reference measures the mechanism only if Envoy follows its header: with one
@@ -328,7 +365,7 @@ fn measure(
     let endpoints: Vec<SocketAddr> = backends.iter().map(Backend::addr).collect();
     let mut config = config_for(variant, modules, &endpoints)?;
     let warmup = Duration::from_secs(if o.smoke { 0 } else { 2 }).max(Duration::from_millis(300));
-    let (saturation_rps, saturation_errors, fixed) = saturate(
+    let sat = saturate(
         &mut config,
         variant.name(),
         o.concurrency,
@@ -340,9 +377,10 @@ fn measure(
     Ok(OverheadRun {
         variant,
         round,
-        saturation_rps,
-        saturation_errors,
-        fixed_rate: fixed.unwrap_or_default(),
+        saturation_rps: sat.rps,
+        saturation_errors: sat.errors,
+        fixed_rate: sat.fixed.unwrap_or_default(),
+        timing: sat.timing,
     })
 }
 
@@ -352,6 +390,121 @@ pub(crate) fn prepare(out_dir: &Path, n: usize) -> Result<Vec<Backend>> {
     (0..n.max(1))
         .map(|i| Backend::start_local(BackendSpec::new(format!("instant{i}"), Latency::Fixed(0))))
         .collect()
+}
+
+/// timing.txt into `out_dir`, when a variant's module was a `callback-timing` build: per such
+/// variant, a table of the medians over its lines, then the lines by round.
+fn write_timing(out_dir: &Path, runs: &[OverheadRun]) -> Result<()> {
+    let mut text = String::new();
+    for v in Variant::ALL.into_iter().chain([Variant::Baseline]) {
+        let mine: Vec<&OverheadRun> = runs
+            .iter()
+            .filter(|r| r.variant == v && !r.timing.is_empty())
+            .collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let lines: Vec<&str> = mine
+            .iter()
+            .flat_map(|r| r.timing.iter().map(String::as_str))
+            .collect();
+        let _ = writeln!(text, "# {}\n\n{}", v.name(), timing_table(&lines));
+        for r in mine {
+            let _ = writeln!(text, "## round {}\n", r.round);
+            for line in &r.timing {
+                let _ = writeln!(text, "{line}");
+            }
+            text.push('\n');
+        }
+    }
+    if text.is_empty() {
+        return Ok(());
+    }
+    let path = out_dir.join("timing.txt");
+    std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    eprintln!(
+        "where ewma-lb's time goes inside the VM: {}",
+        path.display()
+    );
+    Ok(())
+}
+
+/// One slot of a timing line: µs a request, and calls.
+struct SlotTiming<'a> {
+    name: &'a str,
+    us: f64,
+    calls: f64,
+}
+
+/// One line of a `callback-timing` build: its requests, then per slot the µs a request and
+/// the calls (`src/filter/timing.rs`: `ewma-lb timing: N requests, callbacks T µs a request;
+/// name µs (calls) ...`).
+fn parse_timing_line(line: &str) -> Option<(f64, Vec<SlotTiming<'_>>)> {
+    let rest = line.strip_prefix(TIMING_MARK)?.trim_start();
+    let (requests, rest) = rest.split_once(" requests, ")?;
+    let requests: f64 = requests.parse().ok()?;
+    let (_, slots) = rest.split_once(';')?;
+    let words: Vec<&str> = slots.split_whitespace().collect();
+    let slots = words
+        .chunks(3)
+        .map(|w| match *w {
+            [name, us, calls] => Some(SlotTiming {
+                name,
+                us: us.parse().ok()?,
+                calls: calls.strip_prefix('(')?.strip_suffix(')')?.parse().ok()?,
+            }),
+            _ => None,
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Some((requests, slots))
+}
+
+/// The medians (min-max) over `lines` of each slot's µs a request and calls a request; the
+/// callbacks (the first slots, up to `path`) summed as their own row.
+fn timing_table(lines: &[&str]) -> String {
+    let parsed: Vec<_> = lines.iter().filter_map(|l| parse_timing_line(l)).collect();
+    let Some((_, first)) = parsed.first() else {
+        return String::new();
+    };
+    let mut md = format!(
+        "| inside the VM | µs a request, median (min-max) over {} line{} | calls a request |\n|---|---|---|\n",
+        parsed.len(),
+        if parsed.len() == 1 { "" } else { "s" }
+    );
+    let callbacks = first.iter().take_while(|s| s.name != "path").count();
+    let all = Spread::of(
+        parsed
+            .iter()
+            .map(|(_, slots)| slots.iter().take(callbacks).map(|s| s.us).sum()),
+    );
+    if let Some(all) = all {
+        let _ = writeln!(md, "| all callbacks | {} | |", all.show(2));
+    }
+    for (i, SlotTiming { name, .. }) in first.iter().enumerate() {
+        let per = |f: &dyn Fn(f64, &SlotTiming) -> f64| {
+            Spread::of(
+                parsed
+                    .iter()
+                    .filter_map(|(requests, slots)| slots.get(i).map(|s| f(*requests, s))),
+            )
+        };
+        let (Some(us), Some(calls)) = (
+            per(&|_, s| s.us),
+            per(&|requests, s| s.calls / requests.max(1.0)),
+        ) else {
+            continue;
+        };
+        if calls.max == 0.0 {
+            continue;
+        }
+        let name = if i < callbacks {
+            (*name).to_owned()
+        } else {
+            format!("part: {name}")
+        };
+        let _ = writeln!(md, "| {name} | {} | {:.2} |", us.show(2), calls.median);
+    }
+    md
 }
 
 /// results.md and results.json into `out_dir`.
@@ -446,6 +599,7 @@ pub fn run(o: &OverheadOptions) -> Result<OverheadReport> {
         header_bytes: size(&modules.header),
     };
     write_results(&o.out_dir, &markdown(&report, o), &report)?;
+    write_timing(&o.out_dir, &report.runs)?;
     Ok(report)
 }
 
@@ -558,6 +712,44 @@ pub fn markdown(r: &OverheadReport, o: &OverheadOptions) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The table of a timing build's lines: medians per slot, calls per request, the callbacks
+    /// summed; slots never called left out; a line of another shape ignored.
+    #[test]
+    fn a_timing_builds_lines_make_a_table_of_medians() {
+        let lines = [
+            "ewma-lb timing: 1000 requests, callbacks 3.00 µs a request; create_context 1.00 (1000) \
+             log 2.00 (1000) request_body 0.00 (0) path 0.50 (1000) zone 0.01 (4)",
+            "ewma-lb timing: 2000 requests, callbacks 5.00 µs a request; create_context 2.00 (2000) \
+             log 3.00 (2000) request_body 0.00 (0) path 0.70 (4000) zone 0.00 (0)",
+            "ewma-lb timing: garbled",
+            "ewma-lb timing: 3000 requests, callbacks 7.00 µs a request; create_context 3.00 (3000) \
+             log 4.00 (3000) request_body 0.00 (0) path 0.90 (3000) zone 0.00 (0)",
+        ];
+        let table = timing_table(&lines);
+        assert!(table.contains("over 3 lines"), "{table}");
+        assert!(
+            table.contains("| all callbacks | 5.00 (3.00-7.00) | |"),
+            "{table}"
+        );
+        assert!(
+            table.contains("| create_context | 2.00 (1.00-3.00) | 1.00 |"),
+            "{table}"
+        );
+        assert!(
+            table.contains("| log | 3.00 (2.00-4.00) | 1.00 |"),
+            "{table}"
+        );
+        assert!(
+            table.contains("| part: path | 0.70 (0.50-0.90) | 1.00 |"),
+            "{table}"
+        );
+        assert!(
+            table.contains("| part: zone | 0.00 (0.00-0.01) | 0.00 |"),
+            "{table}"
+        );
+        assert!(!table.contains("request_body"), "{table}");
+    }
 
     /// The reference modules must be built as the plugin is: the same release and wasm profiles.
     #[test]

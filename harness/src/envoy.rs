@@ -447,6 +447,26 @@ impl Envoy {
         Ok(hosts)
     }
 
+    /// Has Envoy write out what its logs hold (the log at `--log-path` and the access logs); up
+    /// to 3 s. Envoy writes them through a buffer it flushes when full or on a timer
+    /// (`--file-flush-interval-msec`, 10 s by default). Reopening the logs flushes them, on
+    /// Envoy's flush thread: hence the wait for its buffered bytes to reach 0.
+    pub fn flush_logs(&self) {
+        if self.admin_post("/reopen_logs").is_err() {
+            return;
+        }
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while self
+            .stat("filesystem.write_total_buffered")
+            .is_some_and(|bytes| bytes > 0)
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // The gauge falls when the flush thread takes the buffer, just before it writes.
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
     /// Kills Envoy now (by PID) and reaps it; also done on drop.
     pub fn kill(&mut self) {
         if let Ok(None) = self.child.try_wait() {
@@ -460,23 +480,9 @@ impl Drop for Envoy {
     fn drop(&mut self) {
         let keep = std::env::var_os(KEEP_ENV).is_some();
         if keep {
-            // Envoy writes access logs through a buffer it flushes when full or on a timer
-            // (`--file-flush-interval-msec`), and a killed Envoy never flushes: the kept log
-            // would lack its last lines (of a 3-s run, all but the first). Reopening the logs
-            // flushes them, on Envoy's flush thread: hence the wait for its buffered bytes to
-            // reach 0.
-            if self.admin_post("/reopen_logs").is_ok() {
-                let deadline = Instant::now() + Duration::from_secs(3);
-                while self
-                    .stat("filesystem.write_total_buffered")
-                    .is_some_and(|bytes| bytes > 0)
-                    && Instant::now() < deadline
-                {
-                    std::thread::sleep(Duration::from_millis(20));
-                }
-                // The gauge falls when the flush thread takes the buffer, just before it writes.
-                std::thread::sleep(Duration::from_millis(50));
-            }
+            // A killed Envoy never flushes: the kept log would lack its last lines (of a 3-s
+            // run, all but the first).
+            self.flush_logs();
         }
         self.kill();
         if std::thread::panicking() || keep {

@@ -10,6 +10,7 @@ use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::{Action, MapType};
 
 use super::host;
+use super::timing::{self, timed, Slot};
 use super::vm::Vm;
 use crate::balance::outcome::{GrpcResponse, Outcome};
 use crate::balance::score::{LoadReportWatch, LOAD_REPORT_HEADER};
@@ -111,6 +112,7 @@ impl Http {
 
 impl HttpContext for Http {
     fn on_http_request_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        let _span = timing::span(Slot::RequestHeaders);
         let Ok(mut vm) = self.vm.try_borrow_mut() else {
             return Action::Continue;
         };
@@ -121,18 +123,22 @@ impl HttpContext for Http {
             tick_soon,
             ..
         } = &mut *vm;
-        let path = host::request_header_bytes(":path").unwrap_or_default();
-        let cluster = host::property_string(&["xds", "cluster_name"]);
+        let path = timed(Slot::Path, || host::request_header_bytes(":path")).unwrap_or_default();
+        let cluster = timed(Slot::ClusterName, || {
+            host::property_string(&["xds", "cluster_name"])
+        });
         let now_ns = worker.clock(host::monotonic_ns());
-        let decision = worker.route(
-            &Request {
-                path: &path,
-                cluster: cluster.as_deref(),
-                now_ns,
-                body_pending: !end_of_stream,
-            },
-            || host::property_string(&["source", "address"]),
-        );
+        let decision = timed(Slot::Route, || {
+            worker.route(
+                &Request {
+                    path: &path,
+                    cluster: cluster.as_deref(),
+                    now_ns,
+                    body_pending: !end_of_stream,
+                },
+                || host::property_string(&["source", "address"]),
+            )
+        });
         if worker.take_tick_wanted() && !*tick_soon {
             // A tick period is the host's only timer: the shortest, 1 ms, then the tick puts it
             // back (`Root::on_tick`).
@@ -145,14 +151,18 @@ impl HttpContext for Http {
             _ => None,
         };
         decision.write_log_value(version, decision_value);
-        host::set_filter_state(DECISION_STATE, decision_value);
+        timed(Slot::FilterState, || {
+            host::set_filter_state(DECISION_STATE, decision_value)
+        });
         let header = worker.config().override_header();
         // The client's copy is replaced or removed whatever happens: client input never chooses
         // the host.
         match &decision {
             Decision::Override(pick) => {
                 pick.write_header_value(header_value);
-                if host::set_request_header(header, Some(header_value)) {
+                if timed(Slot::OverrideHeader, || {
+                    host::set_request_header(header, Some(header_value))
+                }) {
                     self.picked = Some(pick.host.clone());
                     self.in_flight = end_of_stream;
                     // Three header reads, for probes with a wait only.
@@ -206,6 +216,7 @@ impl HttpContext for Http {
     }
 
     fn on_http_request_body(&mut self, _body_size: usize, end_of_stream: bool) -> Action {
+        let _span = timing::span(Slot::RequestBody);
         if end_of_stream {
             self.request_ended();
         }
@@ -218,6 +229,7 @@ impl HttpContext for Http {
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, end_of_stream: bool) -> Action {
+        let _span = timing::span(Slot::ResponseHeaders);
         self.response_ended |= end_of_stream;
         let Some(cluster) = self.sampled_cluster.as_deref() else {
             return Action::Continue;
@@ -258,11 +270,13 @@ impl HttpContext for Http {
     }
 
     fn on_http_response_body(&mut self, _body_size: usize, end_of_stream: bool) -> Action {
+        let _span = timing::span(Slot::ResponseBody);
         self.response_ended |= end_of_stream;
         Action::Continue
     }
 
     fn on_http_response_trailers(&mut self, _num_trailers: usize) -> Action {
+        let _span = timing::span(Slot::ResponseTrailers);
         // Trailers end the response.
         self.response_ended = true;
         if self.sampled_cluster.is_some() {
@@ -273,15 +287,21 @@ impl HttpContext for Http {
     }
 
     fn on_log(&mut self) {
+        let _span = timing::span(Slot::Log);
+        timing::request_logged();
         let Some(cluster) = self.sampled_cluster.take() else {
             return;
         };
         let Ok(mut vm) = self.vm.try_borrow_mut() else {
             return;
         };
-        let served_by = host::property_string(&["upstream", "address"]);
+        let served_by = timed(Slot::UpstreamAddress, || {
+            host::property_string(&["upstream", "address"])
+        });
         let answered = self.latency_ns.is_some();
-        let code = host::property_i64(&["response", "code"]);
+        let code = timed(Slot::ResponseCode, || {
+            host::property_i64(&["response", "code"])
+        });
         // Read only when they could change the outcome (`Outcome::needs_flags`).
         let flags = if Outcome::needs_flags(code, answered, self.response_ended) {
             host::property_i64(&["response", "flags"]).map_or(0, |f| f as u64)
@@ -314,10 +334,19 @@ impl HttpContext for Http {
             .then(|| host::property_i64(&["upstream", "num_endpoints"]))
             .flatten()
             .and_then(|n| u32::try_from(n).ok());
+        // A host without a zone answers empty (or not at all), which is an answer too: the
+        // worker keeps it like any zone, so the host is not asked again on every request.
         let zone = served_by
             .as_deref()
             .filter(|h| vm.worker.wants_zone(&cluster, h))
-            .and_then(|_| host::property_string(&["upstream", "locality", "zone"]));
+            .and_then(|_| {
+                timed(Slot::Zone, || {
+                    host::optional_property_string(&["upstream", "locality", "zone"])
+                })
+                .ok()
+                .map(Option::unwrap_or_default)
+            });
+        let _finish = timing::span(Slot::Finish);
         vm.worker.finish(
             &cluster,
             &Finished {

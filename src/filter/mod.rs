@@ -7,4 +7,5 @@ mod host;
 mod http;
 mod metrics;
 pub mod root;
+mod timing;
 mod vm;

@@ -11,6 +11,7 @@ use proxy_wasm::types::{BufferType, ContextType, MapType};
 
 use super::host::{self, SharedData};
 use super::http::Http;
+use super::timing::{self, Slot};
 use super::vm::Vm;
 use crate::config::Config;
 use crate::units::ns_to_whole_ms;
@@ -107,6 +108,7 @@ impl RootContext for Root {
     }
 
     fn on_tick(&mut self) {
+        let _span = timing::span(Slot::Tick);
         let Some(vm) = &self.vm else { return };
         let Ok(mut vm) = vm.try_borrow_mut() else {
             return;
@@ -158,6 +160,7 @@ impl RootContext for Root {
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+        let _span = timing::span(Slot::CreateContext);
         let vm = self.vm.clone()?;
         Some(Box::new(Http::new(vm)))
     }

@@ -46,7 +46,8 @@ pub struct Finished<'a> {
     /// `upstream.num_endpoints`: the cluster's endpoint count (asked for once a tick, see
     /// `Worker::wants_endpoint_count`).
     pub num_endpoints: Option<u32>,
-    /// `upstream.locality.zone` of `served_by` (asked for once a host, see `Worker::wants_zone`).
+    /// `upstream.locality.zone` of `served_by` (asked for once a host, see `Worker::wants_zone`);
+    /// `Some("")` for a host that has none, so it is not asked again.
     pub zone: Option<&'a str>,
     /// The upstream response's `endpoint-load-metrics` header, as the host sent it: the load
     /// `served_by` reports (`score`). Never a request header: a client's report counts for nothing.

@@ -220,7 +220,8 @@ impl Worker {
         score.load_weight > 0.0 && score.load_metric != LoadMetric::Off
     }
 
-    /// Whether the adapter should read the zone of `host` (not known yet).
+    /// Whether the adapter should read the zone of `host`: not while this VM's batch holds an
+    /// answer for it (an empty one included: a host without a zone) or the record names one.
     pub fn wants_zone(&self, cluster: &str, host: &str) -> bool {
         let Some(local) = self.clusters.get(cluster) else {
             return false;
