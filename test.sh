@@ -76,6 +76,8 @@ cargo fmt --all -- --check
 
 step "clippy (the plugin: no unwrap/expect/panic; the whole workspace and its tests: no warnings)"
 cargo clippy --quiet -p ewma-lb --lib --target wasm32-wasip1 -- -D warnings
+# The timing build (./wasm-build.sh --timing) runs in a VM too: the same lints.
+cargo clippy --quiet -p ewma-lb --lib --target wasm32-wasip1 --features callback-timing -- -D warnings
 cargo clippy --quiet --workspace --all-targets -- -D warnings
 
 step "tests: core, harness, bench tool, packaging, end to end (native)"
