@@ -71,8 +71,8 @@ if [ $# -eq 0 ]; then
   built="${CARGO_TARGET_DIR:-target}/$target/wasm/ewma_lb.wasm"
   out=dist/ewma_lb.wasm
 elif [ "$1" = --timing ]; then
-  # A target directory of its own: the feature changes the library, and a shared one would
-  # leave the shipped module's build to be redone by the next plain build.
+  # A target directory of its own: a cdylib's file names carry no hash (cargo#6313), so in the
+  # shared one the two builds would write the same files.
   timing_target="${CARGO_TARGET_DIR:-target}/timing"
   cargo build --locked --profile wasm --target "$target" -p ewma-lb --features callback-timing \
     --target-dir "$timing_target"

@@ -436,14 +436,19 @@ struct SlotTiming<'a> {
     calls: f64,
 }
 
-/// One line of a `callback-timing` build: its requests, then per slot the µs a request and
-/// the calls (`src/filter/timing.rs`: `ewma-lb timing: N requests, callbacks T µs a request;
-/// name µs (calls) ...`).
-fn parse_timing_line(line: &str) -> Option<(f64, Vec<SlotTiming<'_>>)> {
+/// One line of a `callback-timing` build (`src/filter/timing.rs`: `ewma-lb timing: N requests,
+/// callbacks T µs a request; name µs (calls) ...`).
+struct TimingLine<'a> {
+    requests: f64,
+    /// All callbacks, µs a request.
+    callbacks: f64,
+    slots: Vec<SlotTiming<'a>>,
+}
+
+fn parse_timing_line(line: &str) -> Option<TimingLine<'_>> {
     let rest = line.strip_prefix(TIMING_MARK)?.trim_start();
-    let (requests, rest) = rest.split_once(" requests, ")?;
-    let requests: f64 = requests.parse().ok()?;
-    let (_, slots) = rest.split_once(';')?;
+    let (requests, rest) = rest.split_once(" requests, callbacks ")?;
+    let (callbacks, slots) = rest.split_once(" µs a request;")?;
     let words: Vec<&str> = slots.split_whitespace().collect();
     let slots = words
         .chunks(3)
@@ -456,14 +461,18 @@ fn parse_timing_line(line: &str) -> Option<(f64, Vec<SlotTiming<'_>>)> {
             _ => None,
         })
         .collect::<Option<Vec<_>>>()?;
-    Some((requests, slots))
+    Some(TimingLine {
+        requests: requests.parse().ok()?,
+        callbacks: callbacks.parse().ok()?,
+        slots,
+    })
 }
 
-/// The medians (min-max) over `lines` of each slot's µs a request and calls a request; the
-/// callbacks (the first slots, up to `path`) summed as their own row.
+/// The medians (min-max) over `lines` of all callbacks and of each slot's µs a request and
+/// calls a request; the parts of a callback (the slots from `path` on) marked as such.
 fn timing_table(lines: &[&str]) -> String {
     let parsed: Vec<_> = lines.iter().filter_map(|l| parse_timing_line(l)).collect();
-    let Some((_, first)) = parsed.first() else {
+    let Some(first) = parsed.first().map(|l| &l.slots) else {
         return String::new();
     };
     let mut md = format!(
@@ -472,12 +481,7 @@ fn timing_table(lines: &[&str]) -> String {
         if parsed.len() == 1 { "" } else { "s" }
     );
     let callbacks = first.iter().take_while(|s| s.name != "path").count();
-    let all = Spread::of(
-        parsed
-            .iter()
-            .map(|(_, slots)| slots.iter().take(callbacks).map(|s| s.us).sum()),
-    );
-    if let Some(all) = all {
+    if let Some(all) = Spread::of(parsed.iter().map(|l| l.callbacks)) {
         let _ = writeln!(md, "| all callbacks | {} | |", all.show(2));
     }
     for (i, SlotTiming { name, .. }) in first.iter().enumerate() {
@@ -485,7 +489,7 @@ fn timing_table(lines: &[&str]) -> String {
             Spread::of(
                 parsed
                     .iter()
-                    .filter_map(|(requests, slots)| slots.get(i).map(|s| f(*requests, s))),
+                    .filter_map(|l| l.slots.get(i).map(|s| f(l.requests, s))),
             )
         };
         let (Some(us), Some(calls)) = (
