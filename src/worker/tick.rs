@@ -152,7 +152,13 @@ impl Worker {
         let Some(local) = self.clusters.get(cluster) else {
             return;
         };
-        let Some(state) = local.member.record() else {
+        // The record this VM published, and the table made of it: the gauges pair the record's
+        // hosts with the table's names in order.
+        let Some(state) = local
+            .member
+            .record()
+            .filter(|s| s.table_version == local.snapshot.table_version)
+        else {
             return;
         };
         let policy = self.config.policy();
