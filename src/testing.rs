@@ -9,7 +9,8 @@ use std::rc::Rc;
 use crate::balance::outcome::Outcome;
 use crate::record::state::ClusterState;
 use crate::record::sync::{self, SharedStore, StoreError};
-use crate::worker::{Decision, Finished, Request, Worker};
+use crate::worker::telemetry::Update;
+use crate::worker::{Decision, Finished, Request, TickReport, Worker};
 
 /// One request as the adapter runs it: routed, and when the plugin steers it, finished at its
 /// pick as a success in `latency_ms` (in flight, one attempt). Returns the host picked.
@@ -20,6 +21,16 @@ pub fn steered_request(
     latency_ms: f64,
 ) -> Option<Rc<str>> {
     steered_request_by(worker, cluster, request, |_| latency_ms)
+}
+
+/// Every metric update of a tick as the filter applies them: the report's, then the per-host
+/// gauges of the clusters it names as due, which `worker` makes until its next tick.
+pub fn tick_updates(worker: &Worker, report: &TickReport) -> Vec<Update> {
+    let mut all = report.metrics.clone();
+    for cluster in &report.gauges_due {
+        worker.host_gauges(cluster, |u| all.push(u));
+    }
+    all
 }
 
 /// [`steered_request`], the latency a function of the host picked.

@@ -17,6 +17,7 @@ use ewma_lb::balance::explore::{LEARNING_SHARE, LEARNING_WINDOW_NS};
 use ewma_lb::balance::outcome::Outcome;
 use ewma_lb::record::state::{Accumulator, ClusterBatch, ClusterState};
 use ewma_lb::record::sync;
+use ewma_lb::testing::tick_updates;
 use ewma_lb::worker::status::HostPhase;
 use ewma_lb::worker::telemetry::{Change, Metric, MAX_GAUGED_HOSTS};
 use ewma_lb::worker::{Decision, Finished, Worker};
@@ -265,11 +266,9 @@ fn a_host_envoy_no_longer_honours_leaves_the_table_at_once_and_its_gauges_go_to_
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn a_cluster_that_outgrows_the_per_host_gauges_zeroes_them_once_and_sets_no_more() {
     let address = |i: usize| format!("10.0.{}.{}:80", i / 200, i % 200);
-    let per_host = |report: &ewma_lb::worker::TickReport| -> (usize, usize) {
-        let host_weights = report
-            .metrics
-            .iter()
-            .filter(|u| u.metric == Metric::HostWeight);
+    let per_host = |w: &Worker, report: &ewma_lb::worker::TickReport| -> (usize, usize) {
+        let updates = tick_updates(w, report);
+        let host_weights = updates.iter().filter(|u| u.metric == Metric::HostWeight);
         let zeroed = host_weights
             .clone()
             .filter(|u| u.change == Change::Set(0))
@@ -284,7 +283,7 @@ fn a_cluster_that_outgrows_the_per_host_gauges_zeroes_them_once_and_sets_no_more
     }
     let report = w.tick(SEC, &mut store.clone());
     assert_eq!(
-        per_host(&report),
+        per_host(&w, &report),
         (MAX_GAUGED_HOSTS, 0),
         "every host gauged"
     );
@@ -292,7 +291,7 @@ fn a_cluster_that_outgrows_the_per_host_gauges_zeroes_them_once_and_sets_no_more
     served(&mut w, &address(MAX_GAUGED_HOSTS), 50.0, endpoints);
     let report = w.tick(SEC + 300 * MS, &mut store.clone());
     assert_eq!(report.adopted.len(), 1);
-    assert_eq!(per_host(&report), (MAX_GAUGED_HOSTS, MAX_GAUGED_HOSTS));
+    assert_eq!(per_host(&w, &report), (MAX_GAUGED_HOSTS, MAX_GAUGED_HOSTS));
     assert!(report
         .metrics
         .iter()
@@ -303,7 +302,7 @@ fn a_cluster_that_outgrows_the_per_host_gauges_zeroes_them_once_and_sets_no_more
     let report = w.tick(SEC + 600 * MS, &mut store.clone());
     assert_eq!(report.adopted.len(), 1, "a new table");
     assert_eq!(
-        per_host(&report),
+        per_host(&w, &report),
         (0, 0),
         "no per-host gauge past the limit"
     );

@@ -754,9 +754,8 @@ fn the_status_document_is_guarded_and_describes_the_table() {
 }
 
 /// The counter and gauge changes of a tick, as `(metric, label, change)`.
-fn changes(report: &ewma_lb::worker::TickReport) -> Vec<(Metric, Option<String>, Change)> {
-    report
-        .metrics
+fn changes(updates: &[Update]) -> Vec<(Metric, Option<String>, Change)> {
+    updates
         .iter()
         .map(
             |Update {
@@ -875,7 +874,7 @@ fn the_in_flight_gauge_moves_by_this_workers_change_since_the_last_tick() {
         r#"{"exploration_share": 0, "clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}}"#;
     let (store, mut w) = ticked(cfg, 1);
     let in_flight = |report: &ewma_lb::worker::TickReport| -> Vec<Change> {
-        changes(report)
+        changes(&report.metrics)
             .into_iter()
             .filter(|(m, _, _)| *m == Metric::HostInFlight)
             .map(|(_, _, c)| c)
@@ -928,7 +927,8 @@ fn no_series_moved_by_deltas_is_ever_set() {
                 },
             );
         }
-        seen.extend(changes(&w.tick(t * SEC / 2, &mut store.clone())));
+        let report = w.tick(t * SEC / 2, &mut store.clone());
+        seen.extend(changes(&ewma_lb::testing::tick_updates(&w, &report)));
     }
     assert!(seen
         .iter()
@@ -949,7 +949,8 @@ fn adopting_a_table_sets_every_hosts_gauges() {
     let mut w = two_endpoints(1);
     let report = w.tick(SEC, &mut store.clone());
     assert_eq!(report.adopted, vec![(CLUSTER.to_string(), 1)]);
-    let weights: Vec<u64> = changes(&report)
+    let updates = ewma_lb::testing::tick_updates(&w, &report);
+    let weights: Vec<u64> = changes(&updates)
         .into_iter()
         .filter_map(|(m, _, c)| match (m, c) {
             (Metric::HostWeight, Change::Set(ppm)) => Some(ppm),
@@ -957,7 +958,7 @@ fn adopting_a_table_sets_every_hosts_gauges() {
         })
         .collect();
     assert_eq!(weights, vec![500_000, 500_000]);
-    let ejected = changes(&report)
+    let ejected = changes(&updates)
         .into_iter()
         .filter(|(m, _, _)| *m == Metric::HostEjected)
         .count();
@@ -966,7 +967,7 @@ fn adopting_a_table_sets_every_hosts_gauges() {
     let mut other = two_endpoints(2);
     let report = other.tick(SEC + 10 * MS, &mut store.clone());
     assert_eq!(report.adopted, vec![(CLUSTER.to_string(), 1)]);
-    let gauges = changes(&report)
+    let gauges = changes(&ewma_lb::testing::tick_updates(&other, &report))
         .into_iter()
         .filter(|(m, _, _)| {
             matches!(

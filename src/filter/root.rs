@@ -134,6 +134,9 @@ impl RootContext for Root {
         for update in &report.metrics {
             metrics.apply(update);
         }
+        for cluster in &report.gauges_due {
+            worker.host_gauges(cluster, |update| metrics.apply(&update));
+        }
         if log::log_enabled!(log::Level::Debug) {
             for (cluster, version) in &report.adopted {
                 debug!(

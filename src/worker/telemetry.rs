@@ -263,73 +263,85 @@ pub(crate) fn update(metric: Metric, cluster: &str, label: Option<&str>, change:
 /// Envoy's `per_endpoint_stats` show their hosts.
 pub const MAX_GAUGED_HOSTS: usize = 512;
 
-/// The per-host gauges of a newly adopted table, and zeros for the hosts that left it (or all of
-/// them when the cluster outgrew [`MAX_GAUGED_HOSTS`]). Every VM adopts the same table, so they
-/// all set the same values.
-/// `table` is `new`'s, whose host names the updates share.
-pub(crate) fn host_gauges(
+const HOST_GAUGES: [Metric; 6] = [
+    Metric::HostWeight,
+    Metric::HostLatency,
+    Metric::HostEjected,
+    Metric::HostErrorRate,
+    Metric::HostUtilization,
+    Metric::HostScore,
+];
+
+fn gauged(hosts: usize) -> bool {
+    hosts <= MAX_GAUGED_HOSTS
+}
+
+/// Zeros for the hosts of the table in force (`old`) that left the new one (`table`), or all of
+/// them when the cluster outgrew [`MAX_GAUGED_HOSTS`]. `hosts` is the new record's host count.
+pub(crate) fn departed_gauges(
     cluster: &str,
     old: &Table,
+    table: &Table,
+    hosts: usize,
+    out: &mut Vec<Update>,
+) {
+    if !gauged(old.len()) {
+        return;
+    }
+    let cluster_name: Rc<str> = Rc::from(cluster);
+    // Both sorted by address: one walk finds the hosts that left.
+    let mut present = table.addresses().iter().peekable();
+    let unset = old.addresses().iter().filter(|h| {
+        while present.next_if(|a| a < h).is_some() {}
+        !gauged(hosts) || present.peek() != Some(h)
+    });
+    for host in unset {
+        for metric in HOST_GAUGES {
+            out.push(Update {
+                metric,
+                cluster: Rc::clone(&cluster_name),
+                label: Some(Rc::clone(host)),
+                change: Change::Set(0),
+            });
+        }
+    }
+}
+
+/// The per-host gauges of a newly published table (`table`, over the record `new`), one update
+/// at a time; none when the cluster has more than [`MAX_GAUGED_HOSTS`] hosts.
+pub(crate) fn host_gauges(
+    cluster: &str,
     new: &ClusterState,
     table: &Table,
     slow_start_ns: u64,
     score: &ScoreParams,
-    out: &mut Vec<Update>,
+    mut each: impl FnMut(Update),
 ) {
-    const HOST_GAUGES: [Metric; 6] = [
-        Metric::HostWeight,
-        Metric::HostLatency,
-        Metric::HostEjected,
-        Metric::HostErrorRate,
-        Metric::HostUtilization,
-        Metric::HostScore,
-    ];
-    let gauged = |hosts: usize| hosts <= MAX_GAUGED_HOSTS;
+    if !gauged(new.hosts.len()) {
+        return;
+    }
     let cluster_name: Rc<str> = Rc::from(cluster);
-    let shared = |metric, host: &Rc<str>, change| Update {
-        metric,
-        cluster: Rc::clone(&cluster_name),
-        label: Some(Rc::clone(host)),
-        change,
-    };
-    if gauged(new.hosts.len()) {
-        out.reserve(HOST_GAUGES.len() * new.hosts.len() + 1);
-        for (h, name) in new.hosts.iter().zip(table.addresses().iter()) {
-            let ejected = HostPhase::of(h, new.clock_ns, slow_start_ns) == HostPhase::Ejected;
-            let terms = h.terms(new.clock_ns);
-            let latency_us = terms.latency_ms.map_or(0, ms_to_whole_us);
-            let values = [
-                share_to_ppm(h.share),
-                latency_us,
-                u64::from(ejected),
-                share_to_ppm(terms.error_rate),
-                terms.utilization.map_or(0, share_to_ppm),
-                terms.score_ms(score).map_or(0, ms_to_whole_us),
-            ];
-            for (metric, value) in HOST_GAUGES.into_iter().zip(values) {
-                out.push(shared(metric, name, Change::Set(value)));
-            }
+    for (h, name) in new.hosts.iter().zip(table.addresses().iter()) {
+        let ejected = HostPhase::of(h, new.clock_ns, slow_start_ns) == HostPhase::Ejected;
+        let terms = h.terms(new.clock_ns);
+        let latency_us = terms.latency_ms.map_or(0, ms_to_whole_us);
+        let values = [
+            share_to_ppm(h.share),
+            latency_us,
+            u64::from(ejected),
+            share_to_ppm(terms.error_rate),
+            terms.utilization.map_or(0, share_to_ppm),
+            terms.score_ms(score).map_or(0, ms_to_whole_us),
+        ];
+        for (metric, value) in HOST_GAUGES.into_iter().zip(values) {
+            each(Update {
+                metric,
+                cluster: Rc::clone(&cluster_name),
+                label: Some(Rc::clone(name)),
+                change: Change::Set(value),
+            });
         }
     }
-    if gauged(old.len()) {
-        // Both sorted by address: one walk finds the hosts that left.
-        let mut present = table.addresses().iter().peekable();
-        let unset = old.addresses().iter().filter(|h| {
-            while present.next_if(|a| a < h).is_some() {}
-            !gauged(new.hosts.len()) || present.peek() != Some(h)
-        });
-        for host in unset {
-            for metric in HOST_GAUGES {
-                out.push(shared(metric, host, Change::Set(0)));
-            }
-        }
-    }
-    out.push(update(
-        Metric::UnknownEndpoints,
-        cluster,
-        None,
-        Change::Set(u64::from(new.unknown_endpoints())),
-    ));
 }
 
 /// Moves the shared in-flight gauge by this worker's change since the last tick.

@@ -28,7 +28,6 @@ impl Worker {
         self.forget_stale_health(steady_ns);
         let local_zone = self.local_zone.as_deref().filter(|z| !z.is_empty());
         let policy = self.config.policy();
-        let slow_start_ns = policy.weights.slow_start_ns;
         let tick_ns = u64::try_from(self.config.tick_period().as_nanos()).unwrap_or(u64::MAX);
         for (name, local) in &mut self.clusters {
             if local.keys.record.is_empty() {
@@ -85,16 +84,23 @@ impl Worker {
                             // The per-host gauges are the process's, like the table: the VM
                             // that published the table sets them, not every VM that adopts it
                             // (a cluster's hosts times Envoy's workers in host calls a refresh).
+                            // Their values are made when asked (`Worker::host_gauges`): the
+                            // filter asks; the simulator, which keeps no metrics, does not.
                             if let Some(state) = local.member.record().filter(|_| sync.folded) {
-                                telemetry::host_gauges(
+                                telemetry::departed_gauges(
                                     name,
                                     &local.snapshot,
-                                    state,
                                     &table,
-                                    slow_start_ns,
-                                    &policy.score,
+                                    state.hosts.len(),
                                     &mut report.metrics,
                                 );
+                                report.gauges_due.push(name.clone());
+                                report.metrics.push(telemetry::update(
+                                    Metric::UnknownEndpoints,
+                                    name,
+                                    None,
+                                    Change::Set(u64::from(state.unknown_endpoints())),
+                                ));
                                 report.metrics.push(telemetry::update(
                                     Metric::HostsOutsideSubset,
                                     name,
@@ -136,6 +142,34 @@ impl Worker {
         }
         self.watch_steered(steady_ns, &*store, &mut report.warnings);
         report
+    }
+
+    /// The per-host gauges of a cluster of the last tick's [`TickReport::gauges_due`], one update
+    /// at a time: each host's share, latency, ejection, error rate, utilisation and score in the
+    /// record this VM published. Nothing for another cluster, or above
+    /// [`telemetry::MAX_GAUGED_HOSTS`] hosts.
+    pub fn host_gauges(&self, cluster: &str, each: impl FnMut(Update)) {
+        let Some(local) = self.clusters.get(cluster) else {
+            return;
+        };
+        // The record this VM published, and the table made of it: the gauges pair the record's
+        // hosts with the table's names in order.
+        let Some(state) = local
+            .member
+            .record()
+            .filter(|s| s.table_version == local.snapshot.table_version)
+        else {
+            return;
+        };
+        let policy = self.config.policy();
+        telemetry::host_gauges(
+            cluster,
+            state,
+            &local.snapshot,
+            policy.weights.slow_start_ns,
+            &policy.score,
+            each,
+        );
     }
 
     /// Warns of names in `steered_clusters` no request carried (`diagnose::SteeredWatch`). A
@@ -489,8 +523,11 @@ pub struct TickReport {
     pub error_warnings: Vec<(String, SyncError, u64)>,
     /// Clusters whose stored record could not be read and was rebuilt, the first time each.
     pub bad_records: Vec<(String, DecodeError)>,
-    /// What the metrics should say now.
+    /// What the metrics should say now, but for the per-host gauges of `gauges_due`.
     pub metrics: Vec<Update>,
+    /// Clusters whose table this VM published this tick: [`Worker::host_gauges`] gives their
+    /// per-host gauges, until the next tick.
+    pub gauges_due: Vec<String>,
     /// Misconfigurations to log (`diagnose`), each rate-limited already.
     pub warnings: Vec<Warning>,
 }
