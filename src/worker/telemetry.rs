@@ -276,6 +276,16 @@ fn gauged(hosts: usize) -> bool {
     hosts <= MAX_GAUGED_HOSTS
 }
 
+/// A per-host gauge set to `value`, sharing the cluster's and the table's names.
+fn host_gauge(metric: Metric, cluster: &Rc<str>, host: &Rc<str>, value: u64) -> Update {
+    Update {
+        metric,
+        cluster: Rc::clone(cluster),
+        label: Some(Rc::clone(host)),
+        change: Change::Set(value),
+    }
+}
+
 /// Zeros for the hosts of the table in force (`old`) that left the new one (`table`), or all of
 /// them when the cluster outgrew [`MAX_GAUGED_HOSTS`]. `hosts` is the new record's host count.
 pub(crate) fn departed_gauges(
@@ -297,12 +307,7 @@ pub(crate) fn departed_gauges(
     });
     for host in unset {
         for metric in HOST_GAUGES {
-            out.push(Update {
-                metric,
-                cluster: Rc::clone(&cluster_name),
-                label: Some(Rc::clone(host)),
-                change: Change::Set(0),
-            });
+            out.push(host_gauge(metric, &cluster_name, host, 0));
         }
     }
 }
@@ -334,12 +339,7 @@ pub(crate) fn host_gauges(
             terms.score_ms(score).map_or(0, ms_to_whole_us),
         ];
         for (metric, value) in HOST_GAUGES.into_iter().zip(values) {
-            each(Update {
-                metric,
-                cluster: Rc::clone(&cluster_name),
-                label: Some(Rc::clone(name)),
-                change: Change::Set(value),
-            });
+            each(host_gauge(metric, &cluster_name, name, value));
         }
     }
 }

@@ -144,10 +144,10 @@ impl Worker {
         report
     }
 
-    /// The per-host gauges of a cluster of the last tick's [`TickReport::gauges_due`], one update
-    /// at a time: each host's share, latency, ejection, error rate, utilisation and score in the
-    /// record this VM published. Nothing for another cluster, or above
-    /// [`telemetry::MAX_GAUGED_HOSTS`] hosts.
+    /// The per-host gauges of a cluster the last tick named in [`TickReport::gauges_due`], one
+    /// update at a time: each host's share, latency, ejection, error rate, utilisation and score
+    /// in the record this VM published. Nothing for a cluster whose table in force this VM did
+    /// not publish, or above [`telemetry::MAX_GAUGED_HOSTS`] hosts.
     pub fn host_gauges(&self, cluster: &str, each: impl FnMut(Update)) {
         let Some(local) = self.clusters.get(cluster) else {
             return;
