@@ -105,6 +105,32 @@ proptest! {
         let _ = decode(&framed, 256);
     }
 
+    /// `sync`'s own postcard output copies each piece at a length known when compiled; what it
+    /// writes must be what postcard writes, for every length a varint can take.
+    #[test]
+    fn a_record_is_encoded_as_postcard_encodes_it(
+        times in prop::collection::vec(any::<u64>(), 3),
+        samples in any::<u64>(),
+        spread in any::<f64>(),
+        address in "[0-9a-f.:\\[\\]]{0,48}",
+    ) {
+        use ewma_lb::record::state::HostState;
+        let mut state = steady_state();
+        state.clock_ns = times[0];
+        state.hosts.push(HostState {
+            address,
+            last_seen_ns: times[1],
+            active_since_ns: times[2],
+            samples,
+            spread,
+            ..HostState::default()
+        });
+        let bytes = encode(&state);
+        let postcards = postcard::to_allocvec(&state).unwrap();
+        prop_assert_eq!(&bytes[..4], MAGIC.as_slice());
+        prop_assert_eq!(&bytes[6..], postcards.as_slice());
+    }
+
     #[test]
     fn flipping_bytes_of_a_real_record_never_panics(index in any::<prop::sample::Index>(), value in any::<u8>()) {
         let mut bytes = encode(&steady_state());
