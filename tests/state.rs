@@ -142,62 +142,67 @@ proptest! {
 
 /// A fold that meets many hosts takes them in with one merge into the sorted record; the record
 /// and what the merge reports are those of meeting them in separate folds, one host each: the
-/// new hosts' places and first state, the known ones' samples, a host only listed, a host gone.
+/// new hosts' places and first state, the known ones' samples, a host only listed, a host gone;
+/// in a record with room, and in a cluster larger than the record, where only the hosts of its
+/// stable subset go in.
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn hosts_met_together_enter_the_record_as_hosts_met_one_at_a_time() {
-    let p = policy();
-    let mut together = ClusterState::default();
-    together.merge(
-        &samples(&[
-            ("10.0.0.5:80", &[40.0], false),
-            ("10.0.0.2:80", &[30.0], false),
-            ("10.0.0.8:80", &[20.0], false),
-        ]),
-        SEC,
-        &p,
-    );
-    let mut one_at_a_time = together.clone();
-    let mut batch = samples(&[
-        ("10.0.0.9:80", &[50.0, 70.0], false),
-        ("10.0.0.1:80", &[60.0], true),
-        ("10.0.0.5:80", &[45.0], false),
-        ("10.0.0.6:80", &[10.0], false),
-        ("10.0.0.3:80", &[], false),
-        ("10.0.0.8:80", &[], false),
-    ]);
-    batch.hosts.get_mut("10.0.0.3:80").unwrap().listed = true;
-    batch.hosts.get_mut("10.0.0.8:80").unwrap().unlisted = true;
-    let now = 2 * SEC;
-    let merged = together.merge_hosts(
-        batch.hosts.iter().map(|(a, acc)| (a.as_str(), acc)),
-        Some(7),
-        now,
-        &p,
-    );
-    let mut each = Merged::default();
-    for (address, acc) in &batch.hosts {
-        each.absorb(one_at_a_time.merge_hosts(
-            std::iter::once((address.as_str(), acc)),
-            Some(7),
+    let cases = [("room", 1024, 7), ("subset", 16, 40)];
+    for (case, max_hosts, num_endpoints) in cases {
+        let mut p = policy();
+        p.max_hosts = max_hosts;
+        let mut together = ClusterState::default();
+        together.merge(
+            &samples(&[
+                ("10.0.0.5:80", &[40.0], false),
+                ("10.0.0.2:80", &[30.0], false),
+                ("10.0.0.8:80", &[20.0], false),
+            ]),
+            SEC,
+            &p,
+        );
+        let mut one_at_a_time = together.clone();
+        let mut batch = samples(&[
+            ("10.0.0.9:80", &[50.0, 70.0], false),
+            ("10.0.0.1:80", &[60.0], true),
+            ("10.0.0.5:80", &[45.0], false),
+            ("10.0.0.6:80", &[10.0], false),
+            ("10.0.0.3:80", &[], false),
+            ("10.0.0.8:80", &[], false),
+            ("10.0.0.4:80", &[25.0], false),
+            ("10.0.0.7:80", &[], false),
+        ]);
+        for listed in ["10.0.0.3:80", "10.0.0.7:80"] {
+            batch.hosts.get_mut(listed).unwrap().listed = true;
+        }
+        batch.hosts.get_mut("10.0.0.8:80").unwrap().unlisted = true;
+        let now = 2 * SEC;
+        let merged = together.merge_hosts(
+            batch.hosts.iter().map(|(a, acc)| (a.as_str(), acc)),
+            Some(num_endpoints),
             now,
             &p,
-        ));
+        );
+        let mut each = Merged::default();
+        for (address, acc) in &batch.hosts {
+            each.absorb(one_at_a_time.merge_hosts(
+                std::iter::once((address.as_str(), acc)),
+                Some(num_endpoints),
+                now,
+                &p,
+            ));
+        }
+        assert_eq!(together, one_at_a_time, "{case}");
+        assert_eq!(merged, each, "{case}");
+        let addresses: Vec<&str> = together.hosts.iter().map(|h| h.address.as_str()).collect();
+        assert!(addresses.is_sorted(), "{case}: {addresses:?}");
+        // With room every host goes in; of a cluster larger than the record, some stay out.
+        match case {
+            "room" => assert_eq!(addresses.len(), 8, "{case}: {addresses:?}"),
+            _ => assert!((3..8).contains(&addresses.len()), "{case}: {addresses:?}"),
+        }
     }
-    assert_eq!(together, one_at_a_time);
-    assert_eq!(merged, each);
-    let addresses: Vec<&str> = together.hosts.iter().map(|h| h.address.as_str()).collect();
-    assert_eq!(
-        addresses,
-        [
-            "10.0.0.1:80",
-            "10.0.0.2:80",
-            "10.0.0.3:80",
-            "10.0.0.5:80",
-            "10.0.0.6:80",
-            "10.0.0.9:80"
-        ]
-    );
 }
 
 #[test]

@@ -314,7 +314,8 @@ pub fn run_with(counts: &[usize], budget: Duration) -> Vec<MicroResult> {
 
         // A fold that meets every host at once: a VM's first in front of a cluster, or one that
         // takes in the listing of Envoy's `/clusters` (`envoy_health`). Inserted one at a time,
-        // each host shifted the hosts after it: 0.11 s at 10,000 hosts.
+        // each host shifted the hosts after it (bench/README.md, "Shared state at 10,000
+        // endpoints").
         let every_host = batch_of(n);
         push(
             "ClusterState::merge_hosts, every host new",

@@ -722,8 +722,9 @@ impl ClusterState {
     /// with one merge: inserted one at a time into the sorted hosts, each shifts the hosts after
     /// it, and a fold that meets a whole cluster (its first, or one with the cluster's listing)
     /// took time quadratic in its size (bench/README.md, "Shared state at 10,000 endpoints").
-    /// `false`, with nothing inserted, when one of them could evict a host or be refused (a
-    /// record that would be full, a subset): those go one at a time.
+    /// In a cluster larger than `max_hosts`, only the hosts of the stable subset (and static
+    /// ones) go in, as one at a time. `false`, with nothing inserted, when the record has no room
+    /// for them all: which go in then depends on the order, and they go one at a time.
     ///
     /// [`host_mut_or_insert`]: ClusterState::host_mut_or_insert
     fn insert_all(
@@ -737,16 +738,20 @@ impl ClusterState {
             return true;
         }
         let subsetting = usize::try_from(self.num_endpoints).unwrap_or(usize::MAX) > max_hosts;
-        if subsetting || self.hosts.len().saturating_add(addresses.len()) > max_hosts {
-            return false;
-        }
         // Owned names: the sort the module has already (a sort of `&str`s would be a second).
-        let mut addresses: Vec<String> = addresses.iter().map(|a| (*a).to_owned()).collect();
+        let mut addresses: Vec<String> = addresses
+            .iter()
+            .filter(|a| !subsetting || is_static || in_subset(a, self.num_endpoints, max_hosts))
+            .map(|a| (*a).to_owned())
+            .collect();
         addresses.sort_unstable();
         addresses.dedup();
         addresses.retain(|address| self.index(address).is_err());
         if addresses.is_empty() {
             return true;
+        }
+        if self.hosts.len().saturating_add(addresses.len()) > max_hosts {
+            return false;
         }
         let new: Vec<HostState> = addresses
             .into_iter()
