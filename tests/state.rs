@@ -9,7 +9,7 @@ use wasm_bindgen_test::wasm_bindgen_test;
 use ewma_lb::map::Map;
 
 use ewma_lb::config::Config;
-use ewma_lb::record::state::{Accumulator, ClusterBatch, ClusterState, Policy};
+use ewma_lb::record::state::{Accumulator, ClusterBatch, ClusterState, Merged, Policy};
 use ewma_lb::record::sync::{decode, encode, DecodeError, FORMAT_VERSION, MAGIC};
 #[cfg(not(target_arch = "wasm32"))]
 use proptest::prelude::*;
@@ -105,12 +105,103 @@ proptest! {
         let _ = decode(&framed, 256);
     }
 
+    /// `sync`'s own postcard output copies each piece at a length known when compiled; what it
+    /// writes must be what postcard writes, for every length a varint can take.
+    #[test]
+    fn a_record_is_encoded_as_postcard_encodes_it(
+        times in prop::collection::vec(any::<u64>(), 3),
+        samples in any::<u64>(),
+        spread in any::<f64>(),
+        address in "[0-9a-f.:\\[\\]]{0,48}",
+    ) {
+        use ewma_lb::record::state::HostState;
+        let mut state = steady_state();
+        state.clock_ns = times[0];
+        state.hosts.push(HostState {
+            address,
+            last_seen_ns: times[1],
+            active_since_ns: times[2],
+            samples,
+            spread,
+            ..HostState::default()
+        });
+        let bytes = encode(&state);
+        let postcards = postcard::to_allocvec(&state).unwrap();
+        prop_assert_eq!(&bytes[..4], MAGIC.as_slice());
+        prop_assert_eq!(&bytes[6..], postcards.as_slice());
+    }
+
     #[test]
     fn flipping_bytes_of_a_real_record_never_panics(index in any::<prop::sample::Index>(), value in any::<u8>()) {
         let mut bytes = encode(&steady_state());
         let i = index.index(bytes.len());
         bytes[i] = value;
         let _ = decode(&bytes, 256);
+    }
+}
+
+/// A fold that meets many hosts takes them in with one merge into the sorted record; the record
+/// and what the merge reports are those of meeting them in separate folds, one host each: the
+/// new hosts' places and first state, the known ones' samples, a host only listed, a host gone;
+/// in a record with room, and in a cluster larger than the record, where only the hosts of its
+/// stable subset go in.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn hosts_met_together_enter_the_record_as_hosts_met_one_at_a_time() {
+    let cases = [("room", 1024, 7), ("subset", 16, 40)];
+    for (case, max_hosts, num_endpoints) in cases {
+        let mut p = policy();
+        p.max_hosts = max_hosts;
+        let mut together = ClusterState::default();
+        together.merge(
+            &samples(&[
+                ("10.0.0.5:80", &[40.0], false),
+                ("10.0.0.2:80", &[30.0], false),
+                ("10.0.0.8:80", &[20.0], false),
+            ]),
+            SEC,
+            &p,
+        );
+        let mut one_at_a_time = together.clone();
+        let mut batch = samples(&[
+            ("10.0.0.9:80", &[50.0, 70.0], false),
+            ("10.0.0.1:80", &[60.0], true),
+            ("10.0.0.5:80", &[45.0], false),
+            ("10.0.0.6:80", &[10.0], false),
+            ("10.0.0.3:80", &[], false),
+            ("10.0.0.8:80", &[], false),
+            ("10.0.0.4:80", &[25.0], false),
+            ("10.0.0.7:80", &[], false),
+        ]);
+        for listed in ["10.0.0.3:80", "10.0.0.7:80"] {
+            batch.hosts.get_mut(listed).unwrap().listed = true;
+        }
+        batch.hosts.get_mut("10.0.0.8:80").unwrap().unlisted = true;
+        let now = 2 * SEC;
+        let merged = together.merge_hosts(
+            batch.hosts.iter().map(|(a, acc)| (a.as_str(), acc)),
+            Some(num_endpoints),
+            now,
+            &p,
+        );
+        let mut each = Merged::default();
+        for (address, acc) in &batch.hosts {
+            each.absorb(one_at_a_time.merge_hosts(
+                std::iter::once((address.as_str(), acc)),
+                Some(num_endpoints),
+                now,
+                &p,
+            ));
+        }
+        assert_eq!(together, one_at_a_time, "{case}");
+        assert_eq!(merged, each, "{case}");
+        let addresses: Vec<&str> = together.hosts.iter().map(|h| h.address.as_str()).collect();
+        assert!(addresses.is_sorted(), "{case}: {addresses:?}");
+        // With room every host goes in; of a cluster larger than the record, some stay out.
+        match case {
+            "room" => assert_eq!(addresses.len(), 8, "{case}: {addresses:?}"),
+            _ => assert!((3..8).contains(&addresses.len()), "{case}: {addresses:?}"),
+        }
     }
 }
 

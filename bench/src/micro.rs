@@ -312,6 +312,25 @@ pub fn run_with(counts: &[usize], budget: Duration) -> Vec<MicroResult> {
             bytes: Some(sync::encode_table(&TableView::of(&state)).len() as u64),
         });
 
+        // A fold that meets every host at once: a VM's first in front of a cluster, or one that
+        // takes in the listing of Envoy's `/clusters` (`envoy_health`). Inserted one at a time,
+        // each host shifted the hosts after it (bench/README.md, "Shared state at 10,000
+        // endpoints").
+        let every_host = batch_of(n);
+        push(
+            "ClusterState::merge_hosts, every host new",
+            n,
+            time_it(budget, 1_000, || {
+                let mut fresh = ClusterState::default();
+                black_box(fresh.merge_hosts(
+                    every_host.hosts.iter().map(|(a, acc)| (a.as_str(), acc)),
+                    every_host.num_endpoints,
+                    1_000_000_000,
+                    &policy,
+                ));
+                black_box(fresh);
+            }),
+        );
         let (tick, refresh) = shared_data(n, &policy, budget);
         push("sync: one tick, 200 hosts sampled", n, tick);
         push(

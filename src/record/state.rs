@@ -395,57 +395,47 @@ impl ClusterState {
             self.num_endpoints = n;
         }
         let (mut removed, mut joined, mut rezoned) = (0, 0, false);
+        // Hosts the record lacks wait until the others are merged, and go in together.
+        let mut new = Vec::new();
         for (address, acc) in hosts.filter(|(_, acc)| !acc.is_empty()) {
+            if acc.latency.count == 0 && (acc.not_honoured > 0 || acc.unlisted) {
+                // Only unhonoured picks, or Envoy's page without it: Envoy no longer has this
+                // host.
+                removed += usize::from(self.remove_absent(address));
+                continue;
+            }
+            match self.index(address) {
+                // Only listed, and known: nothing to take in.
+                Ok(_) if acc.latency.count == 0 => {}
+                Ok(i) => {
+                    if let Some(host) = self.hosts.get_mut(i) {
+                        rezoned |= absorb(host, acc, now_ns, policy);
+                    }
+                }
+                Err(_) => new.push((address, acc)),
+            }
+        }
+        let together = self.insert_all(
+            &new.iter().map(|(address, _)| *address).collect::<Vec<_>>(),
+            now_ns,
+            false,
+            policy.max_hosts,
+        );
+        for (address, acc) in new {
+            let host = match together {
+                true => self.index(address).ok().and_then(|i| self.hosts.get_mut(i)),
+                false => self.host_mut_or_insert(address, now_ns, false, policy.max_hosts),
+            };
             if acc.latency.count == 0 {
-                if acc.not_honoured > 0 || acc.unlisted {
-                    // Only unhonoured picks, or Envoy's page without it: Envoy no longer has
-                    // this host.
-                    removed += usize::from(self.remove_absent(address));
-                } else if self.index(address).is_err() {
-                    // Only listed: a host of the cluster no request met yet. It enters as a
-                    // host met by a request would, with no samples (scored at the median, and
-                    // ramped in once the record knew the cluster: `host_mut_or_insert`).
-                    joined += usize::from(
-                        self.host_mut_or_insert(address, now_ns, false, policy.max_hosts)
-                            .is_some(),
-                    );
-                }
+                // Only listed: a host of the cluster no request met yet. It enters as a host met
+                // by a request would, with no samples (scored at the median, and ramped in once
+                // the record knew the cluster: `new_host`).
+                joined += usize::from(host.is_some());
                 continue;
             }
-            let found = match self.index(address) {
-                Ok(i) => self.hosts.get_mut(i),
-                Err(_) => {
-                    joined += 1;
-                    self.host_mut_or_insert(address, now_ns, false, policy.max_hosts)
-                }
-            };
-            let Some(host) = found else {
-                continue;
-            };
-            host.absent = false;
-            host.last_seen_ns = now_ns;
-            if let Some(zone) = acc.zone.as_deref().filter(|z| *z != host.zone) {
-                host.zone = zone.to_owned();
-                rezoned = true;
-            }
-            host.samples = host.samples.saturating_add(u64::from(acc.latency.count));
-            if persistence::admits(host, acc, now_ns, policy) {
-                persistence::observed(host, acc, now_ns, policy);
-                policy
-                    .smoother
-                    .observe(&mut host.latency, &acc.latency, now_ns);
-            }
-            host.errors.observe(acc.latency.count, acc.failures, now_ns);
-            if acc.load_reports > 0 {
-                host.load.observe(
-                    acc.load_sum / f64::from(acc.load_reports),
-                    acc.load_reports,
-                    now_ns,
-                );
-            }
-            if !host.health.is_ejected(now_ns) {
-                host.health
-                    .record(acc.failures, acc.trailing_failures, acc.had_success);
+            joined += 1;
+            if let Some(host) = host {
+                rezoned |= absorb(host, acc, now_ns, policy);
             }
         }
         Merged {
@@ -516,9 +506,12 @@ impl ClusterState {
             }
         }
         let mut moved = !missing.is_empty();
-        for address in missing {
-            if let Some(host) = self.host_mut_or_insert(address, now_ns, true, policy.max_hosts) {
-                host.is_static = true;
+        if !self.insert_all(&missing, now_ns, true, policy.max_hosts) {
+            for address in missing {
+                if let Some(host) = self.host_mut_or_insert(address, now_ns, true, policy.max_hosts)
+                {
+                    host.is_static = true;
+                }
             }
         }
         let num_endpoints = self.num_endpoints;
@@ -717,26 +710,114 @@ impl ClusterState {
                     self.hosts.remove(victim);
                 }
                 let i = self.index(address).err()?;
-                let joined = is_static || self.complete || self.num_endpoints == 0;
-                let host = HostState {
-                    address: address.to_owned(),
-                    is_static,
-                    last_seen_ns: now_ns,
-                    // 0: fully ramped from the start (see `complete`); a ramp that starts at the
-                    // record's time 0 starts at 1.
-                    active_since_ns: if joined { now_ns.max(1) } else { 0 },
-                    health: Health {
-                        healthy_since_ns: now_ns,
-                        ..Health::default()
-                    },
-                    ..HostState::default()
-                };
+                let host = self.new_host(address.to_owned(), now_ns, is_static);
                 self.hosts.insert(i, host);
                 i
             }
         };
         self.hosts.get_mut(i)
     }
+
+    /// Inserts the hosts of `addresses` the record lacks, each as [`host_mut_or_insert`] would,
+    /// with one merge: inserted one at a time into the sorted hosts, each shifts the hosts after
+    /// it, and a fold that meets a whole cluster (its first, or one with the cluster's listing)
+    /// took time quadratic in its size (bench/README.md, "Shared state at 10,000 endpoints").
+    /// In a cluster larger than `max_hosts`, only the hosts of the stable subset (and static
+    /// ones) go in, as one at a time. `false`, with nothing inserted, when the record has no room
+    /// for them all: which go in then depends on the order, and they go one at a time.
+    ///
+    /// [`host_mut_or_insert`]: ClusterState::host_mut_or_insert
+    fn insert_all(
+        &mut self,
+        addresses: &[&str],
+        now_ns: u64,
+        is_static: bool,
+        max_hosts: usize,
+    ) -> bool {
+        if addresses.is_empty() {
+            return true;
+        }
+        let subsetting = usize::try_from(self.num_endpoints).unwrap_or(usize::MAX) > max_hosts;
+        // Owned names: the sort the module has already (a sort of `&str`s would be a second).
+        let mut addresses: Vec<String> = addresses
+            .iter()
+            .filter(|a| !subsetting || is_static || in_subset(a, self.num_endpoints, max_hosts))
+            .map(|a| (*a).to_owned())
+            .collect();
+        addresses.sort_unstable();
+        addresses.dedup();
+        addresses.retain(|address| self.index(address).is_err());
+        if addresses.is_empty() {
+            return true;
+        }
+        if self.hosts.len().saturating_add(addresses.len()) > max_hosts {
+            return false;
+        }
+        let new: Vec<HostState> = addresses
+            .into_iter()
+            .map(|address| self.new_host(address, now_ns, is_static))
+            .collect();
+        let mut new = new.into_iter().peekable();
+        let mut hosts = Vec::with_capacity(self.hosts.len() + new.len());
+        for host in std::mem::take(&mut self.hosts) {
+            while let Some(joining) = new.next_if(|n| n.address < host.address) {
+                hosts.push(joining);
+            }
+            hosts.push(host);
+        }
+        hosts.extend(new);
+        self.hosts = hosts;
+        true
+    }
+
+    /// A host as it enters the record.
+    fn new_host(&self, address: String, now_ns: u64, is_static: bool) -> HostState {
+        let joined = is_static || self.complete || self.num_endpoints == 0;
+        HostState {
+            address,
+            is_static,
+            last_seen_ns: now_ns,
+            // 0: fully ramped from the start (see `complete`); a ramp that starts at the
+            // record's time 0 starts at 1.
+            active_since_ns: if joined { now_ns.max(1) } else { 0 },
+            health: Health {
+                healthy_since_ns: now_ns,
+                ..Health::default()
+            },
+            ..HostState::default()
+        }
+    }
+}
+
+/// Takes a batch of the host's samples into its record; returns whether its zone changed.
+fn absorb(host: &mut HostState, acc: &Accumulator, now_ns: u64, policy: &Policy) -> bool {
+    host.absent = false;
+    host.last_seen_ns = now_ns;
+    let mut rezoned = false;
+    if let Some(zone) = acc.zone.as_deref().filter(|z| *z != host.zone) {
+        host.zone = zone.to_owned();
+        rezoned = true;
+    }
+    host.samples = host.samples.saturating_add(u64::from(acc.latency.count));
+    if persistence::admits(host, acc, now_ns, policy) {
+        persistence::observed(host, acc, now_ns, policy);
+        policy
+            .smoother
+            .observe(&mut host.latency, &acc.latency, now_ns);
+    }
+    host.errors.observe(acc.latency.count, acc.failures, now_ns);
+    if acc.load_reports > 0 {
+        host.load.observe(
+            acc.load_sum / f64::from(acc.load_reports),
+            acc.load_reports,
+            now_ns,
+        );
+    }
+    if !host.health.is_ejected(now_ns) {
+        host.health
+            .record(acc.failures, acc.trailing_failures, acc.had_success);
+    }
+    rezoned
 }
 
 /// The share of `max_hosts_per_cluster` the stable subset of a larger cluster aims at. The subset
