@@ -380,7 +380,8 @@ impl ClusterState {
     }
 
     /// The per-host part of [`ClusterState::merge`]: costs what the batch holds, not what the
-    /// cluster does, so a refresh folding many batches pays the cluster once ([`settle`]).
+    /// cluster does, so a refresh folding many batches pays the cluster once ([`settle`]). Hosts
+    /// new to the record add one pass over it, however many they are (`insert_all`).
     ///
     /// [`settle`]: ClusterState::settle
     pub fn merge_hosts<'a>(
@@ -409,7 +410,7 @@ impl ClusterState {
                 Ok(_) if acc.latency.count == 0 => {}
                 Ok(i) => {
                     if let Some(host) = self.hosts.get_mut(i) {
-                        rezoned |= absorb(host, acc, now_ns, policy);
+                        rezoned |= take_batch(host, acc, now_ns, policy);
                     }
                 }
                 Err(_) => new.push((address, acc)),
@@ -435,7 +436,7 @@ impl ClusterState {
             }
             joined += 1;
             if let Some(host) = host {
-                rezoned |= absorb(host, acc, now_ns, policy);
+                rezoned |= take_batch(host, acc, now_ns, policy);
             }
         }
         Merged {
@@ -790,7 +791,7 @@ impl ClusterState {
 }
 
 /// Takes a batch of the host's samples into its record; returns whether its zone changed.
-fn absorb(host: &mut HostState, acc: &Accumulator, now_ns: u64, policy: &Policy) -> bool {
+fn take_batch(host: &mut HostState, acc: &Accumulator, now_ns: u64, policy: &Policy) -> bool {
     host.absent = false;
     host.last_seen_ns = now_ns;
     let mut rezoned = false;
