@@ -694,9 +694,8 @@ impl ClusterState {
             Err(_) => {
                 let subsetting =
                     usize::try_from(self.num_endpoints).unwrap_or(usize::MAX) > max_hosts;
-                if subsetting
-                    && (self.hosts.len() >= max_hosts
-                        || !(is_static || in_subset(address, self.num_endpoints, max_hosts)))
+                if !self.may_enter(address, is_static, max_hosts)
+                    || (subsetting && self.hosts.len() >= max_hosts)
                 {
                     return None;
                 }
@@ -738,11 +737,10 @@ impl ClusterState {
         if addresses.is_empty() {
             return true;
         }
-        let subsetting = usize::try_from(self.num_endpoints).unwrap_or(usize::MAX) > max_hosts;
         // Owned names: the sort the module has already (a sort of `&str`s would be a second).
         let mut addresses: Vec<String> = addresses
             .iter()
-            .filter(|a| !subsetting || is_static || in_subset(a, self.num_endpoints, max_hosts))
+            .filter(|a| self.may_enter(a, is_static, max_hosts))
             .map(|a| (*a).to_owned())
             .collect();
         addresses.sort_unstable();
@@ -769,6 +767,12 @@ impl ClusterState {
         hosts.extend(new);
         self.hosts = hosts;
         true
+    }
+
+    /// Whether `address` may have an entry, room aside: a static host, or one the record keeps
+    /// ([`in_subset`]: any host while the cluster fits the record).
+    fn may_enter(&self, address: &str, is_static: bool, max_hosts: usize) -> bool {
+        is_static || in_subset(address, self.num_endpoints, max_hosts)
     }
 
     /// A host as it enters the record.
