@@ -136,6 +136,60 @@ fn hosts_met_while_learning_the_cluster_need_no_slow_start_but_newcomers_ramp_in
     );
 }
 
+/// A newcomer as fast as the others is within a tenth of their shares at the first refresh after
+/// its ramp: the share it held then was the ramp's last step, which the noise band must not hold
+/// (it would climb a tenth of the way a refresh, seconds below fair with nothing to tell it
+/// apart). The old hosts' own shares the band does hold, so not all the way.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_newcomer_equal_to_the_others_is_at_its_fair_share_once_its_ramp_is_over() {
+    let store = Shared::default();
+    let mut w = Worker::new(defaults(), 1);
+    let ramp_ns = defaults().policy().weights.slow_start_ns;
+    let mut t = SEC;
+    for i in 1..=3 {
+        served(&mut w, &host(i), 50.0, 3);
+        w.tick(t, &mut store.clone());
+        t += 100 * MS;
+    }
+    // Settled: every old host measured for a while.
+    for _ in 0..20 {
+        for i in 1..=3 {
+            served(&mut w, &host(i), 50.0, 3);
+        }
+        w.tick(t, &mut store.clone());
+        t += 100 * MS;
+    }
+    served(&mut w, &host(4), 50.0, 4);
+    w.tick(t, &mut store.clone());
+    let joined_ns = store.record_of(CLUSTER).clock_ns;
+    let ratio = |state: &ClusterState| {
+        let newcomer = state.host(&host(4)).unwrap().share;
+        newcomer / ((1.0 - newcomer) / 3.0)
+    };
+    let mut during = Vec::new();
+    loop {
+        t += 100 * MS;
+        for i in 1..=4 {
+            served(&mut w, &host(i), 50.0, 4);
+        }
+        w.tick(t, &mut store.clone());
+        let state = store.record_of(CLUSTER);
+        let active_ns = state.clock_ns - joined_ns;
+        // The first refresh at which the ramp is over.
+        if active_ns >= ramp_ns && state.refreshed_ns == state.clock_ns {
+            assert!(
+                ratio(&state) > 0.9,
+                "{:.3} of the old hosts' mean once the ramp is over (during it: {during:?})",
+                ratio(&state)
+            );
+            break;
+        }
+        during.push(format!("{:.2}", ratio(&state)));
+        assert!(active_ns < 3 * ramp_ns, "no refresh after the ramp");
+    }
+}
+
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn the_table_follows_a_change_of_membership_in_the_same_tick_not_at_the_next_refresh() {

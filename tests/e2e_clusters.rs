@@ -120,8 +120,8 @@ fn a_cold_start_with_fifty_endpoints_gives_each_its_fair_share() {
 /// learned newcomers in, gets them 80 % of fair or more. Without Envoy's active health checks, as
 /// Kubernetes runs (kubelet readiness, no checks in the proxy: Istio, Envoy Gateway without
 /// `healthCheck`): with envoy.yaml's checks Envoy's fallback routes nothing to a newcomer until
-/// its first check has passed, about a second here, and the newcomers get 76-77 %
-/// (docs/clusters.md).
+/// its first check has passed, about a second here, and the newcomers get less (docs/clusters.md;
+/// `compare bench/scenarios/scale-out.toml`, which runs with them: 85-86 %).
 #[test]
 fn endpoints_that_join_under_load_get_their_share_within_ten_seconds() {
     let _serial = one_at_a_time();

@@ -19,6 +19,7 @@ fn host(score_ms: Option<f64>) -> HostInput {
         ejected: false,
         previous_share: None,
         share_on_trust: false,
+        share_while_ramping: false,
     }
 }
 
@@ -318,15 +319,17 @@ fn arb_host() -> impl Strategy<Value = HostInput> {
         0u64..20 * SEC,
         prop::bool::weighted(0.2),
         prop::option::of(0.0f64..1.0),
+        any::<bool>(),
     )
         .prop_map(
-            |(score_ms, active_for_ns, ejected, previous_share)| HostInput {
+            |(score_ms, active_for_ns, ejected, previous_share, share_while_ramping)| HostInput {
                 score_ms,
                 uncertainty: 0.0,
                 active_for_ns,
                 ejected,
                 previous_share,
                 share_on_trust: false,
+                share_while_ramping,
             },
         )
 }
@@ -454,6 +457,30 @@ fn a_host_ramping_in_follows_its_ramp_not_the_band() {
     // Its ramp says a third; settled like noise it would only go from 0.2 to 0.21. (The other
     // host's share is settled, so the third is not exact.)
     assert!(s[1] > 0.28, "most of the way up its ramp at once: {s:?}");
+}
+
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_host_whose_ramp_just_ended_takes_its_target_not_the_bands_pace() {
+    let p = WeightParams {
+        slow_start_ns: SEC,
+        slow_start_min_factor: 0.1,
+        min_share: 0.0,
+        noise_gain: 0.1,
+        ..params()
+    };
+    // Two equal hosts; the second's ramp ended, and its share in force is the ramp's last step.
+    let after_ramp = |while_ramping| HostInput {
+        active_for_ns: 2 * SEC,
+        share_while_ramping: while_ramping,
+        ..previous(50.0, 0.4)
+    };
+    let ramped = shares(&[previous(50.0, 0.6), after_ramp(true)], &p);
+    // Its target is half; the other host's share is settled by the band, so not exactly half.
+    assert!(ramped[1] > 0.45, "at its target at once: {ramped:?}");
+    // A share of its own standing is held by the band: a tenth of the way.
+    let standing = shares(&[previous(50.0, 0.6), after_ramp(false)], &p);
+    assert!(standing[1] < 0.42, "{standing:?}");
 }
 
 #[cfg(not(target_arch = "wasm32"))]

@@ -23,7 +23,7 @@ use crate::overhead::{
 
 /// The calls bench/hostcall-filter knows (its configuration's first word), where it makes them,
 /// and the host call each is.
-pub const CALLS: [(&str, &str, &str); 9] = [
+pub const CALLS: [(&str, &str, &str); 10] = [
     (
         "path",
         "request headers",
@@ -53,6 +53,11 @@ pub const CALLS: [(&str, &str, &str); 9] = [
         "filter_state",
         "request headers",
         "set_property([\"bench_hostcall_I\"], ...), a new filter state per call (as the decision for the access log)",
+    ),
+    (
+        "gauge",
+        "request headers",
+        "record_metric(gauge I, ...), N gauges defined at configure time (as the refreshing VM sets its per-host gauges)",
     ),
     (
         "content_type",

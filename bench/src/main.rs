@@ -157,7 +157,7 @@ struct HostcallsArgs {
     #[arg(long)]
     module: Option<PathBuf>,
     /// The calls [default: all: path, cluster_name, monotonic_clock, current_time, set_header,
-    /// filter_state, content_type, upstream_address, response_code].
+    /// filter_state, gauge, content_type, upstream_address, response_code].
     #[arg(long, value_delimiter = ',')]
     calls: Vec<String>,
     /// Calls per request, each > 0; N = 0 always runs [default: 50,200].

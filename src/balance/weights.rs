@@ -3,7 +3,9 @@
 //! A share is `score^-exponent`, normalised, then shaped by six rules that keep the table calm:
 //! - cold start: a host without samples is scored at the cluster's median, not 0 (it would be
 //!   flooded) nor infinity (it would starve);
-//! - slow start: a new or returning host's share ramps up linearly over `slow_start`;
+//! - slow start: a new or returning host's share ramps up linearly over `slow_start`. The ramp is
+//!   a schedule, not noise: the noise band holds neither its steps, nor its last one at the first
+//!   refresh after it, nor the room the other hosts make for it (`scheduled`, `standing` below);
 //! - noise: a target within a factor `noise_band` of the host's share in force is approached by
 //!   `noise_gain` of the way per refresh, and only the part of a move beyond the band is made at
 //!   once. Equal hosts' scores differ from refresh to refresh by chance alone (a tick's batch is a
@@ -17,8 +19,9 @@
 //!   bench/tests/tune.rs's host alternating every 2 s loses more than half of what a longer
 //!   time constant gains);
 //! - standing: the noise band and the bound on a fall count from a host's standing among the
-//!   hosts the table now holds. When hosts join (new, or back from ejection), that is its share
-//!   in force scaled as if the table in force had given the newcomers what they get now. A share
+//!   hosts the table now holds. When hosts join (new, or back from ejection) or ramp in, that is
+//!   its share in force scaled as if the table in force had given them what they get now (beside
+//!   what it gave the ramping ones then, which the others' shares held the rest of). A share
 //!   granted among fewer hosts is no standing to fall from slowly: a cluster learned from
 //!   traffic gives the first host it knows the whole table, and halving that over the refreshes
 //!   it takes to reach a fair share floods the host meanwhile. A rise is still bounded from the
@@ -106,6 +109,9 @@ pub struct HostInput {
     /// no standing of the host's own (neither the noise band nor the bound on a fall holds it),
     /// but the other hosts' shares already make room for it: the host is no newcomer to them.
     pub share_on_trust: bool,
+    /// The share in force was set while the host was still ramping in: a step of slow start's
+    /// schedule, not a standing the noise band should hold once the ramp is over.
+    pub share_while_ramping: bool,
 }
 
 impl HostInput {
@@ -158,7 +164,7 @@ pub fn shares_within(
     if let Some(split) = split {
         apportion(&mut targets, split);
     }
-    let standing = standing_scale(hosts, &targets);
+    let standing = standing_scale(hosts, &targets, params);
     settle(&mut targets, hosts, params, standing);
     let live = hosts.iter().filter(|h| !h.ejected).count();
     if live == 0 {
@@ -194,24 +200,39 @@ pub fn shares_within(
     fit(&targets, &limits)
 }
 
-/// What a share in force counts for among the hosts the table now holds: the part of the
-/// targets that does not go to newcomers (live hosts without a share in force: new, or back
-/// from ejection), as if the table in force had given them what they get now. 1 without
-/// newcomers, or when no host had a share.
-fn standing_scale(hosts: &[HostInput], targets: &[f64]) -> f64 {
-    let (mut all, mut new, mut known) = (0.0, 0.0, false);
+/// What a share in force counts for among the hosts the table now holds. The hosts whose share
+/// follows a schedule ([`scheduled`]: newcomers without a share in force, hosts ramping in, or
+/// whose share is the ramp's last step) move by it, and the shares in force of the others, which
+/// held the rest, count for the rest as it is now: as if the table in force had given the
+/// scheduled hosts what they get now. 1 when no host is scheduled, or none had a share.
+fn standing_scale(hosts: &[HostInput], targets: &[f64], params: &WeightParams) -> f64 {
+    // Targets now and shares in force, of all live hosts and of the standing ones.
+    let (mut all, mut standing, mut held, mut standing_held) = (0.0, 0.0, 0.0, 0.0);
     for (h, t) in hosts.iter().zip(targets).filter(|(h, _)| !h.ejected) {
+        let in_force = h.share_in_force().unwrap_or(0.0);
         all += t;
-        if h.share_in_force().is_some() {
-            known = true;
-        } else {
-            new += t;
+        held += in_force;
+        if !scheduled(h, params) {
+            standing += t;
+            standing_held += in_force;
         }
     }
-    if !known || new <= 0.0 || all <= 0.0 {
+    if all <= 0.0 || held <= 0.0 || standing_held <= 0.0 || standing >= all {
         return 1.0;
     }
-    clamp(1.0 - new / all, f64::MIN_POSITIVE, 1.0)
+    let scale = (standing / all) / (standing_held / held);
+    if scale.is_finite() {
+        scale.max(f64::MIN_POSITIVE)
+    } else {
+        1.0
+    }
+}
+
+/// Whether a host's share follows a schedule rather than a standing of its own: it has none in
+/// force yet, it is ramping in (slow start), or its share in force is the ramp's last step.
+fn scheduled(h: &HostInput, params: &WeightParams) -> bool {
+    let ramping = params.slow_start_ns > 0 && h.active_for_ns < params.slow_start_ns;
+    h.share_in_force().is_none() || ramping || h.share_while_ramping
 }
 
 /// Whether the table cannot tell its hosts apart: at least two live hosts, and every one
@@ -303,8 +324,9 @@ fn apportion(targets: &mut [f64], split: &Split) {
 /// in force times `standing`, [`standing_scale`]) to `noise_gain` of the way there (in log
 /// space, so up and down weigh alike); of a target beyond the band, the part within it is taken
 /// at that gain and the rest at once, so a real change is late by a fixed fraction of the band
-/// at most. Hosts without a share yet, ejected ones and
-/// ones still ramping in (slow start is a schedule, not noise) are left alone.
+/// at most. Ejected hosts and [`scheduled`] ones are left alone: slow start is a schedule, not
+/// noise, up to its last step (held by the band, a newcomer equal to the others would climb
+/// from that step to its fair share at the band's gain, seconds after its ramp ended).
 fn settle(targets: &mut [f64], hosts: &[HostInput], params: &WeightParams, standing: f64) {
     let gain = clamp(params.noise_gain, 0.0, 1.0);
     let band = params.noise_band.max(1.0).ln();
@@ -313,11 +335,10 @@ fn settle(targets: &mut [f64], hosts: &[HostInput], params: &WeightParams, stand
         return;
     }
     for (t, h) in targets.iter_mut().zip(hosts) {
-        let ramping = params.slow_start_ns > 0 && h.active_for_ns < params.slow_start_ns;
         let Some(share) = h.standing_share().map(|p| p * standing) else {
             continue;
         };
-        if h.ejected || ramping || *t <= 0.0 {
+        if h.ejected || scheduled(h, params) || *t <= 0.0 {
             continue;
         }
         let distance = (*t / total / share).ln();

@@ -9,6 +9,7 @@
 //! | `current_time` | get_current_time (proxy_get_current_time_nanoseconds) | request headers |
 //! | `set_header` | set_http_request_header("x-bench-hostcall", ...) | request headers |
 //! | `filter_state` | set_property(["bench_hostcall_I"], ...), I = 0..N: a new filter state each, as ewma-lb's decision for the access log | request headers |
+//! | `gauge` | record_metric(gauge I, ...), I = 0..N, each defined at configure time: as the refreshing VM sets its per-host gauges | request headers |
 //! | `content_type` | get_http_response_header("content-type") | response headers |
 //! | `upstream_address` | get_property(["upstream", "address"]) | on_log |
 //! | `response_code` | get_property(["response", "code"]) | on_log |
@@ -19,12 +20,13 @@ use std::hint::black_box;
 use std::rc::Rc;
 use std::time::Instant;
 
+use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::{Action, ContextType};
+use proxy_wasm::types::{Action, ContextType, MetricType};
 
 proxy_wasm::main! {{
     proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> {
-        Box::new(CallRoot { call: Call::Path, n: 0, keys: Rc::from([]) })
+        Box::new(CallRoot { call: Call::Path, n: 0, keys: Rc::from([]), gauges: Rc::from([]) })
     });
 }}
 
@@ -36,6 +38,7 @@ enum Call {
     CurrentTime,
     SetHeader,
     FilterState,
+    Gauge,
     ContentType,
     UpstreamAddress,
     ResponseCode,
@@ -50,6 +53,7 @@ impl Call {
             "current_time" => Call::CurrentTime,
             "set_header" => Call::SetHeader,
             "filter_state" => Call::FilterState,
+            "gauge" => Call::Gauge,
             "content_type" => Call::ContentType,
             "upstream_address" => Call::UpstreamAddress,
             "response_code" => Call::ResponseCode,
@@ -62,6 +66,7 @@ struct CallRoot {
     call: Call,
     n: u32,
     keys: Rc<[String]>,
+    gauges: Rc<[u32]>,
 }
 
 impl Context for CallRoot {}
@@ -80,6 +85,22 @@ impl RootContext for CallRoot {
                 if call == Call::FilterState {
                     self.keys = (0..n).map(|i| format!("bench_hostcall_{i}")).collect();
                 }
+                if call == Call::Gauge {
+                    let gauges: Option<Rc<[u32]>> = (0..n)
+                        .map(|i| {
+                            hostcalls::define_metric(
+                                MetricType::Gauge,
+                                &format!("bench_hostcall_gauge_{i}"),
+                            )
+                            .ok()
+                        })
+                        .collect();
+                    // Without its gauges the call would measure nothing: refuse to start.
+                    let Some(gauges) = gauges else {
+                        return false;
+                    };
+                    self.gauges = gauges;
+                }
                 true
             }
             // A configuration it cannot read would measure nothing: refuse to start.
@@ -96,6 +117,8 @@ impl RootContext for CallRoot {
             call: self.call,
             n: self.n,
             keys: self.keys.clone(),
+            gauges: self.gauges.clone(),
+            sets: 0,
         }))
     }
 }
@@ -105,6 +128,11 @@ struct CallHttp {
     n: u32,
     /// `filter_state`'s keys, made once at configure time.
     keys: Rc<[String]>,
+    /// `gauge`'s metrics, defined once at configure time.
+    gauges: Rc<[u32]>,
+    /// A value that changes from one request to the next, as a host's weight does between
+    /// refreshes.
+    sets: u64,
 }
 
 impl CallHttp {
@@ -127,6 +155,10 @@ impl HttpContext for CallHttp {
             for key in self.keys.iter() {
                 self.set_property(vec![key.as_str()], Some(b"steered 10.0.0.1:80 7"));
             }
+        }
+        for id in self.gauges.iter() {
+            self.sets = self.sets.wrapping_add(1);
+            let _ = hostcalls::record_metric(*id, self.sets);
         }
         self.repeat(
             &[
