@@ -123,7 +123,7 @@ fn shares_follow_the_split_and_keep_the_floor() {
         ejected: false,
         previous_share: None,
         share_on_trust: false,
-        share_while_ramping: false,
+        share_age_ns: 0,
     };
     let hosts = [host(50.0), host(50.0), host(25.0), host(25.0)];
     let zones = [

@@ -19,7 +19,7 @@ fn host(score_ms: Option<f64>) -> HostInput {
         ejected: false,
         previous_share: None,
         share_on_trust: false,
-        share_while_ramping: false,
+        share_age_ns: 0,
     }
 }
 
@@ -319,17 +319,17 @@ fn arb_host() -> impl Strategy<Value = HostInput> {
         0u64..20 * SEC,
         prop::bool::weighted(0.2),
         prop::option::of(0.0f64..1.0),
-        any::<bool>(),
+        0u64..20 * SEC,
     )
         .prop_map(
-            |(score_ms, active_for_ns, ejected, previous_share, share_while_ramping)| HostInput {
+            |(score_ms, active_for_ns, ejected, previous_share, share_age_ns)| HostInput {
                 score_ms,
                 uncertainty: 0.0,
                 active_for_ns,
                 ejected,
                 previous_share,
                 share_on_trust: false,
-                share_while_ramping,
+                share_age_ns,
             },
         )
 }
@@ -469,17 +469,18 @@ fn a_host_whose_ramp_just_ended_takes_its_target_not_the_bands_pace() {
         noise_gain: 0.1,
         ..params()
     };
-    // Two equal hosts; the second's ramp ended, and its share in force is the ramp's last step.
-    let after_ramp = |while_ramping| HostInput {
+    // Two equal hosts; the second's ramp ended a second ago. Its share in force set 1.5 s ago
+    // is the ramp's last step; one set 0.25 s ago is its own.
+    let after_ramp = |share_age_ns| HostInput {
         active_for_ns: 2 * SEC,
-        share_while_ramping: while_ramping,
+        share_age_ns,
         ..previous(50.0, 0.4)
     };
-    let ramped = shares(&[previous(50.0, 0.6), after_ramp(true)], &p);
+    let ramped = shares(&[previous(50.0, 0.6), after_ramp(3 * SEC / 2)], &p);
     // Its target is half; the other host's share is settled by the band, so not exactly half.
     assert!(ramped[1] > 0.45, "at its target at once: {ramped:?}");
     // A share of its own standing is held by the band: a tenth of the way.
-    let standing = shares(&[previous(50.0, 0.6), after_ramp(false)], &p);
+    let standing = shares(&[previous(50.0, 0.6), after_ramp(SEC / 4)], &p);
     assert!(standing[1] < 0.42, "{standing:?}");
 }
 

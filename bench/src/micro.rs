@@ -279,7 +279,7 @@ pub fn run_with(counts: &[usize], budget: Duration) -> Vec<MicroResult> {
                 ejected: false,
                 previous_share: Some(1.0 / n as f64),
                 share_on_trust: false,
-                share_while_ramping: false,
+                share_age_ns: 0,
             })
             .collect();
         push(

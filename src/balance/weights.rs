@@ -109,9 +109,10 @@ pub struct HostInput {
     /// no standing of the host's own (neither the noise band nor the bound on a fall holds it),
     /// but the other hosts' shares already make room for it: the host is no newcomer to them.
     pub share_on_trust: bool,
-    /// The share in force was set while the host was still ramping in: a step of slow start's
-    /// schedule, not a standing the noise band should hold once the ramp is over.
-    pub share_while_ramping: bool,
+    /// How long ago the share in force was set (the last refresh). Set while the host was still
+    /// ramping in, it is a step of slow start's schedule, not a standing the noise band should
+    /// hold once the ramp is over.
+    pub share_age_ns: u64,
 }
 
 impl HostInput {
@@ -231,8 +232,10 @@ fn standing_scale(hosts: &[HostInput], targets: &[f64], params: &WeightParams) -
 /// Whether a host's share follows a schedule rather than a standing of its own: it has none in
 /// force yet, it is ramping in (slow start), or its share in force is the ramp's last step.
 fn scheduled(h: &HostInput, params: &WeightParams) -> bool {
-    let ramping = params.slow_start_ns > 0 && h.active_for_ns < params.slow_start_ns;
-    h.share_in_force().is_none() || ramping || h.share_while_ramping
+    let ramping = |active_for_ns: u64| active_for_ns < params.slow_start_ns;
+    h.share_in_force().is_none()
+        || ramping(h.active_for_ns)
+        || ramping(h.active_for_ns.saturating_sub(h.share_age_ns))
 }
 
 /// Whether the table cannot tell its hosts apart: at least two live hosts, and every one

@@ -547,8 +547,6 @@ impl ClusterState {
     /// What the weights are computed from, host by host.
     fn weight_inputs(&self, now_ns: u64, policy: &Policy) -> Vec<HostInput> {
         let out = |h: &HostState| h.absent || h.health.is_ejected(now_ns);
-        // The shares in force were set at the last refresh.
-        let set_ago_ns = now_ns.saturating_sub(self.refreshed_ns);
         self.hosts
             .iter()
             .map(|h| HostInput {
@@ -559,8 +557,8 @@ impl ClusterState {
                 previous_share: (h.share > 0.0).then_some(h.share),
                 // Until the table holds its latency its first answers move it at once.
                 share_on_trust: h.share_on_trust,
-                share_while_ramping: h.active_for_ns(now_ns).saturating_sub(set_ago_ns)
-                    < policy.weights.slow_start_ns,
+                // The shares in force were set at the last refresh.
+                share_age_ns: now_ns.saturating_sub(self.refreshed_ns),
             })
             .collect()
     }
