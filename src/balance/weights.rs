@@ -205,7 +205,8 @@ pub fn shares_within(
 /// follows a schedule ([`scheduled`]: newcomers without a share in force, hosts ramping in, or
 /// whose share is the ramp's last step) move by it, and the shares in force of the others, which
 /// held the rest, count for the rest as it is now: as if the table in force had given the
-/// scheduled hosts what they get now. 1 when no host is scheduled, or none had a share.
+/// scheduled hosts what they get now. 1 when no host is scheduled, when every host is, or when
+/// none had a share.
 fn standing_scale(hosts: &[HostInput], targets: &[f64], params: &WeightParams) -> f64 {
     // Targets now and shares in force, of all live hosts and of the standing ones.
     let (mut all, mut standing, mut held, mut standing_held) = (0.0, 0.0, 0.0, 0.0);
