@@ -263,11 +263,12 @@ fn both_workers_steer_from_one_shared_table() {
 /// One good backend and four that answer 503, which the plugin ejects while one worker warms up
 /// over one connection; then a second connection, which Envoy's exact balance hands to the
 /// other worker, sends a request every 5 ms. Envoy's balancer sends about half of what it is
-/// left to a failing backend; the plugin sends none there. The tick period is 2 s (the refresh
-/// interval may not be shorter), so that the two causes stay apart: a build without the early
-/// tick failed 45-52 of the 100 requests in each of 4 runs, and would pass only if its first tick
-/// came within about 90 ms (one run in twenty); with it, the tick may come 50 ms late on a
-/// loaded machine (CI once saw 4 requests fail, about 25 ms) and the test still passes.
+/// left to a failing backend; the plugin sends none there. So the test passes while the new
+/// worker's first tick comes within about 90 ms (16 requests). The tick period is 2 s (the
+/// refresh interval may not be shorter), so that the two causes stay apart: a build without the
+/// early tick waits 0-2 s for it and failed 45-52 of the 100 requests in each of 4 runs (it
+/// would pass about one run in twenty); with it, a tick as late as one CI saw (4 requests
+/// failed, about 25 ms) passes.
 #[test]
 fn a_worker_new_to_the_cluster_steers_from_its_second_request() {
     let mut specs = vec![BackendSpec::new("good", "fixed:1".parse().unwrap())];
