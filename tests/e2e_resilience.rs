@@ -564,3 +564,137 @@ fn ten_thousand_hostile_requests_never_break_the_filter() {
         200
     );
 }
+
+/// A stand-in for Envoy's admin that answers `/clusters` with its headers and then never sends
+/// the body: each poll's timeout then fires after the response began, and Envoy resets the call
+/// instead of answering it locally. Counts the polls it took.
+struct StalledAdmin {
+    addr: std::net::SocketAddr,
+    polls: std::sync::Arc<std::sync::atomic::AtomicU32>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    acceptor: Option<thread::JoinHandle<()>>,
+}
+
+impl StalledAdmin {
+    fn start() -> StalledAdmin {
+        use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+        use std::sync::Arc;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let polls = Arc::new(AtomicU32::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (polls_in, stop_in) = (polls.clone(), stop.clone());
+        let acceptor = thread::spawn(move || {
+            let mut held = Vec::new();
+            while !stop_in.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((mut conn, _)) => {
+                        conn.set_nonblocking(false).unwrap();
+                        conn.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+                        let mut request = Vec::new();
+                        let mut buf = [0u8; 1024];
+                        while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                            match conn.read(&mut buf) {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => request.extend_from_slice(&buf[..n]),
+                            }
+                        }
+                        polls_in.fetch_add(1, Ordering::Relaxed);
+                        // The headers and a first line of the body; the rest never comes.
+                        let _ = conn.write_all(
+                            b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\
+                              content-length: 1000000\r\n\r\nbackend::",
+                        );
+                        held.push(conn);
+                    }
+                    Err(_) => thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        });
+        StalledAdmin {
+            addr,
+            polls,
+            stop,
+            acceptor: Some(acceptor),
+        }
+    }
+
+    fn polls(&self) -> u32 {
+        self.polls.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Drop for StalledAdmin {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(acceptor) = self.acceptor.take() {
+            let _ = acceptor.join();
+        }
+    }
+}
+
+/// Envoy's admin, asked for its hosts' health (`envoy_health`), sends its answer's headers and
+/// then stalls: Envoy resets the call at its timeout and hands the plugin a response without
+/// headers or body. The plugin must take that as an unanswered poll. Reading the missing
+/// response's `:status` is refused by Envoy, and the SDK's reader panics on a refusal: the VM
+/// would fail at the first such poll and, under the shipped FAIL_RELOAD, be reloaded again and
+/// again, with 503s in between. Observed: what the client got, the admin cluster's resets on
+/// the wire, Envoy's log and its VM stats, and that the backends still see the plugin's picks.
+#[test]
+fn a_health_poll_cut_off_after_its_headers_leaves_the_vm_running() {
+    let admin = StalledAdmin::start();
+    let stack = Stack::start_with(three("fixed:2"), |config| {
+        config
+            .cluster("envoy_admin")?
+            .set_endpoints(&[admin.addr])?;
+        config.plugin()?.set_plugin_config(
+            r#"{"override_header": "x-ewma-lb-host", "steered_clusters": ["backend"],
+                "envoy_health": {"admin_cluster": "envoy_admin", "poll_interval_ms": 200}}"#,
+        )?;
+        Ok(())
+    })
+    .unwrap();
+    let url = format!("{}/work", stack.url);
+    let (mut statuses, mut steered) = (std::collections::BTreeMap::<u16, u32>::new(), 0);
+    let start = Instant::now();
+    // Each VM polls every 200 ms and each poll is cut off 200 ms later: a few seconds hold
+    // dozens of them.
+    while start.elapsed() < Duration::from_secs(4) {
+        let r = http::get(&url, &[]).unwrap();
+        *statuses.entry(r.status).or_default() += 1;
+        if r.status == 200 && r.header("x-seen-override").is_some() {
+            steered += 1;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    let sent: u32 = statuses.values().sum();
+    let stats = stack.envoy.stats().unwrap_or_default();
+    let resets: u64 = [
+        "upstream_rq_timeout",
+        "upstream_rq_rx_reset",
+        "upstream_rq_tx_reset",
+    ]
+    .iter()
+    .filter_map(|s| stats.get(&format!("cluster.envoy_admin.{s}")))
+    .sum();
+    eprintln!(
+        "{} polls taken, {resets} cut off; {sent} requests: {statuses:?}, {steered} steered",
+        admin.polls()
+    );
+    // The cause this test is about happened: polls were answered with headers and cut off.
+    assert!(
+        admin.polls() >= 5,
+        "only {} polls reached the admin",
+        admin.polls()
+    );
+    assert!(
+        resets >= 3,
+        "the admin cluster's calls were not cut off: {resets}"
+    );
+    common::assert_vm_never_failed(&stack);
+    assert_eq!(statuses.get(&200).copied(), Some(sent), "{statuses:?}");
+    // Still balancing: the plugin's picks reach the backends (a VM's first requests, before
+    // its first table, go to Envoy's own balancer).
+    assert!(steered >= sent / 2, "{steered} of {sent} requests steered");
+}
