@@ -31,7 +31,7 @@ fn health_probes_are_never_steered_nor_sampled() {
     // b's slow health endpoint can fail Envoy's first check while other Envoys start beside this
     // one: the start waits until Envoy holds it healthy again (`Stack::wait_all_healthy`).
     let stack = Stack::start(specs).unwrap();
-    stack.load(100.0, 4).unwrap();
+    let mut business = stack.load(100.0, 4).unwrap();
     let probes = 30;
     let handles: Vec<_> = (0..probes)
         .map(|i| {
@@ -46,7 +46,7 @@ fn health_probes_are_never_steered_nor_sampled() {
             })
         })
         .collect();
-    stack.load(100.0, 3).unwrap();
+    business.extend(stack.load(100.0, 3).unwrap());
     for h in handles {
         let (status, seen) = h.join().unwrap().unwrap();
         assert_eq!(status, 200);
@@ -69,7 +69,26 @@ fn health_probes_are_never_steered_nor_sampled() {
         "{series} = {:?}, want {probes}",
         stack.prometheus(series)
     );
-    std::thread::sleep(Duration::from_millis(1200));
+    // Never sampled, counted: every business request a backend answered is one sample, and no
+    // probe is (a probe sampled would add one; the slow probes alone could not show it, as the
+    // smoothing may hold a burst of slow samples out of the estimate).
+    let answered = business
+        .iter()
+        .filter(|r| r.status == 200 && r.backend.is_some())
+        .count() as u64;
+    let samples = || common::samples(&stack);
+    let merged = within(Duration::from_secs(3), || samples() >= answered);
+    std::thread::sleep(Duration::from_millis(1200)); // ticks enough for a sampled probe to show
+    let total = samples();
+    eprintln!("{answered} business requests answered, {total} samples");
+    assert!(
+        merged.is_some(),
+        "samples {total} never reached the {answered} business requests"
+    );
+    assert_eq!(
+        total, answered,
+        "samples must be the business requests only"
+    );
     let b = stack.host_status("b").unwrap();
     let latency_ms = b["latency_ms"].as_f64().unwrap_or(f64::NAN);
     assert!(latency_ms < 150.0, "slow probes polluted b's latency: {b}");
