@@ -584,18 +584,18 @@ fn ten_thousand_hostile_requests_never_break_the_filter() {
     );
 }
 
-/// A stand-in for Envoy's admin that answers `/clusters` with its headers and then never sends
-/// the body: each poll's timeout then fires after the response began, and Envoy resets the call
-/// instead of answering it locally. Counts the polls it took.
-struct StalledAdmin {
+/// A stand-in for Envoy's admin: answers every request (the plugin's `/clusters` polls) with
+/// `answer`, then holds the connection open (`hold`: the rest of a body it promised never
+/// comes) or closes it. Counts the polls it took.
+struct AdminStandIn {
     addr: std::net::SocketAddr,
     polls: std::sync::Arc<std::sync::atomic::AtomicU32>,
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     acceptor: Option<thread::JoinHandle<()>>,
 }
 
-impl StalledAdmin {
-    fn start() -> StalledAdmin {
+impl AdminStandIn {
+    fn start(answer: Vec<u8>, hold: bool) -> AdminStandIn {
         use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
         use std::sync::Arc;
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -620,18 +620,16 @@ impl StalledAdmin {
                             }
                         }
                         polls_in.fetch_add(1, Ordering::Relaxed);
-                        // The headers and a first line of the body; the rest never comes.
-                        let _ = conn.write_all(
-                            b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\
-                              content-length: 1000000\r\n\r\nbackend::",
-                        );
-                        held.push(conn);
+                        let _ = conn.write_all(&answer);
+                        if hold {
+                            held.push(conn);
+                        }
                     }
                     Err(_) => thread::sleep(Duration::from_millis(5)),
                 }
             }
         });
-        StalledAdmin {
+        AdminStandIn {
             addr,
             polls,
             stop,
@@ -644,7 +642,7 @@ impl StalledAdmin {
     }
 }
 
-impl Drop for StalledAdmin {
+impl Drop for AdminStandIn {
     fn drop(&mut self) {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         if let Some(acceptor) = self.acceptor.take() {
@@ -653,67 +651,102 @@ impl Drop for StalledAdmin {
     }
 }
 
-/// Envoy's admin, asked for its hosts' health (`envoy_health`), sends its answer's headers and
-/// then stalls: Envoy resets the call at its timeout and hands the plugin a response without
-/// headers or body. The plugin must take that as an unanswered poll. Reading the missing
-/// response's `:status` is refused by Envoy, and the SDK's reader panics on a refusal: the VM
-/// would fail at the first such poll and, under the shipped FAIL_RELOAD, be reloaded again and
-/// again, with 503s in between. Observed: what the client got, the admin cluster's resets on
-/// the wire, Envoy's log and its VM stats, and that the backends still see the plugin's picks.
+/// Answers Envoy's admin could give a health poll (`envoy_health`) other than a page of hosts,
+/// each from a stand-in the `envoy_admin` cluster points at, polled every 200 ms for 4 s:
+/// - the headers, then a body that never comes: Envoy resets the call at its timeout and hands
+///   the plugin a response without headers. Reading that response's `:status` is refused, and
+///   the SDK's reader panics on a refusal: before this was handled, every such poll failed the
+///   VM, and under the shipped FAIL_RELOAD most requests were answered 503;
+/// - 200 with an empty body, 200 with a megabyte of bytes that are not UTF-8 nor the page's
+///   lines, and a 500.
+///
+/// Observed for each: the polls answered that way (and, for the first, cut off on the wire: the
+/// admin cluster's resets in Envoy's stats), what the client got, Envoy's log and VM stats, and
+/// that the backends still see the plugin's picks.
 #[test]
-fn a_health_poll_cut_off_after_its_headers_leaves_the_vm_running() {
-    let admin = StalledAdmin::start();
-    let stack = Stack::start_with(three("fixed:2"), |config| {
-        config
-            .cluster("envoy_admin")?
-            .set_endpoints(&[admin.addr])?;
-        config.plugin()?.set_plugin_config(
-            r#"{"override_header": "x-ewma-lb-host", "steered_clusters": ["backend"],
-                "envoy_health": {"admin_cluster": "envoy_admin", "poll_interval_ms": 200}}"#,
-        )?;
-        Ok(())
-    })
-    .unwrap();
-    let url = format!("{}/work", stack.url);
-    let (mut statuses, mut steered) = (std::collections::BTreeMap::<u16, u32>::new(), 0);
-    let start = Instant::now();
-    // Each VM polls every 200 ms and each poll is cut off 200 ms later: a few seconds hold
-    // dozens of them.
-    while start.elapsed() < Duration::from_secs(4) {
-        let r = http::get(&url, &[]).unwrap();
-        *statuses.entry(r.status).or_default() += 1;
-        if r.status == 200 && r.header("x-seen-override").is_some() {
-            steered += 1;
+fn odd_answers_to_a_health_poll_leave_the_vm_running() {
+    let mut junk = b"HTTP/1.1 200 OK\r\ncontent-length: 1048576\r\n\r\n".to_vec();
+    junk.extend((0..1_048_576u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8 | 0x80));
+    let cases: [(&str, Vec<u8>, bool); 4] = [
+        (
+            "cut off after its headers",
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 1000000\r\n\r\nbackend::"
+                .to_vec(),
+            true,
+        ),
+        (
+            "empty",
+            b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n".to_vec(),
+            false,
+        ),
+        ("a megabyte of junk", junk, false),
+        (
+            "500",
+            b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 5\r\n\r\nerror".to_vec(),
+            false,
+        ),
+    ];
+    for (case, answer, hold) in cases {
+        let admin = AdminStandIn::start(answer, hold);
+        let stack = Stack::start_with(three("fixed:2"), |config| {
+            config
+                .cluster("envoy_admin")?
+                .set_endpoints(&[admin.addr])?;
+            config.plugin()?.set_plugin_config(
+                r#"{"override_header": "x-ewma-lb-host", "steered_clusters": ["backend"],
+                    "envoy_health": {"admin_cluster": "envoy_admin", "poll_interval_ms": 200}}"#,
+            )?;
+            Ok(())
+        })
+        .unwrap();
+        let url = format!("{}/work", stack.url);
+        let (mut statuses, mut steered) = (std::collections::BTreeMap::<u16, u32>::new(), 0);
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(4) {
+            let r = http::get(&url, &[]).unwrap();
+            *statuses.entry(r.status).or_default() += 1;
+            if r.status == 200 && r.header("x-seen-override").is_some() {
+                steered += 1;
+            }
+            thread::sleep(Duration::from_millis(10));
         }
-        thread::sleep(Duration::from_millis(10));
+        let sent: u32 = statuses.values().sum();
+        let stats = stack.envoy.stats().unwrap_or_default();
+        let resets: u64 = [
+            "upstream_rq_timeout",
+            "upstream_rq_rx_reset",
+            "upstream_rq_tx_reset",
+        ]
+        .iter()
+        .filter_map(|s| stats.get(&format!("cluster.envoy_admin.{s}")))
+        .sum();
+        eprintln!(
+            "{case}: {} polls taken, {resets} cut off; {sent} requests: {statuses:?}, {steered} steered",
+            admin.polls()
+        );
+        // The answer this case is about was given.
+        assert!(
+            admin.polls() >= 5,
+            "{case}: only {} polls reached the admin",
+            admin.polls()
+        );
+        if hold {
+            assert!(
+                resets >= 3,
+                "{case}: the admin cluster's calls were not cut off: {resets}"
+            );
+        }
+        common::assert_vm_never_failed(&stack);
+        assert_eq!(
+            statuses.get(&200).copied(),
+            Some(sent),
+            "{case}: {statuses:?}"
+        );
+        // Still balancing: the plugin's picks reach the backends (a VM's first requests, before
+        // its first table, go to Envoy's own balancer).
+        assert!(
+            steered >= sent / 2,
+            "{case}: {steered} of {sent} requests steered"
+        );
     }
-    let sent: u32 = statuses.values().sum();
-    let stats = stack.envoy.stats().unwrap_or_default();
-    let resets: u64 = [
-        "upstream_rq_timeout",
-        "upstream_rq_rx_reset",
-        "upstream_rq_tx_reset",
-    ]
-    .iter()
-    .filter_map(|s| stats.get(&format!("cluster.envoy_admin.{s}")))
-    .sum();
-    eprintln!(
-        "{} polls taken, {resets} cut off; {sent} requests: {statuses:?}, {steered} steered",
-        admin.polls()
-    );
-    // The cause this test is about happened: polls were answered with headers and cut off.
-    assert!(
-        admin.polls() >= 5,
-        "only {} polls reached the admin",
-        admin.polls()
-    );
-    assert!(
-        resets >= 3,
-        "the admin cluster's calls were not cut off: {resets}"
-    );
-    common::assert_vm_never_failed(&stack);
-    assert_eq!(statuses.get(&200).copied(), Some(sent), "{statuses:?}");
-    // Still balancing: the plugin's picks reach the backends (a VM's first requests, before
-    // its first table, go to Envoy's own balancer).
-    assert!(steered >= sent / 2, "{steered} of {sent} requests steered");
 }
