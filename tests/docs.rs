@@ -4,7 +4,9 @@
 //!   it when it names one;
 //! - the Envoy configuration README.md shows is the one the tests run (excerpts of
 //!   envoy-config/envoy.yaml, not a copy that could drift);
-//! - every test docs/threat-model.md cites as showing a guarantee exists.
+//! - every test docs/threat-model.md cites as showing a guarantee exists, and every long name
+//!   (a test, a function, a metric) README.md, docs/, bench/README.md and CHANGELOG.md cite in
+//!   code is still in the code.
 //!
 //! The tables of docs/configuration.md and docs/observability.md are checked against the code in
 //! tests/packaging.rs.
@@ -192,6 +194,48 @@ fn every_test_the_threat_model_cites_exists() {
             "docs/threat-model.md cites {name}, which no test under tests/ defines"
         );
     }
+}
+
+/// A name the docs cite in code (a test, a function, a metric, a setting: snake case of five
+/// words or more) is one the repository's code still has: a test renamed or removed must not
+/// leave a doc pointing at nothing. Envoy's own statistics (`envoy_...`) are Envoy's.
+#[test]
+fn every_long_name_the_docs_cite_is_in_the_code() {
+    let code: String = repo_files(".rs")
+        .iter()
+        .map(|f| std::fs::read_to_string(f).unwrap())
+        .collect();
+    let mut docs = vec![
+        "README.md".to_string(),
+        "bench/README.md".to_string(),
+        "CHANGELOG.md".to_string(),
+    ];
+    docs.extend(
+        repo_files(".md")
+            .iter()
+            .filter(|f| f.starts_with(repo_root().join("docs")))
+            .map(|f| f.strip_prefix(repo_root()).unwrap().display().to_string()),
+    );
+    let mut cited = 0;
+    for doc in &docs {
+        let text = read(doc);
+        for name in text.split('`').skip(1).step_by(2).filter(|s| {
+            s.matches('_').count() >= 4
+                && !s.starts_with("envoy_")
+                && s.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        }) {
+            cited += 1;
+            assert!(
+                code.contains(name),
+                "{doc} cites {name}, which no code in the repository has"
+            );
+        }
+    }
+    assert!(
+        cited >= 50,
+        "the docs cite {cited} names: is the reader broken?"
+    );
 }
 
 /// The plugin's start-up warning about a wide allowlist sends operators to README, "Threat

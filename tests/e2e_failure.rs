@@ -89,6 +89,12 @@ fn fail_reload_answers_503_until_a_new_vm_runs_and_replaces_it_at_most_once_a_se
     // Every 503 was Envoy's: only the two requests that were answered 200 reached a backend.
     assert_eq!(reached(&stack, "/") - served_before, 2);
     assert_eq!(reached(&stack, "/panic"), 0);
+    // A second and a half after the last VM started, the replacement is not held back: 0.2 s
+    // at most when measured, against the backoff's second.
+    assert!(
+        first < Duration::from_millis(800),
+        "a VM failing long after the last replacement was replaced after {first:?}: held back"
+    );
     // The new VM runs the module: it fails again on /panic (not skipped as under FAIL_OPEN).
     assert!(
         second >= Duration::from_millis(400),

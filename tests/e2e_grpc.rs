@@ -242,17 +242,7 @@ fn a_streaming_method_listed_as_excluded_is_neither_steered_nor_sampled() {
         stack.prometheus(excluded)
     );
     let answered_unary = warm.iter().filter(|r| r.grpc_status.is_some()).count() + unary.len();
-    let samples = || -> u64 {
-        stack
-            .backends
-            .iter()
-            .map(|b| {
-                stack.host_status(b.name()).unwrap()["samples"]
-                    .as_u64()
-                    .unwrap_or(0)
-            })
-            .sum()
-    };
+    let samples = || common::samples(&stack);
     let merged = within(Duration::from_secs(3), || {
         samples() >= answered_unary as u64
     });

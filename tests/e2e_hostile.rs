@@ -306,26 +306,7 @@ fn no_byte_an_http2_client_sends_panics_the_vm() {
             "{name}: got {got:?}, want only {allowed:?}"
         );
     }
-    let log = stack.envoy.log();
-    for needle in [
-        "panicked",
-        "Wasm VM failed",
-        "wasm_fail_stream",
-        "[critical]",
-    ] {
-        assert!(!log.contains(needle), "Envoy log mentions {needle:?}");
-    }
-    let stats = stack.envoy.stats().unwrap_or_default();
-    let failures: Vec<(&String, &u64)> = stats
-        .iter()
-        .filter(|(k, v)| {
-            (k.contains("vm_reload") || k.ends_with(".failed")) && !k.contains("backoff") && **v > 0
-        })
-        .collect();
-    assert!(
-        failures.is_empty(),
-        "the VM failed or was reloaded: {failures:?}"
-    );
+    common::assert_vm_never_failed(&stack);
     // And it still balances.
     assert_eq!(
         http::get(&format!("{}/after", stack.url), &[])

@@ -169,7 +169,27 @@ fn a_recovered_backend_earns_its_share_back() {
 /// exploration) reach a backend with no header at all: the client's copy was removed.
 #[test]
 fn a_client_supplied_override_header_never_decides_the_host() {
-    let stack = Stack::start(seed_backends()).unwrap();
+    client_override_never_decides(&Stack::start(seed_backends()).unwrap());
+}
+
+/// The same with the native filter that strips the client's copy before the plugin taken out of
+/// the chain (an install whose own chain lacks it): the plugin's own replacement or removal of
+/// the header is all that stands between the client and the host. The shipped chain's removal
+/// would hide a plugin that forgot to do either.
+#[test]
+fn a_client_supplied_override_header_never_decides_the_host_without_the_native_removal() {
+    let stack = Stack::start_with(seed_backends(), |config| {
+        config
+            .listener(LISTENER)?
+            .http()?
+            .remove_http_filter("envoy.filters.http.header_mutation")?;
+        Ok(())
+    })
+    .unwrap();
+    client_override_never_decides(&stack);
+}
+
+fn client_override_never_decides(stack: &Stack) {
     let address_of: BTreeMap<String, String> = stack
         .backends
         .iter()

@@ -581,6 +581,71 @@ fn hosts_envoy_marks_unhealthy_leave_the_picks() {
     assert!(picked(&mut w, later).iter().any(|h| h == "10.0.0.2:80"));
 }
 
+/// When Envoy reports every host unhealthy the plugin names none of them: each request is left
+/// to Envoy (whose panic threshold then serves them all), and the picks come back as soon as
+/// Envoy reports a host healthy again.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn every_host_unhealthy_leaves_every_request_to_envoy() {
+    use ewma_lb::worker::{Decision, Request};
+    let store = Shared::default();
+    let mut w = Worker::new(
+        config(r#"{"envoy_health": {"admin_cluster": "envoy_admin"}}"#),
+        1,
+    );
+    let hosts = ["10.0.0.1:80", "10.0.0.2:80", "10.0.0.3:80"];
+    let mut now = 0;
+    for _ in 0..20 {
+        now += 100 * MS;
+        for host in hosts {
+            served_in_50ms(&mut w, host, None);
+        }
+        w.tick(now, &mut store.clone());
+    }
+    let decisions = |w: &mut Worker, now: u64| -> (usize, usize) {
+        let (mut picks, mut fallbacks) = (0, 0);
+        for _ in 0..600 {
+            match w.route(
+                &Request {
+                    path: b"/work",
+                    cluster: Some(CLUSTER),
+                    now_ns: now,
+                    body_pending: false,
+                },
+                || None,
+            ) {
+                Decision::Override(_) => picks += 1,
+                Decision::Fallback(_) => fallbacks += 1,
+                d => panic!("unexpected decision {d}"),
+            }
+        }
+        (picks, fallbacks)
+    };
+    assert!(decisions(&mut w, now).0 > 500, "the table steers first");
+    let page = |flags: [&str; 3]| -> Vec<u8> {
+        hosts
+            .iter()
+            .zip(flags)
+            .map(|(h, f)| format!("backend::{h}::health_flags::{f}\n"))
+            .collect::<String>()
+            .into_bytes()
+    };
+    w.envoy_health(now, &page(["/failed_active_hc"; 3]));
+    assert_eq!(
+        decisions(&mut w, now),
+        (0, 600),
+        "no unhealthy host is named"
+    );
+    w.envoy_health(
+        now + 10 * MS,
+        &page(["/failed_active_hc", "healthy", "/failed_active_hc"]),
+    );
+    assert!(
+        decisions(&mut w, now + 10 * MS).0 > 500,
+        "the healthy host is picked again"
+    );
+}
+
 /// A host `/clusters` lists that no request met yet (a scale-out's newcomer) enters the record
 /// through the VM's batch: every VM of the process has it in its table after a tick, the page's
 /// host count becomes the cluster's endpoint count, and nothing is left unknown to the fallback.

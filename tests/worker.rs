@@ -212,6 +212,38 @@ fn in_flight_counts_go_up_on_pick_and_down_once_on_finish() {
     assert_eq!(w.in_flight(CLUSTER, &host), 0, "never below zero");
 }
 
+/// A request whose body is still to come is not in flight at its host yet: the filter counts it
+/// once the body has ended (`Request::body_pending`), which is when the host can work on it, so
+/// a client trickling an upload does not hold up the count of the host it was picked for.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn a_request_whose_body_is_still_to_come_is_not_in_flight_yet() {
+    let store = Shared::default();
+    let mut w = Worker::new(
+        config(
+            r#"{"exploration_share": 0, "clusters": {"backend": {"endpoints": ["10.0.0.1:80"]}}}"#,
+        ),
+        1,
+    );
+    w.tick(SEC, &mut store.clone());
+    let upload = Request {
+        path: b"/upload",
+        cluster: Some(CLUSTER),
+        now_ns: SEC,
+        body_pending: true,
+    };
+    for _ in 0..3 {
+        let Decision::Override(pick) = w.route(&upload, || None) else {
+            panic!("no table")
+        };
+        assert_eq!(&*pick.host, "10.0.0.1:80");
+    }
+    assert_eq!(w.in_flight(CLUSTER, "10.0.0.1:80"), 0);
+    // A request without a body is the host's at once.
+    steer(&mut w);
+    assert_eq!(w.in_flight(CLUSTER, "10.0.0.1:80"), 1);
+}
+
 /// How `w` splits `n` requests of [`CLUSTER`], each ending served before the next arrives.
 fn split_of_served_requests(w: &mut Worker, n: usize) -> HashMap<String, u32> {
     let mut split = HashMap::new();

@@ -48,7 +48,11 @@ pub fn property_i64(path: &[&str]) -> Option<i64> {
     Some(i64::from_le_bytes(bytes))
 }
 
-/// Sets (or, with `None`, removes) a request header; false if the host refused.
+/// Sets (or, with `None`, removes) a request header. proxy-wasm 0.2.5's setter returns Ok or
+/// panics (on any status but Ok, like `set_filter_state`'s), so this is true wherever it returns;
+/// Envoy answers Ok while the request's headers are there, in `on_http_request_headers`, the
+/// only place it is called. The callers' fallback for `false` is for an SDK that reports a
+/// refusal instead.
 pub fn set_request_header(name: &str, value: Option<&str>) -> bool {
     hostcalls::set_map_value(MapType::HttpRequestHeaders, name, value).is_ok()
 }

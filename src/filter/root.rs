@@ -30,10 +30,18 @@ impl Context for Root {
     fn on_http_call_response(
         &mut self,
         _token: u32,
-        _headers: usize,
+        headers: usize,
         body_size: usize,
         _trailers: usize,
     ) {
+        // A call that failed after its response began (a reset, the timeout once the headers
+        // were in, a body over the client's limit) comes with no headers and no response to
+        // read: Envoy refuses the read, and the SDK's reader panics on a refusal. An answer
+        // always has `:status`. Unanswered, like a poll that never came back (`health`); Envoy
+        // counts it in the admin cluster's stats (`upstream_rq_timeout`, `upstream_rq_rx_reset`).
+        if headers == 0 {
+            return;
+        }
         let Some(vm) = &self.vm else { return };
         let Ok(mut vm) = vm.try_borrow_mut() else {
             return;
