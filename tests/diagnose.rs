@@ -187,7 +187,7 @@ fn not_honoured_warnings(report: &TickReport) -> Vec<(String, Unhonoured, String
                 window,
                 header,
             } => Some((cluster.clone(), *window, header.clone())),
-            Warning::UnseenClusters { .. } => None,
+            Warning::UnseenClusters { .. } | Warning::HealthUnanswered { .. } => None,
         })
         .collect()
 }
@@ -552,6 +552,64 @@ fn the_watch_starts_at_its_first_check_and_forgets_seen_names() {
     assert!(!none.due(0) && !none.due(1000 * SEC));
 }
 
+// === Envoy's admin bringing no page ===
+
+/// The polls each warning of `report` about Envoy's admin counted.
+fn health_warnings(report: &TickReport) -> Vec<u64> {
+    report
+        .warnings
+        .iter()
+        .filter_map(|w| match w {
+            Warning::HealthUnanswered { polls, .. } => Some(*polls),
+            _ => None,
+        })
+        .collect()
+}
+
+/// More than five polls of Envoy's admin in a row without a page are warned of, once per run of
+/// them; a page ends the run, and a later run is warned of again. A VM whose polls bring pages
+/// says nothing.
+#[test]
+#[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
+fn polls_of_envoys_admin_that_bring_no_page_are_warned_of_once_a_run() {
+    let cfg = static_config(
+        r#""envoy_health": {"admin_cluster": "envoy_admin"},"#,
+        &HOSTS,
+    );
+    let (store, mut w) = started(&cfg, 1);
+    let page: String = HOSTS
+        .iter()
+        .map(|h| format!("{CLUSTER}::{h}::health_flags::healthy\n"))
+        .collect();
+    let mut t = 100 * MS;
+    // Ten seconds of ticks, a poll a second (the default), each answered with the page or not.
+    let mut ten_seconds = |w: &mut Worker, answered: bool| -> Vec<u64> {
+        let mut warned = Vec::new();
+        for _ in 0..100 {
+            t += 100 * MS;
+            if w.envoy_health_due(t) && answered {
+                w.envoy_health(t, page.as_bytes());
+            }
+            warned.extend(health_warnings(&w.tick(t, &mut store.clone())));
+        }
+        warned
+    };
+    assert_eq!(ten_seconds(&mut w, true), Vec::<u64>::new(), "answered");
+    assert_eq!(ten_seconds(&mut w, false), [6], "said once, at the sixth");
+    assert_eq!(
+        ten_seconds(&mut w, true),
+        Vec::<u64>::new(),
+        "answered again"
+    );
+    assert_eq!(ten_seconds(&mut w, false), [6], "a new run is said again");
+    // A worker without envoy_health asks nothing and says nothing.
+    let (store, mut w) = started(&static_config("", &HOSTS), 1);
+    for i in 2..200 {
+        assert!(!w.envoy_health_due(i * 100 * MS));
+        assert!(health_warnings(&w.tick(i * 100 * MS, &mut store.clone())).is_empty());
+    }
+}
+
 #[test]
 #[cfg_attr(target_arch = "wasm32", wasm_bindgen_test)]
 fn the_warnings_name_the_likely_causes() {
@@ -590,6 +648,19 @@ fn the_warnings_name_the_likely_causes() {
         "c19 and 5 more",
     ] {
         assert!(unseen.contains(needle), "{needle:?} in {unseen}");
+    }
+    let no_page = Warning::HealthUnanswered {
+        admin_cluster: "envoy_admin".into(),
+        polls: 6,
+    }
+    .to_string();
+    for needle in [
+        "none of the last 6 polls of Envoy's admin (/clusters through cluster envoy_admin)",
+        "refused, timed out, cut off, not 200 or empty",
+        "envoy_health.admin_cluster must lead to Envoy's admin address",
+        "envoy_health.poll_interval_ms",
+    ] {
+        assert!(no_page.contains(needle), "{needle:?} in {no_page}");
     }
 }
 

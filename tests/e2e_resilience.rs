@@ -662,31 +662,36 @@ impl Drop for AdminStandIn {
 ///
 /// Observed for each: the polls answered that way (and, for the first, cut off on the wire: the
 /// admin cluster's resets in Envoy's stats), what the client got, Envoy's log and VM stats, and
-/// that the backends still see the plugin's picks.
+/// that the backends still see the plugin's picks. The log also says when polls bring no page
+/// at all (the megabyte of junk is a page, of no hosts).
 #[test]
 fn odd_answers_to_a_health_poll_leave_the_vm_running() {
     let mut junk = b"HTTP/1.1 200 OK\r\ncontent-length: 1048576\r\n\r\n".to_vec();
     junk.extend((0..1_048_576u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 24) as u8 | 0x80));
-    let cases: [(&str, Vec<u8>, bool); 4] = [
+    // (case, answer, hold the connection, a page of hosts: no warning)
+    let cases: [(&str, Vec<u8>, bool, bool); 4] = [
         (
             "cut off after its headers",
             b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 1000000\r\n\r\nbackend::"
                 .to_vec(),
             true,
+            false,
         ),
         (
             "empty",
             b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n".to_vec(),
             false,
+            false,
         ),
-        ("a megabyte of junk", junk, false),
+        ("a megabyte of junk", junk, false, true),
         (
             "500",
             b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 5\r\n\r\nerror".to_vec(),
             false,
+            false,
         ),
     ];
-    for (case, answer, hold) in cases {
+    for (case, answer, hold, page) in cases {
         let admin = AdminStandIn::start(answer, hold);
         let stack = Stack::start_with(three("fixed:2"), |config| {
             config
@@ -737,6 +742,12 @@ fn odd_answers_to_a_health_poll_leave_the_vm_running() {
             );
         }
         common::assert_vm_never_failed(&stack);
+        // Polls that bring no page are said in the log (more than five in a row: a second).
+        assert_eq!(
+            stack.envoy.log().contains("polls of Envoy's admin"),
+            !page,
+            "{case}: the warning of polls without a page"
+        );
         assert_eq!(
             statuses.get(&200).copied(),
             Some(sent),

@@ -172,6 +172,8 @@ pub enum Warning {
         seen: Vec<String>,
         more: usize,
     },
+    /// The last `polls` polls of Envoy's admin through `admin_cluster` got no answer.
+    HealthUnanswered { admin_cluster: String, polls: u64 },
 }
 
 impl Warning {
@@ -211,6 +213,18 @@ impl fmt::Display for Warning {
                 window.not_honoured,
                 window.picks,
                 window.window_ns / NS_PER_SEC,
+            ),
+            Warning::HealthUnanswered {
+                admin_cluster,
+                polls,
+            } => write!(
+                f,
+                "none of the last {polls} polls of Envoy's admin (/clusters through cluster \
+                 {admin_cluster}) brought a page of hosts (each was refused, timed out, cut \
+                 off, not 200 or empty): the hosts Envoy's health checks mark unhealthy are \
+                 picked like the others until one does. envoy_health.admin_cluster must lead \
+                 to Envoy's admin address; a cluster of many hosts needs a longer \
+                 envoy_health.poll_interval_ms"
             ),
             Warning::UnseenClusters {
                 names,

@@ -60,6 +60,9 @@ pub struct Worker {
     /// When this VM last asked Envoy for its hosts' health, and last got an answer (`health`).
     health_asked_ns: Option<u64>,
     health_answered_ns: u64,
+    /// Polls asked since the last answer, and whether this run of them was warned of.
+    health_unanswered: u64,
+    health_warned: bool,
     /// A request found a cluster without a table: the adapter should tick now rather than at
     /// the next period, so the requests after it are steered (`take_tick_wanted`).
     tick_wanted: bool,
@@ -85,6 +88,8 @@ impl Worker {
             steered_watch,
             health_asked_ns: None,
             health_answered_ns: 0,
+            health_unanswered: 0,
+            health_warned: false,
             tick_wanted: false,
         };
         // The main-thread VM never sees a request; configured clusters still get refreshed.

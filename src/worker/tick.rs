@@ -26,6 +26,7 @@ impl Worker {
         let mut report = TickReport::default();
         self.evict_idle(steady_ns);
         self.forget_stale_health(steady_ns);
+        report.warnings.extend(self.unanswered_health());
         let local_zone = self.local_zone.as_deref().filter(|z| !z.is_empty());
         let policy = self.config.policy();
         let tick_ns = u64::try_from(self.config.tick_period().as_nanos()).unwrap_or(u64::MAX);
@@ -242,6 +243,7 @@ impl Worker {
             .is_none_or(|at| now_ns.saturating_sub(at) >= self.config.health_poll_ns());
         if due {
             self.health_asked_ns = Some(now_ns);
+            self.health_unanswered = self.health_unanswered.saturating_add(1);
         }
         due
     }
@@ -254,6 +256,8 @@ impl Worker {
     pub fn envoy_health(&mut self, raw_now_ns: u64, clusters_text: &[u8]) {
         let now_ns = self.clock.now(raw_now_ns);
         self.health_answered_ns = now_ns;
+        self.health_unanswered = 0;
+        self.health_warned = false;
         let max_hosts = self.config.policy().max_hosts;
         let text = String::from_utf8_lossy(clusters_text);
         let mut listed = crate::worker::health::listed_hosts(&text, |c| self.config.steers(c));
@@ -317,6 +321,21 @@ impl Worker {
                 adopt(local, &state, &self.config, now_ns);
             }
         }
+    }
+
+    /// A warning, once per run of them, when more than [`HEALTH_STALE_POLLS`] polls of Envoy's
+    /// admin in a row brought no page (refused, timed out, cut off, not 200 or empty): such a
+    /// poll leaves no other trace in the plugin, and the table then picks the hosts Envoy's checks
+    /// mark unhealthy. More than: the poll asked last may still be on its way.
+    fn unanswered_health(&mut self) -> Option<Warning> {
+        if self.health_warned || self.health_unanswered <= HEALTH_STALE_POLLS {
+            return None;
+        }
+        self.health_warned = true;
+        Some(Warning::HealthUnanswered {
+            admin_cluster: self.config.admin_cluster()?.to_owned(),
+            polls: self.health_unanswered,
+        })
     }
 
     /// Forgets what Envoy said of its hosts' health once it has not answered for
