@@ -172,7 +172,7 @@ pub enum Warning {
         seen: Vec<String>,
         more: usize,
     },
-    /// The last `polls` polls of Envoy's admin through `admin_cluster` got no answer.
+    /// The last `polls` polls of Envoy's admin through `admin_cluster` brought no page of hosts.
     HealthUnanswered { admin_cluster: String, polls: u64 },
 }
 
