@@ -1503,6 +1503,12 @@ fn a_probe_is_hedged_only_where_a_request_may_be_sent_twice() {
             "{wait:?} {method} body={body} {retry_on:?} own={own}"
         );
     }
+    // Conditions that are not text could not be kept: the request is left as the client sent
+    // it, not hedged on `reset` alone.
+    assert_eq!(
+        pick(Some(20)).probe_hedge(b"GET", false, Some(b"5xx,\xff"), false),
+        None
+    );
 }
 
 const HOST: &str = "10.0.0.1:80";

@@ -59,8 +59,8 @@ impl Pick {
     /// `true`) that have Envoy send a probe to the alternative as well once it has waited its
     /// wait for its host (`probe`), the first answer winning, for a request that may be sent
     /// twice: a safe method (RFC 9110, 9.2.1) and no body. `retry_on` is the request's own value,
-    /// kept; a request with its own per-try timeout (`own_per_try`) keeps that and is probed as
-    /// before. A per-try timeout Envoy ignores (one not below the route's timeout) leaves the
+    /// kept; a request with its own per-try timeout (`own_per_try`), or with conditions that are
+    /// not text (which the plugin could not keep), is left as it came and probed as before. A per-try timeout Envoy ignores (one not below the route's timeout) leaves the
     /// probe as it was.
     pub fn probe_hedge(
         &self,
@@ -76,8 +76,9 @@ impl Pick {
         }
         // A route without a retry policy retries nothing: any condition gives it one retry,
         // which hedging spends on the second attempt.
-        let retry_on = match retry_on.and_then(|v| std::str::from_utf8(v).ok()) {
-            Some(v) if !v.trim().is_empty() => format!("{v},reset"),
+        let retry_on = match retry_on.map(std::str::from_utf8) {
+            Some(Ok(v)) if !v.trim().is_empty() => format!("{v},reset"),
+            Some(Err(_)) => return None,
             _ => "reset".to_owned(),
         };
         Some((wait.to_string(), retry_on))
